@@ -1,0 +1,144 @@
+"""The memory layout of a ring segment, shared by the Cython ring and its pure-Python twin.
+
+A segment is a header, one 64-byte block per reader, then ``max_chunks`` slots. Every
+word that more than one process writes sits on its own 64-byte cache line. All integers
+are little-endian; u64 words are 8-byte aligned, u32 words 4-byte aligned.
+
+Header (offsets in bytes)::
+
+    0   magic u64          8  version u32      12 header_size u32
+    16  max_chunk_bytes    24 max_chunks       32 n_readers       40 slot_stride
+    48  token u64          56 writer_pid u64
+    64  write_seq u64      slots published so far (writer only)
+    128 data_futex u32     bumped to wake parked readers; 132 state u32 (SHUTDOWN|CLOSED)
+    192 space_futex u32    bumped to wake a writer parked on a full ring
+    196 writer_parked u32
+    256 reader blocks, 64 bytes each:
+        +0 read_seq u64 (slots this reader consumed) +8 pid u64 +16 attached u32
+        +20 closed u32  +24 parked u32
+
+Slot ``seq`` lives at ``slots_offset + (seq % max_chunks) * slot_stride``: a 64-byte slot
+header (+0 length u64, +8 flags u32, +12 kind u32, +16 total u64) and the payload at +64.
+"""
+
+from __future__ import annotations
+
+import struct
+
+MAGIC = int.from_bytes(b"MPXRING\x00", "little")
+VERSION = 1
+
+CACHE_LINE = 64
+
+OFF_MAGIC = 0
+OFF_VERSION = 8
+OFF_HEADER_SIZE = 12
+OFF_CHUNK_BYTES = 16
+OFF_N_CHUNKS = 24
+OFF_N_READERS = 32
+OFF_SLOT_STRIDE = 40
+OFF_TOKEN = 48
+OFF_WRITER_PID = 56
+OFF_WRITE_SEQ = 64
+OFF_DATA_FUTEX = 128
+OFF_STATE = 132
+OFF_SPACE_FUTEX = 192
+OFF_WRITER_PARKED = 196
+OFF_READERS = 256
+
+READER_BLOCK = 64
+RB_READ_SEQ = 0
+RB_PID = 8
+RB_ATTACHED = 16
+RB_CLOSED = 20
+RB_PARKED = 24
+
+SLOT_HEADER = 64
+SH_LENGTH = 0
+SH_FLAGS = 8
+SH_KIND = 12
+SH_TOTAL = 16
+
+# slot flags
+F_BEGIN = 1
+F_END = 2
+F_ABORT = 4  # the writer gave up on a half-written message: readers drop it
+
+# state bits
+S_SHUTDOWN = 1
+S_CLOSED = 2
+
+# message kinds (what the reader allocates for the message)
+K_PICKLE = 1      # the message is one in-band pickle: delivered as bytes
+K_PICKLE_OOB = 2  # prelude + pickle + out-of-band buffers: delivered as a bytearray
+K_BYTES = 3       # a raw bytes object
+
+# wait results returned by Ring.read / Ring.write
+OK = 0
+TIMEOUT = 1
+INTERRUPTED = 2
+PEER_GONE = 3      # writer: reader `gone_index` died or closed; reader: the writer did
+SHUTDOWN = 4       # the writer called shutdown() and nothing unread remains
+SLICE = 5          # a reader waited `slice_ns` without data; call again to resume
+
+# Large destinations get transparent-huge-page advice: 4 KiB page faults would otherwise
+# cap a copy into fresh memory at ~3 GB/s.
+HUGE_ADVICE_MIN = 4 << 20
+
+_HEAD = struct.Struct("<QIIQQQQQQ")
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def header_size(n_readers: int) -> int:
+    return OFF_READERS + READER_BLOCK * n_readers
+
+
+def slots_offset(n_readers: int) -> int:
+    return _round_up(header_size(n_readers), 4096)
+
+
+def slot_stride(max_chunk_bytes: int) -> int:
+    return _round_up(SLOT_HEADER + max_chunk_bytes, CACHE_LINE)
+
+
+def segment_size(max_chunk_bytes: int, max_chunks: int, n_readers: int) -> int:
+    return slots_offset(n_readers) + slot_stride(max_chunk_bytes) * max_chunks
+
+
+def init_header(buf, max_chunk_bytes: int, max_chunks: int, n_readers: int, token: int,
+                writer_pid: int) -> None:
+    """Write a fresh header into ``buf`` (the whole, zero-filled segment)."""
+    _HEAD.pack_into(buf, 0, MAGIC, VERSION, header_size(n_readers), max_chunk_bytes,
+                    max_chunks, n_readers, slot_stride(max_chunk_bytes), token, writer_pid)
+
+
+def read_header(buf) -> dict:
+    """The header's fixed fields as a dict (no validation)."""
+    (magic, version, hsize, chunk, nchunks, nreaders, stride, token,
+     wpid) = _HEAD.unpack_from(buf, 0)
+    return dict(magic=magic, version=version, header_size=hsize, max_chunk_bytes=chunk,
+                max_chunks=nchunks, n_readers=nreaders, slot_stride=stride, token=token,
+                writer_pid=wpid)
+
+
+def reader_block(index: int) -> int:
+    return OFF_READERS + READER_BLOCK * index
+
+
+def u32(buf, off: int) -> int:
+    return int.from_bytes(buf[off:off + 4], "little")
+
+
+def u64(buf, off: int) -> int:
+    return int.from_bytes(buf[off:off + 8], "little")
+
+
+def put_u32(buf, off: int, value: int) -> None:
+    buf[off:off + 4] = value.to_bytes(4, "little")
+
+
+def put_u64(buf, off: int, value: int) -> None:
+    buf[off:off + 8] = value.to_bytes(8, "little")

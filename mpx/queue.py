@@ -1,0 +1,212 @@
+"""``MessageQueue``: one writer broadcasting Python objects to n readers.
+
+Method names follow vLLM's ``MessageQueue`` so engines can swap it in. Local readers are
+reached over a shared-memory ring; remote readers (ZeroMQ) are not implemented yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+from mpx import layout as L
+from mpx import serde
+from mpx.config import Config
+from mpx.errors import HandleError, QueueClosedError, RoleError
+from mpx.transport.shm import ShmReader, ShmWriter
+
+logger = logging.getLogger("mpx")
+
+
+@dataclasses.dataclass(frozen=True)
+class Handle:
+    """What a reader process needs to attach to a queue: small and picklable."""
+
+    layout_version: int
+    n_reader: int
+    n_local_reader: int
+    local_reader_ranks: tuple[int, ...]
+    transport: dict[str, Any]
+    connect_ip: str | None = None
+
+
+def _deadline(timeout: float | None) -> int:
+    if timeout is None:
+        return -1
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+    return time.monotonic_ns() + int(timeout * 1e9)
+
+
+class MessageQueue:
+    """A one-writer, n-reader broadcast queue of Python objects.
+
+    The process that constructs it is the writer. Each reader process calls
+    ``MessageQueue.create_from_handle(writer.export_handle(), rank)``. Every reader receives
+    every message, in order. Objects travel as pickle protocol 5; buffers (numpy arrays,
+    bytearrays, CPU tensors) are copied straight into the ring and the reader gets owned,
+    writable copies.
+    """
+
+    def __init__(self, n_reader: int, n_local_reader: int,
+                 local_reader_ranks: list[int] | None = None,
+                 max_chunk_bytes: int | None = None, max_chunks: int | None = None,
+                 connect_ip: str | None = None, *, config: Config | None = None) -> None:
+        if not isinstance(n_reader, int) or n_reader < 0:
+            raise ValueError(f"n_reader must be an int >= 0, got {n_reader!r}")
+        if not isinstance(n_local_reader, int) or not 0 <= n_local_reader <= n_reader:
+            raise ValueError(f"n_local_reader must be in [0, n_reader={n_reader}], "
+                             f"got {n_local_reader!r}")
+        if n_reader > n_local_reader:
+            raise NotImplementedError(
+                "remote readers (n_reader > n_local_reader) need the ZeroMQ transport, "
+                "which this version of mpx does not have yet")
+        if local_reader_ranks is None:
+            local_reader_ranks = list(range(n_local_reader))
+        ranks = list(local_reader_ranks)
+        if len(ranks) != n_local_reader or len(set(ranks)) != len(ranks) or \
+                any(not isinstance(r, int) or not 0 <= r < n_reader for r in ranks):
+            raise ValueError(f"local_reader_ranks must be {n_local_reader} distinct ranks in "
+                             f"[0, {n_reader}), got {local_reader_ranks!r}")
+        base = config or Config.from_env()
+        self.config = dataclasses.replace(
+            base, **{k: v for k, v in (("max_chunk_bytes", max_chunk_bytes),
+                                       ("max_chunks", max_chunks)) if v is not None})
+        self.n_reader = n_reader
+        self.n_local_reader = n_local_reader
+        self.local_reader_ranks = tuple(ranks)
+        self.rank: int | None = None
+        self._writer: ShmWriter | None = ShmWriter(ranks, self.config)
+        self._reader: ShmReader | None = None
+        self._closed = False
+        self._handle = Handle(L.VERSION, n_reader, n_local_reader, tuple(ranks),
+                              self._writer.handle_info(), connect_ip)
+        logger.debug("mpx: queue %s for %d readers, ring %s, %s", self._writer.name, n_reader,
+                     self._writer.implementation, self.config.describe())
+
+    @classmethod
+    def create_from_handle(cls, handle: Handle, rank: int, *,
+                           config: Config | None = None) -> MessageQueue:
+        """Attach to the queue of ``handle`` as reader ``rank`` (``0 <= rank < n_reader``)."""
+        if not isinstance(handle, Handle):
+            raise HandleError(f"expected an mpx.queue.Handle, got {type(handle).__name__}")
+        if handle.layout_version != L.VERSION:
+            raise HandleError(f"the handle is for ring layout version {handle.layout_version}, "
+                              f"this mpx speaks version {L.VERSION}: mix of mpx versions?")
+        if not isinstance(rank, int) or not 0 <= rank < handle.n_reader:
+            raise ValueError(f"reader rank must be in [0, {handle.n_reader}), got {rank!r}")
+        if rank not in handle.local_reader_ranks:
+            raise NotImplementedError(
+                f"reader rank {rank} is remote; remote readers need the ZeroMQ transport")
+        self = cls.__new__(cls)
+        self.config = config or Config.from_env(
+            max_chunk_bytes=handle.transport["max_chunk_bytes"],
+            max_chunks=handle.transport["max_chunks"])
+        self.n_reader = handle.n_reader
+        self.n_local_reader = handle.n_local_reader
+        self.local_reader_ranks = handle.local_reader_ranks
+        self.rank = rank
+        self._writer = None
+        self._handle = handle
+        self._closed = False
+        self._reader = ShmReader(handle.transport, handle.local_reader_ranks.index(rank), rank,
+                                 self.config)
+        return self
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def is_writer(self) -> bool:
+        return self._writer is not None
+
+    @property
+    def ring_implementation(self) -> str:
+        """``"cython"`` or ``"python"``: the ring this end of the queue runs on."""
+        end = self._writer or self._reader
+        return end.implementation if end is not None else "closed"
+
+    def export_handle(self) -> Handle:
+        """The picklable handle readers attach with (writer only)."""
+        self._need_writer("export_handle")
+        return self._handle
+
+    # ------------------------------------------------------------------ operations
+
+    def _need_writer(self, what: str) -> ShmWriter:
+        if self._closed:
+            raise QueueClosedError(f"{what}() on a closed queue")
+        if self._writer is None:
+            raise RoleError(f"{what}() is for the writer; this end is reader rank {self.rank}")
+        return self._writer
+
+    def _need_reader(self, what: str) -> ShmReader:
+        if self._closed:
+            raise QueueClosedError(f"{what}() on a closed queue")
+        if self._reader is None:
+            raise RoleError(f"{what}() is for readers; this end is the writer")
+        return self._reader
+
+    def wait_until_ready(self, timeout: float | None = None) -> None:
+        """Writer: wait until every reader attached (QueueTimeout names the missing ranks).
+        Reader: wait until every reader attached."""
+        deadline = _deadline(timeout)
+        if self._closed:
+            raise QueueClosedError("wait_until_ready() on a closed queue")
+        (self._writer or self._reader).wait_ready(deadline)
+
+    def enqueue(self, obj: Any, timeout: float | None = None) -> None:
+        """Broadcast ``obj`` to every reader. Blocks while the ring is full, up to ``timeout``
+        seconds. An object that cannot be pickled raises SerializationError and nothing is
+        sent."""
+        writer = self._need_writer("enqueue")
+        deadline = _deadline(timeout)
+        kind, parts = serde.encode(obj)
+        writer.write(kind, parts, deadline)
+
+    def dequeue(self, timeout: float | None = None, cancel: threading.Event | None = None,
+                indefinite: bool = False) -> Any:
+        """The next object. Raises QueueTimeout after ``timeout`` seconds, Cancelled when
+        ``cancel`` is set or the queue is shut down, PeerDiedError when the writer is gone
+        and nothing it published remains unread. Unless ``indefinite``, a wait longer than a
+        minute logs a warning naming the writer."""
+        reader = self._need_reader("dequeue")
+        deadline = _deadline(timeout)
+        kind, data = reader.read(deadline, cancel, not indefinite)
+        return serde.decode(kind, data)
+
+    def broadcast_object(self, obj: Any = None) -> Any:
+        """vLLM's helper: the writer enqueues ``obj`` and returns it, a reader dequeues."""
+        if self.is_writer:
+            self.enqueue(obj)
+            return obj
+        return self.dequeue()
+
+    def shutdown(self) -> None:
+        """Wake every waiter of this process with Cancelled. On the writer, readers also
+        get Cancelled once they have read everything already enqueued."""
+        if self._closed:
+            return
+        (self._writer or self._reader).shutdown()
+
+    def close(self) -> None:
+        """Release the queue's resources; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        end = self._writer or self._reader
+        if end is not None:
+            end.close()
+
+    def __enter__(self) -> MessageQueue:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        role = "writer" if self._writer is not None else f"reader rank={self.rank}"
+        state = " closed" if self._closed else ""
+        return f"<mpx.MessageQueue {role} n_reader={self.n_reader}{state}>"

@@ -1,0 +1,117 @@
+"""Named POSIX shared-memory segments: create (0600, size-checked), attach, unlink, reap.
+
+Every name mpx creates is ``/mpx-<creator pid>-<random>``, so a later process can tell
+which segments a dead creator left behind.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import secrets
+
+import posix_ipc
+
+from mpx.errors import ShmError
+
+PREFIX = "mpx-"
+_NAME_RE = re.compile(r"^mpx-(\d+)-[0-9a-f]+$")
+
+
+def new_name() -> str:
+    """A fresh segment name carrying this process's pid."""
+    return f"/{PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+
+
+def free_bytes(shm_dir: str = "/dev/shm") -> int:
+    """Bytes an unprivileged process may still allocate in ``shm_dir``."""
+    st = os.statvfs(shm_dir)
+    return st.f_bavail * st.f_frsize
+
+
+def create(size: int, shm_dir: str = "/dev/shm") -> tuple[str, mmap.mmap]:
+    """Create a zero-filled segment of ``size`` bytes, mode 0600, and map it.
+
+    The pages are reserved up front (``posix_fallocate``), so a full /dev/shm is an
+    ``ShmError`` here and never a SIGBUS later.
+    """
+    free = free_bytes(shm_dir)
+    if size > free:
+        raise ShmError(
+            f"mpx needs {size} bytes of shared memory for a ring but {shm_dir} has only "
+            f"{free} bytes free; enlarge it (e.g. docker --shm-size), lower "
+            f"max_chunks/max_chunk_bytes, or use the zmq transport")
+    name = new_name()
+    try:
+        seg = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+    except (posix_ipc.Error, OSError) as e:
+        raise ShmError(f"cannot create shared-memory segment {name} ({size} bytes): {e}") from e
+    try:
+        try:
+            os.posix_fallocate(seg.fd, 0, size)
+        except OSError as e:
+            raise ShmError(
+                f"cannot reserve {size} bytes in {shm_dir} for segment {name}: {e} "
+                f"({free_bytes(shm_dir)} bytes free)") from e
+        mm = mmap.mmap(seg.fd, size)
+    except BaseException:
+        unlink(name)
+        raise
+    finally:
+        seg.close_fd()
+    return name, mm
+
+
+def attach(name: str) -> mmap.mmap:
+    """Map an existing segment read-write."""
+    try:
+        seg = posix_ipc.SharedMemory(name)
+    except posix_ipc.ExistentialError as e:
+        raise ShmError(
+            f"shared-memory segment {name} does not exist: its creator died or every reader "
+            f"already attached and it was unlinked") from e
+    except (posix_ipc.Error, OSError) as e:
+        raise ShmError(f"cannot open shared-memory segment {name}: {e}") from e
+    try:
+        return mmap.mmap(seg.fd, seg.size)
+    finally:
+        seg.close_fd()
+
+
+def unlink(name: str) -> bool:
+    """Remove ``name`` from the namespace; mappings stay valid. False if already gone."""
+    try:
+        posix_ipc.unlink_shared_memory(name)
+        return True
+    except posix_ipc.ExistentialError:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_segments(shm_dir: str = "/dev/shm") -> list[str]:
+    """Names of mpx segments whose creator process no longer exists."""
+    out = []
+    try:
+        entries = os.listdir(shm_dir)
+    except OSError:
+        return out
+    for entry in entries:
+        m = _NAME_RE.match(entry)
+        if m and not _pid_alive(int(m.group(1))):
+            out.append("/" + entry)
+    return sorted(out)
+
+
+def reap_stale(shm_dir: str = "/dev/shm") -> list[str]:
+    """Unlink every mpx segment whose creator is dead; returns the names removed."""
+    return [name for name in stale_segments(shm_dir) if unlink(name)]

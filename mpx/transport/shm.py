@@ -1,0 +1,271 @@
+"""Shared-memory transport: one ring segment, one writer, the local readers.
+
+Policy around the ring mechanism: segment lifetime (unlink once every reader attached,
+reap what dead creators left), readiness, and errors that name the peer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+import weakref
+from typing import Any
+
+from mpx import layout as L
+from mpx import shm
+from mpx._impl import ring_module
+from mpx.config import Config
+from mpx.errors import Cancelled, HandleError, PeerDiedError, QueueTimeout
+
+logger = logging.getLogger("mpx")
+
+# A waiting reader with a cancel event returns to Python this often to look at it.
+CANCEL_POLL_NS = 20_000_000
+# A reader that waits without `indefinite` logs who it waits for this often.
+WAIT_WARNING_NS = 60_000_000_000
+
+_fence_lock = threading.Lock()
+
+
+def _fence() -> None:
+    """A full memory barrier (an atomic read-modify-write inside the lock)."""
+    with _fence_lock:
+        pass
+
+
+def _ring_args(config: Config) -> dict:
+    return dict(spin_ns=config.spin_us * 1000, yield_ns=config.yield_us * 1000,
+                poll_ns=config.liveness_poll_ms * 1_000_000)
+
+
+def _reader_pids(mm, n: int) -> list[tuple[int, int, bool]]:
+    """(pid, attached, closed) of each reader block."""
+    out = []
+    for i in range(n):
+        blk = L.reader_block(i)
+        out.append((L.u64(mm, blk + L.RB_PID), L.u32(mm, blk + L.RB_ATTACHED),
+                    bool(L.u32(mm, blk + L.RB_CLOSED))))
+    return out
+
+
+def _all_attached(mm, n: int) -> bool:
+    return all(L.u32(mm, L.reader_block(i) + L.RB_ATTACHED) for i in range(n))
+
+
+def _cleanup_segment(creator_pid: int, name: str, state: dict) -> None:
+    if os.getpid() == creator_pid and not state["unlinked"]:
+        state["unlinked"] = True
+        shm.unlink(name)
+
+
+class ShmWriter:
+    """The writer end of a ring for ``ranks`` (global reader ranks, by ring index)."""
+
+    def __init__(self, ranks: list[int], config: Config) -> None:
+        self.ranks = list(ranks)
+        self.config = config
+        n = len(ranks)
+        shm.reap_stale(config.shm_dir)
+        size = L.segment_size(config.max_chunk_bytes, config.max_chunks, n)
+        self.name, self._mm = shm.create(size, config.shm_dir)
+        self.token = secrets.randbits(63)
+        L.init_header(self._mm, config.max_chunk_bytes, config.max_chunks, n, self.token,
+                      os.getpid())
+        self._state = {"unlinked": False}
+        self._finalizer = weakref.finalize(self, _cleanup_segment, os.getpid(), self.name,
+                                           self._state)
+        mod = ring_module()
+        self.implementation = mod.IMPLEMENTATION
+        self._ring = mod.Ring(self._mm, -1, **_ring_args(config))
+        self._lock = threading.Lock()
+        self._closed = False
+        self._shut = False
+        if n == 0:
+            self._unlink()
+
+    def handle_info(self) -> dict[str, Any]:
+        return dict(shm_name=self.name, token=self.token, writer_pid=os.getpid(),
+                    max_chunk_bytes=self.config.max_chunk_bytes,
+                    max_chunks=self.config.max_chunks, shm_ranks=tuple(self.ranks))
+
+    def _unlink(self) -> None:
+        if not self._state["unlinked"]:
+            self._state["unlinked"] = True
+            shm.unlink(self.name)
+
+    def wait_ready(self, deadline_ns: int) -> None:
+        n = len(self.ranks)
+        delay = 0.0005
+        while not _all_attached(self._mm, n):
+            if self._closed or self._shut:
+                raise Cancelled("wait_until_ready cancelled: the queue was shut down")
+            if 0 <= deadline_ns <= time.monotonic_ns():
+                missing = [self.ranks[i] for i, (_, att, _) in
+                           enumerate(_reader_pids(self._mm, n)) if not att]
+                raise QueueTimeout(f"readers never attached to the queue: ranks {missing}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        self._unlink()
+
+    def _peer_error(self, index: int, waiting_for: str) -> PeerDiedError:
+        pid, _, closed = _reader_pids(self._mm, len(self.ranks))[index]
+        rank = self.ranks[index]
+        what = "closed the queue" if closed else "died"
+        return PeerDiedError(f"reader rank {rank} (pid {pid}) {what} while the writer {waiting_for}",
+                             role="reader", rank=rank, pid=pid)
+
+    def write(self, kind: int, parts: tuple, deadline_ns: int) -> None:
+        with self._lock:
+            if self._closed:
+                raise Cancelled("the queue is closed")
+            if self._shut:
+                raise Cancelled("the queue was shut down")
+            st = self._ring.write(kind, parts, deadline_ns)
+            if st == L.OK:
+                return
+            if st == L.TIMEOUT:
+                seq = self._ring.seq_number
+                behind = [f"rank {self.ranks[i]} (pid {pid})" for i, (pid, _, _) in
+                          enumerate(_reader_pids(self._mm, len(self.ranks)))
+                          if seq - L.u64(self._mm, L.reader_block(i) + L.RB_READ_SEQ)
+                          >= self.config.max_chunks]
+                raise QueueTimeout("enqueue timed out waiting for ring space; readers that "
+                                   f"have not consumed older messages: {', '.join(behind) or 'none'}")
+            if st == L.INTERRUPTED:
+                raise Cancelled("enqueue cancelled: the queue was shut down")
+            if st == L.PEER_GONE:
+                raise self._peer_error(self._ring.gone_index, "waited for ring space")
+            raise RuntimeError(f"unexpected ring status {st}")
+
+    def shutdown(self) -> None:
+        if self._closed or self._shut:
+            return
+        self._shut = True
+        self._ring.interrupt()
+        self._ring.set_state(L.S_SHUTDOWN)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._shut = True
+        self._ring.interrupt()
+        self._closed = True
+        with self._lock:
+            self._ring.set_state(L.S_CLOSED)
+            self._unlink()
+            self._ring.release()
+            self._mm.close()
+        self._finalizer.detach()
+
+
+class ShmReader:
+    """Reader ``index`` of the ring in ``info`` (global rank ``rank``)."""
+
+    def __init__(self, info: dict[str, Any], index: int, rank: int, config: Config) -> None:
+        self.index = index
+        self.rank = rank
+        self.config = config
+        name = info["shm_name"]
+        self._mm = shm.attach(name)
+        try:
+            self._validate(info)
+            blk = L.reader_block(index)
+            if L.u32(self._mm, blk + L.RB_ATTACHED):
+                raise HandleError(f"reader rank {rank} is already attached to this queue")
+            L.put_u64(self._mm, blk + L.RB_PID, os.getpid())
+            L.put_u32(self._mm, blk + L.RB_ATTACHED, 1)
+            _fence()
+            n = L.u64(self._mm, L.OFF_N_READERS)
+            if _all_attached(self._mm, n):
+                shm.unlink(name)
+            self.writer_pid = info["writer_pid"]
+            mod = ring_module()
+            self.implementation = mod.IMPLEMENTATION
+            self._ring = mod.Ring(self._mm, index, **_ring_args(config))
+        except BaseException:
+            self._mm.close()
+            raise
+        self._lock = threading.Lock()
+        self._closed = False
+        self._shut = False
+
+    def _validate(self, info: dict[str, Any]) -> None:
+        h = L.read_header(self._mm)
+        if h["magic"] != L.MAGIC:
+            raise HandleError(f"segment {info['shm_name']} is not an mpx ring")
+        if h["version"] != L.VERSION:
+            raise HandleError(f"segment {info['shm_name']} has ring layout version {h['version']}, "
+                              f"this mpx speaks version {L.VERSION}: mix of mpx versions?")
+        for key in ("max_chunk_bytes", "max_chunks", "token", "writer_pid"):
+            if h[key] != info[key]:
+                raise HandleError(f"segment {info['shm_name']} does not match its handle: "
+                                  f"{key} is {h[key]}, the handle says {info[key]}")
+        if h["n_readers"] != len(info["shm_ranks"]):
+            raise HandleError(f"segment {info['shm_name']} has {h['n_readers']} readers, "
+                              f"the handle says {len(info['shm_ranks'])}")
+
+    def wait_ready(self, deadline_ns: int) -> None:
+        n = L.u64(self._mm, L.OFF_N_READERS)
+        delay = 0.0005
+        while not _all_attached(self._mm, n):
+            if 0 <= deadline_ns <= time.monotonic_ns():
+                raise QueueTimeout("not every reader of the queue attached in time")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+    def _gone(self) -> PeerDiedError:
+        closed = L.u32(self._mm, L.OFF_STATE) & L.S_CLOSED
+        what = "closed the queue" if closed else "died"
+        return PeerDiedError(f"the writer (pid {self.writer_pid}) {what}; reader rank {self.rank} "
+                             "has read everything it published", role="writer", pid=self.writer_pid)
+
+    def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool):
+        with self._lock:
+            if self._closed:
+                raise Cancelled("the queue is closed")
+            slice_ns = CANCEL_POLL_NS if cancel is not None else (WAIT_WARNING_NS if warn else -1)
+            waited = 0
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
+                st, kind, data = self._ring.read(deadline_ns, slice_ns)
+                if st == L.OK:
+                    return kind, data
+                if st == L.SLICE:
+                    waited += slice_ns
+                    if warn and waited >= WAIT_WARNING_NS:
+                        waited = 0
+                        logger.warning("mpx: reader rank %d (pid %d) has waited %d s for the "
+                                       "writer (pid %d), which is alive but sent nothing",
+                                       self.rank, os.getpid(), WAIT_WARNING_NS // 10**9,
+                                       self.writer_pid)
+                    continue
+                if st == L.TIMEOUT:
+                    raise QueueTimeout(f"dequeue on reader rank {self.rank} timed out: nothing "
+                                       f"from the writer (pid {self.writer_pid})")
+                if st == L.INTERRUPTED:
+                    raise Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was shut down")
+                if st == L.SHUTDOWN:
+                    raise Cancelled(f"the writer (pid {self.writer_pid}) shut the queue down")
+                if st == L.PEER_GONE:
+                    raise self._gone()
+                raise RuntimeError(f"unexpected ring status {st}")
+
+    def shutdown(self) -> None:
+        if not self._closed and not self._shut:
+            self._shut = True
+            self._ring.interrupt()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._ring.interrupt()
+        self._closed = True
+        with self._lock:
+            self._ring.mark_reader_closed()
+            self._ring.release()
+            self._mm.close()
+
