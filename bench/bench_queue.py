@@ -1,0 +1,595 @@
+"""Benchmark of mpx.MessageQueue against baselines measured in the same run.
+
+    python bench/bench_queue.py [--quick] [--png out.png] [--json out.json]
+
+Measurements (medians and p90 over repetitions; each compared with its baseline):
+
+1. ping-pong latency of a ~100-byte tuple (writer -> child -> writer), vs a
+   multiprocessing.Pipe echo loop.                         target: mpx <= 0.25x Pipe
+2. bandwidth of a 64 MiB numpy array / bytes object to 1 reader (time from enqueue start
+   until the reader's ack arrives), vs single-thread memcpy (np.copyto).
+                                                           target: >= 0.3x memcpy
+   2 readers (per-reader GB/s): informational.
+3. first message after the reader sat idle 2 s (parked), one round trip, vs the same
+   over a Pipe.                                            target: mpx <= Pipe
+4. CPU time of a reader blocked in dequeue for 3 s.       target: < 2% of one core
+Items 1 and 2 also run with MPX_PURE_PYTHON=1 (informational).
+
+It is a benchmark, not a test: the exit code is 0 whatever the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import multiprocessing as mp
+import os
+import platform
+import resource
+import sys
+import time
+
+import numpy as np
+
+import mpx
+from mpx import MessageQueue
+
+CTX = mp.get_context("spawn")
+MiB = 1 << 20
+BIG = 64 * MiB
+SMALL_OBJ = ("generate", 123456789, 3.14159, b"x" * 32, "request-0001", (1, 2, 3))
+SETUP_TIMEOUT = 60.0
+
+# --------------------------------------------------------------------------- children
+# Module-level so that "spawn" children can import them.
+
+
+def _mpx_child(handle, rank, mode, conn):
+    """Reader ``rank`` of ``handle``; replies on a MessageQueue(1,1) it creates.
+
+    mode "echo": send every object back. mode "ack": send back the object's size.
+    Stops on None.
+    """
+    q_in = MessageQueue.create_from_handle(handle, rank)
+    back = MessageQueue(1, 1)
+    conn.send((back.export_handle(), q_in.ring_implementation, back.ring_implementation))
+    back.wait_until_ready(timeout=SETUP_TIMEOUT)
+    q_in.wait_until_ready(timeout=SETUP_TIMEOUT)
+    try:
+        while True:
+            obj = q_in.dequeue(indefinite=True)
+            if obj is None:
+                break
+            if mode == "echo":
+                back.enqueue(obj)
+            else:
+                n = obj.nbytes if isinstance(obj, np.ndarray) else len(obj)
+                del obj
+                back.enqueue(n)
+    finally:
+        back.close()
+        q_in.close()
+        conn.close()
+
+
+def _pipe_echo_child(conn):
+    while True:
+        obj = conn.recv()
+        if obj is None:
+            break
+        conn.send(obj)
+    conn.close()
+
+
+def _idle_cpu_child(kind, handle, conn):
+    """Block in one receive (mpx dequeue or Pipe recv) and report its CPU and wall time."""
+    q = MessageQueue.create_from_handle(handle, 0) if kind == "mpx" else None
+    if q is not None:
+        q.wait_until_ready(timeout=SETUP_TIMEOUT)
+    conn.send("ready")
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    if q is not None:
+        q.dequeue(indefinite=True)
+    else:
+        conn.recv()
+    t1 = time.perf_counter()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    conn.send({"cpu_s": cpu, "wall_s": t1 - t0,
+               "vol_ctx": r1.ru_nvcsw - r0.ru_nvcsw, "invol_ctx": r1.ru_nivcsw - r0.ru_nivcsw})
+    if q is not None:
+        q.close()
+    conn.close()
+
+
+# --------------------------------------------------------------------------- harness
+
+_procs: list = []
+_queues: list = []
+_child_pids: set[int] = set()
+
+
+def _start(target, args):
+    p = CTX.Process(target=target, args=args, daemon=True)
+    p.start()
+    _procs.append(p)
+    _child_pids.add(p.pid)
+    return p
+
+
+def _track(q):
+    _queues.append(q)
+    return q
+
+
+def _join(p, timeout=30.0):
+    p.join(timeout)
+    if p.is_alive():
+        print(f"  warning: child {p.pid} did not exit, terminating it", flush=True)
+        p.terminate()
+        p.join(5)
+    if p in _procs:
+        _procs.remove(p)
+
+
+def _cleanup_all():
+    for q in _queues:
+        try:
+            q.close()
+        except Exception:
+            pass
+    _queues.clear()
+    for p in list(_procs):
+        p.join(0.1)
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+        _procs.remove(p)
+
+
+class MpxPeers:
+    """A writer queue to ``n`` reader children, each replying on its own queue."""
+
+    def __init__(self, n, mode):
+        self.q = _track(MessageQueue(n, n))
+        self.backs, self.procs = [], []
+        self.impl = {"writer": self.q.ring_implementation}
+        for rank in range(n):
+            a, b = CTX.Pipe()
+            self.procs.append(_start(_mpx_child, (self.q.export_handle(), rank, mode, b)))
+            b.close()
+            if not a.poll(SETUP_TIMEOUT):
+                raise RuntimeError("mpx child did not come up")
+            handle, impl_in, impl_back = a.recv()
+            a.close()
+            self.impl[f"reader{rank}"] = impl_in
+            self.impl[f"child{rank}_writer"] = impl_back
+            back = _track(MessageQueue.create_from_handle(handle, 0))
+            self.backs.append(back)
+        self.q.wait_until_ready(timeout=SETUP_TIMEOUT)
+        for back in self.backs:
+            back.wait_until_ready(timeout=SETUP_TIMEOUT)
+
+    def close(self):
+        self.q.enqueue(None, timeout=SETUP_TIMEOUT)
+        for p in self.procs:
+            _join(p)
+        for back in self.backs:
+            back.close()
+        self.q.close()
+
+
+class PipePeer:
+    def __init__(self):
+        self.conn, b = CTX.Pipe()
+        self.proc = _start(_pipe_echo_child, (b,))
+        b.close()
+
+    def close(self):
+        self.conn.send(None)
+        _join(self.proc)
+        self.conn.close()
+
+
+def stats(samples):
+    a = np.asarray(samples, dtype=float)
+    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
+            "min": float(a.min()), "n": int(a.size)}
+
+
+def row(name, unit, mpx_st, base_st, ratio, target, passed, better="lower", note=""):
+    return {"name": name, "unit": unit, "mpx": mpx_st, "baseline": base_st, "ratio": ratio,
+            "target": target, "passed": passed, "better": better, "note": note}
+
+
+# --------------------------------------------------------------------------- 1. ping-pong
+
+def _pingpong_mpx(iters, warm):
+    peers = MpxPeers(1, "echo")
+    q, back = peers.q, peers.backs[0]
+    obj = SMALL_OBJ
+    for _ in range(warm):
+        q.enqueue(obj)
+        back.dequeue()
+    out = [0] * iters
+    clock = time.perf_counter_ns
+    gc.disable()
+    try:
+        for i in range(iters):
+            t0 = clock()
+            q.enqueue(obj)
+            back.dequeue()
+            out[i] = clock() - t0
+    finally:
+        gc.enable()
+    assert back is not None
+    impl = peers.impl
+    peers.close()
+    return [x / 1e3 for x in out], impl
+
+
+def _pingpong_pipe(iters, warm):
+    peer = PipePeer()
+    c = peer.conn
+    obj = SMALL_OBJ
+    for _ in range(warm):
+        c.send(obj)
+        c.recv()
+    out = [0] * iters
+    clock = time.perf_counter_ns
+    gc.disable()
+    try:
+        for i in range(iters):
+            t0 = clock()
+            c.send(obj)
+            c.recv()
+            out[i] = clock() - t0
+    finally:
+        gc.enable()
+    peer.close()
+    return [x / 1e3 for x in out]
+
+
+def bench_pingpong(iters, warm, pipe_us=None, label=""):
+    mpx_us, impl = _pingpong_mpx(iters, warm)
+    if pipe_us is None:
+        pipe_us = _pingpong_pipe(iters, warm)
+    m, b = stats(mpx_us), stats(pipe_us)
+    ratio = m["median"] / b["median"]
+    return m, b, ratio, impl, pipe_us
+
+
+# --------------------------------------------------------------------------- 2. bandwidth
+
+def memcpy_baseline(reps):
+    src = np.ones(BIG, dtype=np.uint8)
+    dst = np.zeros(BIG, dtype=np.uint8)      # pre-touched
+    np.copyto(dst, src)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        ts.append(time.perf_counter() - t0)
+    del src, dst
+    return ts
+
+
+def _bandwidth_mpx(payloads, n_readers, reps, warm):
+    """payloads: name -> object; returns name -> list of seconds (enqueue start -> all acks)."""
+    peers = MpxPeers(n_readers, "ack")
+    out = {}
+    for name, obj in payloads.items():
+        size = obj.nbytes if isinstance(obj, np.ndarray) else len(obj)
+        ts = []
+        for i in range(warm + reps):
+            t0 = time.perf_counter()
+            peers.q.enqueue(obj)
+            for back in peers.backs:
+                got = back.dequeue()
+                if got != size:
+                    raise RuntimeError(f"reader got {got} bytes, expected {size}")
+            t1 = time.perf_counter()
+            if i >= warm:
+                ts.append(t1 - t0)
+        out[name] = ts
+    impl = peers.impl
+    peers.close()
+    return out, impl
+
+
+def gbps(seconds):
+    return BIG / seconds / 1e9
+
+
+def bw_stats(ts):
+    """Bandwidth stats from times: median GB/s, and 'p90' = GB/s at the p90 (slow) time."""
+    s = stats(ts)
+    return {"median": gbps(s["median"]), "p90": gbps(s["p90"]), "best": gbps(s["min"]),
+            "n": s["n"], "median_ms": s["median"] * 1e3}
+
+
+# --------------------------------------------------------------------------- 3. idle wake
+
+def bench_idle_wake(rounds, idle_s):
+    peers = MpxPeers(1, "echo")
+    pipe = PipePeer()
+    q, back, c = peers.q, peers.backs[0], pipe.conn
+    for _ in range(200):               # warm both paths
+        q.enqueue(SMALL_OBJ)
+        back.dequeue()
+        c.send(SMALL_OBJ)
+        c.recv()
+    mpx_us, pipe_us = [], []
+    clock = time.perf_counter_ns
+    for r in range(rounds):
+        # Each measurement follows `idle_s` of idleness of both children (and the parent).
+        order = ("mpx", "pipe") if r % 2 == 0 else ("pipe", "mpx")
+        for which in order:
+            time.sleep(idle_s)
+            if which == "mpx":
+                t0 = clock()
+                q.enqueue(SMALL_OBJ)
+                back.dequeue()
+                mpx_us.append((clock() - t0) / 1e3)
+            else:
+                t0 = clock()
+                c.send(SMALL_OBJ)
+                c.recv()
+                pipe_us.append((clock() - t0) / 1e3)
+    peers.close()
+    pipe.close()
+    return mpx_us, pipe_us
+
+
+# --------------------------------------------------------------------------- 4. idle CPU
+
+def bench_idle_cpu(idle_s):
+    q = _track(MessageQueue(1, 1))
+    a1, b1 = CTX.Pipe()
+    a2, b2 = CTX.Pipe()
+    p1 = _start(_idle_cpu_child, ("mpx", q.export_handle(), b1))
+    p2 = _start(_idle_cpu_child, ("pipe", None, b2))
+    b1.close()
+    b2.close()
+    q.wait_until_ready(timeout=SETUP_TIMEOUT)
+    for a in (a1, a2):
+        if not a.poll(SETUP_TIMEOUT):
+            raise RuntimeError("idle-cpu child did not come up")
+        assert a.recv() == "ready"
+    time.sleep(idle_s)                   # both children are blocked in a receive
+    q.enqueue("wake")
+    a2.send("wake")
+    res_mpx = a1.recv()
+    res_pipe = a2.recv()
+    _join(p1)
+    _join(p2)
+    q.close()
+    a1.close()
+    a2.close()
+    return res_mpx, res_pipe
+
+
+# --------------------------------------------------------------------------- report
+
+def _fmt_val(st, unit):
+    if st is None:
+        return "-"
+    if unit == "%":
+        return f"{st['median']:.3f} %"
+    if unit == "GB/s":
+        return f"{st['median']:.2f} (p90 {st['p90']:.2f})"
+    return f"{st['median']:.1f} (p90 {st['p90']:.1f})"
+
+
+def print_table(rows):
+    hdr = ("measurement", "mpx", "baseline", "ratio", "target", "result")
+    lines = []
+    for r in rows:
+        res = "info" if r["passed"] is None else ("PASS" if r["passed"] else "FAIL")
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}x"
+        lines.append((f"{r['name']} [{r['unit']}]", _fmt_val(r["mpx"], r["unit"]),
+                      _fmt_val(r["baseline"], r["unit"]), ratio, r["target"], res))
+    w = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(hdr)]
+    fmt = "  ".join(f"{{:<{x}}}" for x in w)
+    print(fmt.format(*hdr))
+    print(fmt.format(*("-" * x for x in w)))
+    for l in lines:
+        print(fmt.format(*l))
+    notes = [f"  * {r['name']}: {r['note']}" for r in rows if r["note"]]
+    if notes:
+        print("notes:")
+        print("\n".join(notes))
+
+
+def write_png(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"note: matplotlib is not installed; --png {path} skipped")
+        return
+    rs = [r for r in rows if r["ratio"] is not None]
+    names = [r["name"] for r in rs]
+    ratios = [r["ratio"] for r in rs]
+    colors = ["tab:gray" if r["passed"] is None else ("tab:green" if r["passed"] else "tab:red")
+              for r in rs]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rs) + 1.5))
+    y = np.arange(len(rs))
+    ax.barh(y, ratios, color=colors)
+    for i, r in enumerate(rs):
+        ax.text(ratios[i], i, f" {ratios[i]:.3g}x  (target {r['target']})", va="center",
+                fontsize=8)
+    ax.set_yticks(y)
+    ax.set_yticklabels(names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("ratio mpx / baseline (green PASS, red FAIL, grey informational)")
+    ax.set_title(f"mpx.MessageQueue vs baselines ({os.cpu_count()} CPUs)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def _leftover_segments():
+    mine = _child_pids | {os.getpid()}
+    out = []
+    try:
+        for e in os.listdir("/dev/shm"):
+            if e.startswith("mpx-"):
+                try:
+                    pid = int(e.split("-")[1])
+                except (IndexError, ValueError):
+                    continue
+                if pid in mine:
+                    out.append(e)
+    except OSError:
+        pass
+    return sorted(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (~1 min)")
+    ap.add_argument("--png", metavar="PATH", help="write a bar chart (needs matplotlib)")
+    ap.add_argument("--json", metavar="PATH", help="write the numbers as JSON")
+    args = ap.parse_args()
+
+    quick = args.quick
+    pp_iters, pp_warm = (5000, 500) if quick else (20000, 2000)
+    pp_iters_pure = 2000 if quick else 10000
+    bw_reps, bw_warm = (5, 1) if quick else (10, 2)
+    idle_rounds, idle_s = (3, 2.0) if quick else (10, 2.0)
+    cpu_idle_s = 3.0
+
+    os.environ.pop("MPX_PURE_PYTHON", None)
+    t_start = time.perf_counter()
+    header = {
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        "mpx": mpx.__version__, "ring_default": mpx.ring_implementation(),
+        "numpy": np.__version__, "cpu_count": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)), "start_method": "spawn", "quick": quick,
+    }
+    print(f"mpx {header['mpx']} benchmark  (python {header['python']}, numpy {header['numpy']}, "
+          f"{header['platform']})")
+    print(f"os.cpu_count()={header['cpu_count']}  len(os.sched_getaffinity(0))="
+          f"{header['affinity']}  start method=spawn  default ring={header['ring_default']}"
+          f"  mode={'quick' if quick else 'full'}")
+    print(f"config: {mpx.Config.from_env().describe()}")
+    if header["affinity"] < 3:
+        print(f"note: only {header['affinity']} CPUs: writer and readers share them, so spinning "
+              "and multi-reader numbers compete for cores")
+    print(flush=True)
+
+    rows = []
+    raw = {}
+    try:
+        # ---- 1. ping-pong
+        print(f"[1] ping-pong, {pp_iters} round trips of a {len(__import__('pickle').dumps(SMALL_OBJ, 5))}"
+              "-byte pickle ...", flush=True)
+        m, b, ratio, impl, pipe_us = bench_pingpong(pp_iters, pp_warm)
+        raw["pingpong"] = {"impl": impl}
+        rows.append(row("ping-pong latency", "us", m, b, ratio, "<= 0.25x Pipe", ratio <= 0.25))
+
+        # ---- 2. bandwidth
+        print(f"[2] bandwidth, 64 MiB x {bw_reps} reps (+{bw_warm} warm-up) ...", flush=True)
+        arr = np.arange(BIG // 8, dtype=np.int64)
+        payloads = {"numpy": arr, "bytes": arr.tobytes()}
+        memcpy_ts = memcpy_baseline(9 if quick else 15)
+        mc = bw_stats(memcpy_ts)
+        bw1, impl1 = _bandwidth_mpx(payloads, 1, bw_reps, bw_warm)
+        for name in payloads:
+            s = bw_stats(bw1[name])
+            ratio = s["median"] / mc["median"]
+            rows.append(row(f"bandwidth 64MiB {name}, 1 reader", "GB/s", s, mc, ratio,
+                            ">= 0.3x memcpy", ratio >= 0.3, better="higher"))
+        bw2, impl2 = _bandwidth_mpx(payloads, 2, bw_reps, bw_warm)
+        for name in payloads:
+            s = bw_stats(bw2[name])
+            rows.append(row(f"bandwidth 64MiB {name}, 2 readers (per reader)", "GB/s", s, mc,
+                            s["median"] / mc["median"], "info", None, better="higher"))
+        raw["bandwidth"] = {"impl_1": impl1, "impl_2": impl2,
+                            "memcpy_ms": [t * 1e3 for t in memcpy_ts],
+                            "one_reader_ms": {k: [t * 1e3 for t in v] for k, v in bw1.items()},
+                            "two_readers_ms": {k: [t * 1e3 for t in v] for k, v in bw2.items()}}
+
+        # ---- pure Python (1 and 2, informational)
+        print("[1+2] again with MPX_PURE_PYTHON=1 ...", flush=True)
+        os.environ["MPX_PURE_PYTHON"] = "1"
+        try:
+            m, b, ratio, impl, _ = bench_pingpong(pp_iters_pure, pp_warm // 2)
+            if set(impl.values()) != {"python"}:
+                print(f"  warning: pure-Python run got rings {impl}")
+            rows.append(row("ping-pong latency, MPX_PURE_PYTHON=1", "us", m, b, ratio, "info",
+                            None))
+            bwp, implp = _bandwidth_mpx(payloads, 1, max(3, bw_reps // 2), 1)
+            if set(implp.values()) != {"python"}:
+                print(f"  warning: pure-Python run got rings {implp}")
+            for name in payloads:
+                s = bw_stats(bwp[name])
+                rows.append(row(f"bandwidth 64MiB {name}, 1 reader, MPX_PURE_PYTHON=1", "GB/s",
+                                s, mc, s["median"] / mc["median"], "info", None, better="higher"))
+            raw["pure_python"] = {"impl_pingpong": impl, "impl_bw": implp}
+        finally:
+            os.environ.pop("MPX_PURE_PYTHON", None)
+        del arr, payloads
+
+        # ---- 3. idle wake
+        print(f"[3] first message after {idle_s:.0f} s idle, {idle_rounds} rounds each "
+              f"(~{2 * idle_rounds * idle_s:.0f} s) ...", flush=True)
+        mpx_us, pipe_us = bench_idle_wake(idle_rounds, idle_s)
+        m, b = stats(mpx_us), stats(pipe_us)
+        ratio = m["median"] / b["median"]
+        rows.append(row(f"first message after {idle_s:.0f}s idle (round trip)", "us", m, b, ratio,
+                        "<= 1.0x Pipe", ratio <= 1.0))
+        raw["idle_wake_us"] = {"mpx": mpx_us, "pipe": pipe_us}
+
+        # ---- 4. idle CPU
+        print(f"[4] CPU of a reader blocked {cpu_idle_s:.0f} s ...", flush=True)
+        rm, rp = bench_idle_cpu(cpu_idle_s)
+        pm = 100.0 * rm["cpu_s"] / rm["wall_s"]
+        pp = 100.0 * rp["cpu_s"] / rp["wall_s"]
+        rows.append(row(f"idle reader CPU ({cpu_idle_s:.0f}s blocked)", "%",
+                        {"median": pm, "p90": pm, "n": 1}, {"median": pp, "p90": pp, "n": 1},
+                        pm / pp if pp > 0 else None, "< 2% of a core", pm < 2.0,
+                        note=(f"mpx {rm['cpu_s'] * 1e3:.2f} ms CPU over {rm['wall_s']:.2f} s, "
+                              f"{rm['vol_ctx']} voluntary ctx switches; Pipe "
+                              f"{rp['cpu_s'] * 1e3:.2f} ms, {rp['vol_ctx']} switches")))
+        raw["idle_cpu"] = {"mpx": rm, "pipe": rp}
+    finally:
+        _cleanup_all()
+
+    elapsed = time.perf_counter() - t_start
+    print()
+    print("values: median (p90) over repetitions; latency in microseconds; bandwidth = 64 MiB /"
+          " time (p90 = bandwidth at the p90 time); ratio = mpx / baseline")
+    print()
+    print_table(rows)
+    print()
+    leftovers = _leftover_segments()
+    alive = [p.pid for p in mp.active_children()]
+    judged = [r for r in rows if r["passed"] is not None]
+    failed = [r["name"] for r in judged if not r["passed"]]
+    print(f"cleanup: child processes alive: {alive or 'none'}; /dev/shm mpx segments left by "
+          f"this run: {leftovers or 'none'}")
+    print(f"SUMMARY: {len(judged) - len(failed)}/{len(judged)} targets met"
+          + (f"; FAIL: {', '.join(failed)}" if failed else "")
+          + f"  ({elapsed:.0f} s, {header['affinity']} CPUs)")
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"header": header, "elapsed_s": elapsed, "rows": rows, "raw": raw,
+                       "leftover_segments": leftovers, "alive_children": alive}, f, indent=1)
+        print(f"wrote {args.json}")
+    if args.png:
+        write_png(rows, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -1,0 +1,119 @@
+"""``python -m mpx <command>``: cleanup, info, demo."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import sys
+from importlib import metadata
+
+
+def _cmd_cleanup(args: argparse.Namespace) -> int:
+    from mpx import shm
+
+    removed = shm.reap_stale()
+    for name in removed:
+        print(f"removed {name}")
+    if not removed:
+        print("no stale mpx segments")
+    return 0
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{n} B"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import mpx
+    from mpx import shm
+
+    rows: list[tuple[str, str]] = []
+    rows.append(("mpx", f"{mpx.__version__} ({os.path.dirname(mpx.__file__)})"))
+    rows.append(("ring implementation", mpx.ring_implementation()))
+    rows.append(("python", f"{platform.python_version()} ({sys.executable})"))
+    rows.append(("platform", platform.platform()))
+
+    shm_dir = "/dev/shm"
+    try:
+        st = os.statvfs(shm_dir)
+        rows.append((f"{shm_dir} size", _human(st.f_blocks * st.f_frsize)))
+        free = shm.free_bytes(shm_dir)
+        rows.append((f"{shm_dir} free", f"{_human(free)} ({free} bytes)"))
+    except OSError as e:
+        rows.append((shm_dir, f"unavailable: {e}"))
+
+    try:
+        import zmq
+        rows.append(("pyzmq", zmq.__version__))
+        rows.append(("libzmq", zmq.zmq_version()))
+    except ImportError as e:
+        rows.append(("pyzmq", f"not importable: {e}"))
+
+    # find_spec only: importing torch costs seconds and is not needed to answer.
+    if importlib.util.find_spec("torch") is not None:
+        rows.append(("torch", f"importable ({_dist_version('torch') or 'version unknown'})"))
+    else:
+        rows.append(("torch", "not installed"))
+    numpy_version = _dist_version("numpy") if importlib.util.find_spec("numpy") else None
+    rows.append(("numpy", numpy_version or "not installed"))
+
+    cpus = os.cpu_count()
+    try:
+        usable = len(os.sched_getaffinity(0))
+        rows.append(("CPUs", f"{usable} usable of {cpus}"))
+    except AttributeError:
+        rows.append(("CPUs", str(cpus)))
+
+    stale = shm.stale_segments()
+    rows.append(("stale mpx segments", ", ".join(stale) if stale else "none"))
+
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key + ':':<{width + 1}} {value}")
+    if stale:
+        print("(remove them with `python -m mpx cleanup`)")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from mpx import _demo
+
+    return _demo.run()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m mpx",
+        description="mpx: one-writer/many-reader message queue over shared memory.")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    sub.required = True
+    sub.add_parser("cleanup", help="remove /dev/shm segments left by dead mpx processes"
+                   ).set_defaults(func=_cmd_cleanup)
+    sub.add_parser("info", help="print versions, the ring implementation, /dev/shm space "
+                   "and stale segments").set_defaults(func=_cmd_info)
+    sub.add_parser("demo", help="run a short demo across real processes (a few seconds)"
+                   ).set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Functions that run in child processes (module level, so every start method finds them)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+import zlib
+
+import mpx
+
+
+def echo_reader(handle, rank, conn):
+    """Dequeue objects and send a summary of each back over ``conn`` until None arrives."""
+    q = mpx.MessageQueue.create_from_handle(handle, rank)
+    q.wait_until_ready(10)
+    conn.send(("ready", os.getpid()))
+    try:
+        while True:
+            obj = q.dequeue(timeout=30)
+            if obj is None:
+                break
+            conn.send(summary(obj))
+    except Exception as e:  # report to the test
+        conn.send(("error", type(e).__name__, str(e)))
+    finally:
+        q.close()
+        conn.close()
+
+
+def summary(obj):
+    import numpy as np
+    if isinstance(obj, np.ndarray):
+        return ("ndarray", obj.dtype.str, obj.shape, zlib.crc32(obj.tobytes()))
+    if isinstance(obj, (bytes, bytearray)):
+        return (type(obj).__name__, len(obj), zlib.crc32(obj))
+    return ("obj", repr(obj))
+
+
+def checking_reader(handle, rank, n, seed, conn):
+    """Read n messages, with random pauses, and report crc32 of each in order."""
+    rnd = random.Random(seed + rank)
+    q = mpx.MessageQueue.create_from_handle(handle, rank)
+    crcs = []
+    try:
+        for _ in range(n):
+            if rnd.random() < 0.05:
+                time.sleep(rnd.random() * 0.005)
+            obj = q.dequeue(timeout=60)
+            crcs.append(summary(obj))
+        conn.send(("done", crcs))
+    except Exception as e:
+        conn.send(("error", type(e).__name__, str(e)))
+    finally:
+        q.close()
+        conn.close()
+
+
+def writer_process(n_reader, conn, msgs, then):
+    """Create a queue, send its handle, enqueue ``msgs`` once readers attach, then ``then``:
+    'exit' (return normally), 'hang' (sleep), 'close', 'shutdown'."""
+    q = mpx.MessageQueue(n_reader, n_reader, max_chunk_bytes=4096, max_chunks=4)
+    conn.send(q.export_handle())
+    q.wait_until_ready(30)
+    for m in msgs:
+        q.enqueue(m, timeout=30)
+    conn.send("sent")
+    if then == "close":
+        q.close()
+    elif then == "shutdown":
+        q.shutdown()
+    elif then == "hang":
+        time.sleep(60)
+    elif then == "stream":
+        while True:
+            q.enqueue(os.urandom(random.randrange(1, 20000)), timeout=60)
+
+
+def idle_reader(handle, conn):
+    """Attach, report ready, then block in dequeue; report the result."""
+    q = mpx.MessageQueue.create_from_handle(handle, 0)
+    conn.send(("ready", os.getpid()))
+    try:
+        obj = q.dequeue(timeout=60)
+        conn.send(("got", summary(obj), time.monotonic()))
+    except Exception as e:
+        conn.send(("error", type(e).__name__, str(e), time.monotonic()))
+    finally:
+        q.close()
+
+
+def slow_reader(handle, conn):
+    """Attach and never read (the writer fills the ring)."""
+    q = mpx.MessageQueue.create_from_handle(handle, 0)
+    conn.send(("ready", os.getpid()))
+    time.sleep(60)
+    q.close()
+
+
+def keep_array_reader(handle, laps_bytes, conn):
+    """Receive an array, keep it while ~laps_bytes more flow through the ring, check it."""
+    q = mpx.MessageQueue.create_from_handle(handle, 0)
+    first = q.dequeue(timeout=30)
+    before = first.copy()
+    flowed = 0
+    while flowed < laps_bytes:
+        x = q.dequeue(timeout=30)
+        flowed += x.nbytes
+    conn.send(("unchanged", bool((first == before).all()), first.flags.writeable,
+               int(first.sum())))
+    first += 1  # owned and writable
+    q.close()
+
+
+def die(sig=signal.SIGKILL):
+    os.kill(os.getpid(), sig)

@@ -1,0 +1,85 @@
+"""Fixtures shared by the suites.
+
+- ``impl``: runs a test against the compiled ring and the pure-Python twin (restrict with
+  ``MPX_TEST_IMPL=cython|python``).
+- ``ctx``: the multiprocessing context (``MPX_TEST_START_METHOD``, default spawn).
+- an autouse check that a test leaves no /dev/shm segment, child process or thread behind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+
+import psutil
+import pytest
+
+from mpx import shm
+
+IMPLS = [i for i in ("cython", "python")
+         if os.environ.get("MPX_TEST_IMPL", i) == i]
+START_METHOD = os.environ.get("MPX_TEST_START_METHOD", "spawn")
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request, monkeypatch):
+    """Select the ring implementation for this test and the processes it starts."""
+    if request.param == "python":
+        monkeypatch.setenv("MPX_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("MPX_PURE_PYTHON", raising=False)
+        pytest.importorskip("mpx._ring", reason="compiled ring not built")
+    return request.param
+
+
+@pytest.fixture
+def ctx():
+    return multiprocessing.get_context(START_METHOD)
+
+
+def _mpx_segments() -> set[str]:
+    try:
+        return {e for e in os.listdir("/dev/shm") if e.startswith(shm.PREFIX)}
+    except OSError:
+        return set()
+
+
+def _children() -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            # the forkserver and the resource tracker are multiprocessing's own, long-lived
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "forkserver" in cmd or "resource_tracker" in cmd:
+            continue
+        if p.status() == psutil.STATUS_ZOMBIE:
+            continue
+        out.append(p)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail a test that leaves an mpx segment, a child process or a thread behind."""
+    segs = _mpx_segments()
+    threads = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        kids = _children()
+        new_threads = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
+        new_segs = _mpx_segments() - segs
+        if not kids and not new_threads and not new_segs:
+            break
+        time.sleep(0.05)
+    for k in kids:
+        k.kill()
+    for s in new_segs:
+        shm.unlink("/" + s)
+    assert not new_segs, f"test left shared-memory segments behind: {sorted(new_segs)}"
+    assert not kids, f"test left child processes behind: {kids}"
+    assert not new_threads, f"test left threads behind: {new_threads}"

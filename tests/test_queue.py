@@ -1,0 +1,389 @@
+"""MessageQueue across real processes, for both ring implementations."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import stat
+import threading
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+import mpx
+from mpx import shm
+
+import _procs
+
+pytestmark = pytest.mark.usefixtures("impl")
+
+
+def start(ctx, target, *args):
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=target, args=(*args, child), daemon=True)
+    p.start()
+    child.close()
+    return p, parent
+
+
+def join_all(procs, timeout=20):
+    for p in procs:
+        p.join(timeout)
+        assert p.exitcode is not None, f"{p} did not exit"
+
+
+def test_order_and_no_loss_three_readers_random_sizes(ctx):
+    rnd = random.Random(7)
+    n = 1500
+    msgs = []
+    for i in range(n):
+        r = rnd.random()
+        if r < 0.4:
+            msgs.append(os.urandom(rnd.randrange(0, 200)))
+        elif r < 0.7:
+            msgs.append(os.urandom(rnd.randrange(0, 3 * 256 + 50)))
+        elif r < 0.9:
+            msgs.append(np.frombuffer(os.urandom(8 * rnd.randrange(0, 100)), dtype=np.float64))
+        else:
+            msgs.append(("tuple", i, b"x" * rnd.randrange(0, 600)))
+    with mpx.MessageQueue(3, 3, max_chunk_bytes=256, max_chunks=2) as q:
+        h = q.export_handle()
+        procs = [start(ctx, _procs.checking_reader, h, r, n, 1) for r in range(3)]
+        q.wait_until_ready(30)
+        for i, m in enumerate(msgs):
+            if rnd.random() < 0.02:
+                time.sleep(rnd.random() * 0.003)
+            q.enqueue(m, timeout=30)
+        expect = [_procs.summary(m) for m in msgs]
+        for p, conn in procs:
+            assert conn.poll(60)
+            tag, got = conn.recv()
+            assert tag == "done", got
+            assert got == expect
+        join_all([p for p, _ in procs])
+
+
+@pytest.mark.parametrize("size_delta", [None, -1, 0, 1])
+def test_boundaries(ctx, size_delta):
+    chunk = 4096
+    with mpx.MessageQueue(1, 1, max_chunk_bytes=chunk, max_chunks=4) as q:
+        p, conn = start(ctx, _procs.echo_reader, q.export_handle(), 0)
+        q.wait_until_ready(30)
+        assert conn.recv()[0] == "ready"
+        if size_delta is None:
+            payloads = [b"", bytearray(), np.zeros(0, dtype=np.uint8)]
+        else:
+            # a raw bytes message fills the slot exactly at delta 0
+            payloads = [os.urandom(chunk + size_delta), os.urandom(2 * chunk + size_delta)]
+        for m in payloads:
+            q.enqueue(m, timeout=10)
+            assert conn.poll(30)
+            assert conn.recv() == _procs.summary(m)
+        q.enqueue(None)
+        join_all([p])
+
+
+def test_larger_than_whole_ring_50mib(ctx):
+    big = np.frombuffer(os.urandom(50 << 20), dtype=np.uint8)
+    raw = os.urandom(50 << 20)
+    with mpx.MessageQueue(1, 1, max_chunk_bytes=1 << 20, max_chunks=4) as q:
+        p, conn = start(ctx, _procs.echo_reader, q.export_handle(), 0)
+        q.wait_until_ready(30)
+        conn.recv()
+        for m in (big, raw):
+            q.enqueue(m, timeout=60)
+            assert conn.poll(60)
+            assert conn.recv() == _procs.summary(m)
+        q.enqueue(None)
+        join_all([p])
+
+
+def test_received_array_is_owned_while_ring_laps(ctx):
+    chunk, nchunks = 4096, 4
+    with mpx.MessageQueue(1, 1, max_chunk_bytes=chunk, max_chunks=nchunks) as q:
+        p, conn = start(ctx, _procs.keep_array_reader, q.export_handle(), 3 * chunk * nchunks)
+        q.wait_until_ready(30)
+        first = np.arange(chunk // 8, dtype=np.int64)
+        q.enqueue(first, timeout=10)
+        for i in range(3 * nchunks + 2):
+            q.enqueue(np.full(chunk // 8, -i, dtype=np.int64), timeout=10)
+        assert conn.poll(30)
+        tag, unchanged, writeable, total = conn.recv()
+        assert unchanged and writeable and total == int(first.sum())
+        join_all([p])
+
+
+def test_dequeue_timeout_and_cancel_and_shutdown_in_process(ctx):
+    with mpx.MessageQueue(1, 1) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(mpx.QueueTimeout):
+                r.dequeue(timeout=0.2)
+            assert 0.15 < time.monotonic() - t0 < 2
+            assert isinstance(mpx.QueueTimeout("x"), TimeoutError)
+
+            ev = threading.Event()
+            errs = []
+
+            def wait_cancel():
+                try:
+                    r.dequeue(cancel=ev, timeout=10)
+                except Exception as e:
+                    errs.append((e, time.monotonic()))
+
+            t = threading.Thread(target=wait_cancel)
+            t.start()
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            ev.set()
+            t.join(5)
+            assert isinstance(errs[0][0], mpx.Cancelled)
+            assert errs[0][1] - t0 < 0.5
+
+            # the queue is still usable after a timeout and a cancel
+            q.enqueue("after")
+            assert r.dequeue(timeout=5) == "after"
+
+            t = threading.Thread(target=wait_cancel)
+            errs.clear()
+            ev.clear()
+            t.start()
+            time.sleep(0.3)  # parked
+            t0 = time.monotonic()
+            r.shutdown()
+            t.join(5)
+            assert isinstance(errs[0][0], mpx.Cancelled)
+            assert isinstance(errs[0][0], RuntimeError)
+            assert errs[0][1] - t0 < 0.1
+        finally:
+            r.close()
+
+
+def test_writer_shutdown_wakes_parked_reader_process(ctx):
+    q = mpx.MessageQueue(1, 1)
+    try:
+        p, conn = start(ctx, _procs.idle_reader, q.export_handle())
+        assert conn.recv()[0] == "ready"
+        q.wait_until_ready(10)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        q.shutdown()
+        assert conn.poll(5)
+        tag, etype, msg, t1 = conn.recv()
+        assert (tag, etype) == ("error", "Cancelled"), msg
+        assert t1 - t0 < 0.5
+        with pytest.raises(mpx.Cancelled):
+            q.enqueue("x")
+        join_all([p])
+    finally:
+        q.close()
+
+
+def test_messages_before_writer_close_are_delivered_then_peer_died(ctx):
+    parent, child = ctx.Pipe()
+    w = ctx.Process(target=_procs.writer_process, args=(1, child, ["a", b"b" * 5000, "c"], "close"))
+    w.start()
+    h = parent.recv()
+    r = mpx.MessageQueue.create_from_handle(h, 0)
+    try:
+        assert parent.poll(30) and parent.recv() == "sent"
+        w.join(10)
+        assert [r.dequeue(timeout=5) for _ in range(3)] == ["a", b"b" * 5000, "c"]
+        with pytest.raises(mpx.PeerDiedError, match=f"pid {w.pid}"):
+            r.dequeue(timeout=5)
+    finally:
+        r.close()
+
+
+def test_messages_before_writer_shutdown_then_cancelled(ctx):
+    parent, child = ctx.Pipe()
+    w = ctx.Process(target=_procs.writer_process, args=(1, child, [1, 2], "shutdown"))
+    w.start()
+    r = mpx.MessageQueue.create_from_handle(parent.recv(), 0)
+    try:
+        assert parent.poll(30) and parent.recv() == "sent"
+        w.join(10)
+        assert [r.dequeue(timeout=5), r.dequeue(timeout=5)] == [1, 2]
+        with pytest.raises(mpx.Cancelled):
+            r.dequeue(timeout=5)
+    finally:
+        r.close()
+
+
+def test_segment_is_0600_and_unlinked_once_readers_attach(ctx):
+    q = mpx.MessageQueue(2, 2)
+    try:
+        name = q.export_handle().transport["shm_name"]
+        path = "/dev/shm" + name
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert name.startswith(f"/mpx-{os.getpid()}-")
+        r0 = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+        assert os.path.exists(path)
+        with pytest.raises(mpx.HandleError, match="rank 0 is already attached"):
+            mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+        r1 = mpx.MessageQueue.create_from_handle(q.export_handle(), 1)
+        assert not os.path.exists(path)
+        q.wait_until_ready(5)
+        q.enqueue("still works")
+        assert r0.dequeue(timeout=5) == r1.dequeue(timeout=5) == "still works"
+        r0.close()
+        r1.close()
+    finally:
+        q.close()
+
+
+def test_wait_until_ready_names_missing_readers():
+    with mpx.MessageQueue(3, 3) as q:
+        r1 = mpx.MessageQueue.create_from_handle(q.export_handle(), 1)
+        with pytest.raises(mpx.QueueTimeout, match=r"ranks \[0, 2\]"):
+            q.wait_until_ready(timeout=0.2)
+        r1.close()
+
+
+def test_bad_input_typed_errors_and_queue_stays_usable():
+    q = mpx.MessageQueue(1, 1)
+    r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+    try:
+        with pytest.raises(mpx.SerializationError, match="lock"):
+            q.enqueue(threading.Lock())
+        with pytest.raises(ValueError, match="reader rank"):
+            mpx.MessageQueue.create_from_handle(q.export_handle(), 1)
+        with pytest.raises(ValueError):
+            mpx.MessageQueue.create_from_handle(q.export_handle(), -1)
+        # every reader attached, so the name is gone: the error says why
+        with pytest.raises(mpx.ShmError, match="already attached"):
+            mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+        import dataclasses
+        old = dataclasses.replace(q.export_handle(), layout_version=999)
+        with pytest.raises(mpx.HandleError, match="version"):
+            mpx.MessageQueue.create_from_handle(old, 0)
+        with pytest.raises(mpx.HandleError):
+            mpx.MessageQueue.create_from_handle("not a handle", 0)
+        with pytest.raises(mpx.RoleError):
+            q.dequeue(timeout=0.1)
+        with pytest.raises(mpx.RoleError):
+            r.enqueue("x")
+        with pytest.raises(mpx.RoleError):
+            r.export_handle()
+        with pytest.raises(ValueError):
+            q.enqueue("x", timeout=-1)
+        # nothing was half-written: the next message is the first one the reader sees
+        q.enqueue({"ok": True})
+        assert r.dequeue(timeout=5) == {"ok": True}
+        # a lambda travels by cloudpickle
+        q.enqueue(lambda x: x * 3)
+        assert r.dequeue(timeout=5)(2) == 6
+        # the handle is small and picklable
+        assert len(pickle.dumps(q.export_handle())) < 1024
+    finally:
+        r.close()
+        q.close()
+    with pytest.raises(mpx.QueueClosedError):
+        q.enqueue("x")
+    with pytest.raises(mpx.QueueClosedError):
+        r.dequeue()
+    q.close()  # idempotent
+
+
+def test_unpicklable_on_the_reader_side_leaves_queue_usable():
+    with mpx.MessageQueue(1, 1) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+        try:
+            q.enqueue(Unloadable())
+            with pytest.raises(mpx.DeserializationError):
+                r.dequeue(timeout=5)
+            q.enqueue("next")
+            assert r.dequeue(timeout=5) == "next"
+        finally:
+            r.close()
+
+
+class Unloadable:
+    def __reduce__(self):
+        return (_fail, ())
+
+
+def _fail():
+    raise RuntimeError("cannot rebuild")
+
+
+def test_constructor_argument_errors():
+    with pytest.raises(NotImplementedError, match="ZeroMQ"):
+        mpx.MessageQueue(2, 1)
+    with pytest.raises(ValueError):
+        mpx.MessageQueue(1, 2)
+    with pytest.raises(ValueError):
+        mpx.MessageQueue(2, 2, local_reader_ranks=[0, 0])
+    with pytest.raises(ValueError):
+        mpx.MessageQueue(1, 1, max_chunk_bytes=100)
+    with pytest.raises(ValueError):
+        mpx.MessageQueue(1, 1, max_chunks=1)
+
+
+def test_shm_error_when_ring_does_not_fit():
+    free = shm.free_bytes()
+    with pytest.raises(mpx.ShmError, match=r"free") as ei:
+        mpx.MessageQueue(1, 1, max_chunk_bytes=1 << 30, max_chunks=free // (1 << 30) + 2)
+    assert str(free // 10**6)[:2] in str(ei.value) or "bytes" in str(ei.value)
+
+
+def test_local_reader_ranks_map_to_global_ranks(ctx):
+    with mpx.MessageQueue(2, 2, local_reader_ranks=[1, 0]) as q:
+        r1 = mpx.MessageQueue.create_from_handle(q.export_handle(), 1)
+        r0 = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+        q.enqueue(zlib.crc32(b"x"))
+        assert r0.dequeue(timeout=5) == r1.dequeue(timeout=5)
+        assert r1.rank == 1
+        r0.close()
+        r1.close()
+
+
+def test_broadcast_object_and_repr():
+    with mpx.MessageQueue(1, 1) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+        assert q.broadcast_object({"a": 1}) == {"a": 1}
+        assert r.broadcast_object() == {"a": 1}
+        assert "writer" in repr(q) and "rank=0" in repr(r)
+        assert q.ring_implementation == mpx.ring_implementation()
+        r.close()
+
+
+def test_handle_with_other_geometry_is_refused():
+    import dataclasses
+    with mpx.MessageQueue(1, 1) as q:
+        h = q.export_handle()
+        bad = dataclasses.replace(h, transport={**h.transport, "max_chunks": 99})
+        with pytest.raises(mpx.HandleError, match="max_chunks is 16, the handle says 99"):
+            mpx.MessageQueue.create_from_handle(bad, 0)
+        bad = dataclasses.replace(h, transport={**h.transport, "token": 1})
+        with pytest.raises(mpx.HandleError, match="token"):
+            mpx.MessageQueue.create_from_handle(bad, 0)
+        # the real handle still attaches afterwards
+        mpx.MessageQueue.create_from_handle(h, 0).close()
+
+
+def test_missing_extension_falls_back_with_one_warning(tmp_path):
+    import subprocess
+    import sys
+    code = (
+        "import sys, warnings\n"
+        "sys.modules['mpx._ring'] = None\n"
+        "warnings.simplefilter('always')\n"
+        "import mpx\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    a = mpx.ring_implementation(); b = mpx.ring_implementation()\n"
+        "    q = mpx.MessageQueue(1, 1); r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)\n"
+        "    q.enqueue('x'); assert r.dequeue(timeout=5) == 'x'; r.close(); q.close()\n"
+        "print(a, b, len(w), w[0].message if w else '')\n")
+    env = {k: v for k, v in os.environ.items() if k != "MPX_PURE_PYTHON"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    a, b, n, msg = out.stdout.split(" ", 3)
+    assert (a, b, n) == ("python", "python", "1")
+    assert "pip install" in msg
