@@ -1,21 +1,54 @@
-"""Builds mpx/_ring.pyx. Set MPX_DEBUG=1 at build time for a build with C assertions."""
+"""Builds mpx/_ring.pyx.
+
+Without a C compiler or the Python headers the build warns and installs mpx without the
+extension: it then runs on the pure-Python ring (slower). Set MPX_REQUIRE_EXTENSION=1 to make
+that a build error instead, and MPX_DEBUG=1 for an unoptimised build with C assertions.
+"""
 
 import os
+import sys
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 debug = os.environ.get("MPX_DEBUG") == "1"
-extra = ["-O0", "-g"] if debug else ["-O3"]
-macros = [] if debug else [("NDEBUG", "1")]
+required = os.environ.get("MPX_REQUIRE_EXTENSION") == "1"
+
+
+class OptionalBuildExt(build_ext):
+    """Treat a failed compile as 'no extension' unless MPX_REQUIRE_EXTENSION=1."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as e:  # distutils raises several unrelated types here
+            self._skip(e)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as e:
+            self._skip(e)
+
+    def _skip(self, e):
+        if required:
+            raise e
+        sys.stderr.write(
+            f"WARNING: mpx could not build its compiled ring ({e}); installing without it. "
+            "mpx will use the slower pure-Python ring. Install a C compiler and the Python "
+            "headers (e.g. apt-get install gcc python3-dev) and reinstall.\n")
+
 
 ext = Extension(
     "mpx._ring",
     ["mpx/_ring.pyx"],
     include_dirs=["mpx"],
-    extra_compile_args=extra,
-    define_macros=macros,
+    extra_compile_args=["-O0", "-g"] if debug else ["-O3"],
+    define_macros=[] if debug else [("NDEBUG", "1")],
 )
 
-setup(ext_modules=cythonize([ext], compiler_directives={"language_level": "3"},
-                            compile_time_env={"MPX_DEBUG": debug}))
+setup(
+    ext_modules=cythonize([ext], compiler_directives={"language_level": "3"}),
+    cmdclass={"build_ext": OptionalBuildExt},
+)

@@ -72,15 +72,16 @@ class MessageQueue:
             raise ValueError(f"local_reader_ranks must be {n_local_reader} distinct ranks in "
                              f"[0, {n_reader}), got {local_reader_ranks!r}")
         base = config or Config.from_env()
-        self.config = dataclasses.replace(
-            base, **{k: v for k, v in (("max_chunk_bytes", max_chunk_bytes),
-                                       ("max_chunks", max_chunks)) if v is not None})
+        sizes: dict[str, Any] = {k: v for k, v in (("max_chunk_bytes", max_chunk_bytes),
+                                                   ("max_chunks", max_chunks)) if v is not None}
+        self.config = dataclasses.replace(base, **sizes)
         self.n_reader = n_reader
         self.n_local_reader = n_local_reader
         self.local_reader_ranks = tuple(ranks)
         self.rank: int | None = None
         self._writer: ShmWriter | None = ShmWriter(ranks, self.config)
         self._reader: ShmReader | None = None
+        self._end: ShmWriter | ShmReader = self._writer
         self._closed = False
         self._handle = Handle(L.VERSION, n_reader, n_local_reader, tuple(ranks),
                               self._writer.handle_info(), connect_ip)
@@ -114,6 +115,7 @@ class MessageQueue:
         self._closed = False
         self._reader = ShmReader(handle.transport, handle.local_reader_ranks.index(rank), rank,
                                  self.config)
+        self._end = self._reader
         return self
 
     # ------------------------------------------------------------------ properties
@@ -125,8 +127,7 @@ class MessageQueue:
     @property
     def ring_implementation(self) -> str:
         """``"cython"`` or ``"python"``: the ring this end of the queue runs on."""
-        end = self._writer or self._reader
-        return end.implementation if end is not None else "closed"
+        return self._end.implementation
 
     def export_handle(self) -> Handle:
         """The picklable handle readers attach with (writer only)."""
@@ -155,7 +156,7 @@ class MessageQueue:
         deadline = _deadline(timeout)
         if self._closed:
             raise QueueClosedError("wait_until_ready() on a closed queue")
-        (self._writer or self._reader).wait_ready(deadline)
+        self._end.wait_ready(deadline)
 
     def enqueue(self, obj: Any, timeout: float | None = None) -> None:
         """Broadcast ``obj`` to every reader. Blocks while the ring is full, up to ``timeout``
@@ -189,16 +190,14 @@ class MessageQueue:
         get Cancelled once they have read everything already enqueued."""
         if self._closed:
             return
-        (self._writer or self._reader).shutdown()
+        self._end.shutdown()
 
     def close(self) -> None:
         """Release the queue's resources; idempotent."""
         if self._closed:
             return
         self._closed = True
-        end = self._writer or self._reader
-        if end is not None:
-            end.close()
+        self._end.close()
 
     def __enter__(self) -> MessageQueue:
         return self

@@ -98,11 +98,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def stale_segments(shm_dir: str = "/dev/shm") -> list[str]:
-    """Names of mpx segments whose creator process no longer exists."""
-    out = []
+# Where Linux keeps POSIX shared memory, whatever Config.shm_dir says about free space.
+SHM_ROOT = "/dev/shm"
+
+
+def stale_segments() -> list[str]:
+    """Names of mpx segments whose creator process no longer exists.
+
+    Judged by the pid in the name: a creator in another pid namespace that shares this
+    /dev/shm (containers with --ipc=host) looks dead from here, so don't share /dev/shm
+    across pid namespaces with mpx.
+    """
+    out: list[str] = []
     try:
-        entries = os.listdir(shm_dir)
+        entries = os.listdir(SHM_ROOT)
     except OSError:
         return out
     for entry in entries:
@@ -112,6 +121,6 @@ def stale_segments(shm_dir: str = "/dev/shm") -> list[str]:
     return sorted(out)
 
 
-def reap_stale(shm_dir: str = "/dev/shm") -> list[str]:
+def reap_stale() -> list[str]:
     """Unlink every mpx segment whose creator is dead; returns the names removed."""
-    return [name for name in stale_segments(shm_dir) if unlink(name)]
+    return [name for name in stale_segments() if unlink(name)]

@@ -10,13 +10,12 @@ import sys
 import threading
 import time
 
+import _procs
 import psutil
 import pytest
 
 import mpx
 from mpx import shm
-
-import _procs
 
 pytestmark = pytest.mark.usefixtures("impl")
 

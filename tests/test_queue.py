@@ -10,13 +10,12 @@ import threading
 import time
 import zlib
 
+import _procs
 import numpy as np
 import pytest
 
 import mpx
 from mpx import shm
-
-import _procs
 
 pytestmark = pytest.mark.usefixtures("impl")
 
@@ -53,12 +52,12 @@ def test_order_and_no_loss_three_readers_random_sizes(ctx):
         h = q.export_handle()
         procs = [start(ctx, _procs.checking_reader, h, r, n, 1) for r in range(3)]
         q.wait_until_ready(30)
-        for i, m in enumerate(msgs):
+        for m in msgs:
             if rnd.random() < 0.02:
                 time.sleep(rnd.random() * 0.003)
             q.enqueue(m, timeout=30)
         expect = [_procs.summary(m) for m in msgs]
-        for p, conn in procs:
+        for _, conn in procs:
             assert conn.poll(60)
             tag, got = conn.recv()
             assert tag == "done", got

@@ -68,7 +68,7 @@ class ShmWriter:
         self.ranks = list(ranks)
         self.config = config
         n = len(ranks)
-        shm.reap_stale(config.shm_dir)
+        shm.reap_stale()
         size = L.segment_size(config.max_chunk_bytes, config.max_chunks, n)
         self.name, self._mm = shm.create(size, config.shm_dir)
         self.token = secrets.randbits(63)
