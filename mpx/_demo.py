@@ -257,11 +257,9 @@ def run(out: Any = None) -> int:
         say(f"(a) round trip of a small tuple, median of {N_ROUND_TRIPS}:")
         say(f"      mpx.MessageQueue      {mpx_us:8.1f} us")
         say(f"      multiprocessing.Pipe  {pipe_us:8.1f} us")
-        if N_READERS + 1 > ncpu:
-            spin_us = mpx.Config.from_env().spin_us
-            say(f"      (note: {N_READERS + 1} waiting processes share {ncpu} CPUs and a waiter "
-                f"spins {spin_us} us before\n       it yields, so a round trip may cost a few "
-                f"times that: see MPX_SPIN_US)")
+        if N_READERS + 1 > ncpu and mpx.Config.from_env().spin_us > 0:
+            say(f"      (note: {N_READERS + 1} waiting processes share {ncpu} CPUs and MPX_SPIN_US "
+                f"is set: a pause spin\n       holds a core the others need; 0 yields instead)")
 
         best, med = _bench_broadcast(queue, replies)
         kind = type(_make_array(4096)).__name__

@@ -74,7 +74,7 @@ cdef class Ring:
         self.n_pidfds = 0
         self.gone_index = -1
 
-    def __init__(self, buf, int index, int64_t spin_ns=50000, int64_t yield_ns=1000000,
+    def __init__(self, buf, int index, int64_t spin_ns=0, int64_t yield_ns=1000000,
                  int64_t poll_ns=100000000):
         cdef int i
         PyObject_GetBuffer(buf, &self.pybuf, PyBUF_WRITABLE)

@@ -63,7 +63,7 @@ def _pidfd_exited(fd: int) -> bool:
 class Ring:
     """See ``mpx._ring.Ring``."""
 
-    def __init__(self, buf, index: int, spin_ns: int = 50000, yield_ns: int = 1000000,
+    def __init__(self, buf, index: int, spin_ns: int = 0, yield_ns: int = 1000000,
                  poll_ns: int = 100000000) -> None:
         mv = memoryview(buf)
         if mv.readonly:
