@@ -400,12 +400,12 @@ def print_table(rows):
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}x"
         lines.append((f"{r['name']} [{r['unit']}]", _fmt_val(r["mpx"], r["unit"]),
                       _fmt_val(r["baseline"], r["unit"]), ratio, r["target"], res))
-    w = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(hdr)]
+    w = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(hdr)]
     fmt = "  ".join(f"{{:<{x}}}" for x in w)
     print(fmt.format(*hdr))
     print(fmt.format(*("-" * x for x in w)))
-    for l in lines:
-        print(fmt.format(*l))
+    for row in lines:
+        print(fmt.format(*row))
     notes = [f"  * {r['name']}: {r['note']}" for r in rows if r["note"]]
     if notes:
         print("notes:")
