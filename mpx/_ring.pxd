@@ -11,7 +11,7 @@ cdef extern from "_ring_sync.h" nogil:
     void mpx_relax()
     int64_t mpx_now_ns()
     void mpx_yield()
-    void mpx_futex_wait(uint32_t* addr, uint32_t expected, int64_t timeout_ns)
+    int mpx_futex_wait(uint32_t* addr, uint32_t expected, int64_t timeout_ns)
     void mpx_futex_wake(uint32_t* addr)
     int mpx_pidfd_open(int pid)
     int mpx_pidfd_exited(int fd)

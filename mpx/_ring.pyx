@@ -380,7 +380,7 @@ cdef class Ring:
     cdef int _wait_data(self, int64_t deadline, int64_t slice_ns) nogil:
         cdef uint64_t* wseq = self._u64(OFF_WRITE_SEQ)
         cdef int64_t t0, now, until, slice_end
-        cdef int k, st
+        cdef int k, st, signalled
         cdef uint32_t v
         cdef uint32_t* parked
         cdef uint32_t* futex
@@ -424,11 +424,14 @@ cdef class Ring:
             if mpx_load64(wseq) > self.seq:
                 mpx_store32(parked, 0)
                 return ST_OK
+            signalled = 0
             if mpx_load32(self._u32(OFF_STATE)) == 0 and not mpx_get_flag(&self.interrupted):
-                mpx_futex_wait(futex, v, until - now)
+                signalled = mpx_futex_wait(futex, v, until - now)
             mpx_store32(parked, 0)
             if mpx_load64(wseq) > self.seq:
                 return ST_OK
+            if signalled:
+                return ST_SLICE
 
     cdef void _ack(self) nogil:
         self.seq += 1
@@ -443,7 +446,8 @@ cdef class Ring:
 
         ``data`` is owned by the caller (bytes for K_PICKLE/K_BYTES, a bytearray otherwise)
         and never aliases the ring. With ``slice_ns >= 0`` a wait that sees no data for that
-        long returns SLICE; calling again resumes, also in the middle of a message.
+        long returns SLICE, and so does a park that a signal interrupted (so Python can run
+        its handler); calling again resumes, also in the middle of a message.
         """
         self._live()
         if self.index < 0:

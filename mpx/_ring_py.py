@@ -12,6 +12,7 @@ liveness poll period either way.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 import select
@@ -118,15 +119,17 @@ class Ring:
     def _slot(self, seq: int) -> int:
         return self._slots + (seq % self.n_chunks) * self.stride
 
-    def _futex_wait(self, off: int, expected: int, timeout_ns: int) -> None:
+    def _futex_wait(self, off: int, expected: int, timeout_ns: int) -> bool:
+        """Sleep while the word equals ``expected``; True if a signal interrupted it."""
         timeout_ns = max(timeout_ns, 0)
         if _SYS_FUTEX is None:
             if self._w32(off) == expected:
                 time.sleep(min(timeout_ns, 200_000) / 1e9)
-            return
+            return False
         ts = _Timespec(timeout_ns // 1_000_000_000, timeout_ns % 1_000_000_000)
-        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._addr + off), _FUTEX_WAIT,
-                      ctypes.c_uint32(expected), ctypes.byref(ts), None, 0)
+        rc = _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._addr + off), _FUTEX_WAIT,
+                           ctypes.c_uint32(expected), ctypes.byref(ts), None, 0)
+        return rc < 0 and ctypes.get_errno() == errno.EINTR
 
     def _futex_wake(self, off: int) -> None:
         if _SYS_FUTEX is not None:
@@ -355,11 +358,14 @@ class Ring:
             if q[wseq] > self.seq:
                 self._set32(parked, 0)
                 return L.OK
+            signalled = False
             if self._w32(L.OFF_STATE) == 0 and not self._interrupted:
-                self._futex_wait(L.OFF_DATA_FUTEX, v, until - now)
+                signalled = self._futex_wait(L.OFF_DATA_FUTEX, v, until - now)
             self._set32(parked, 0)
             if q[wseq] > self.seq:
                 return L.OK
+            if signalled:
+                return L.SLICE
 
     def _ack(self) -> None:
         self.seq += 1

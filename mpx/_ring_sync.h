@@ -44,19 +44,24 @@ static inline int64_t mpx_now_ns(void) {
 static inline void mpx_yield(void) { sched_yield(); }
 
 /* Sleep while *addr == expected, at most timeout_ns. Spurious returns are fine: callers
- * re-check. Without futex (not Linux) it sleeps in 200 us steps instead. */
-static inline void mpx_futex_wait(uint32_t *addr, uint32_t expected, int64_t timeout_ns) {
+ * re-check. Returns 1 when a signal interrupted the sleep (so Python can run its handler),
+ * else 0. Without futex (not Linux) it sleeps in 200 us steps instead. */
+static inline int mpx_futex_wait(uint32_t *addr, uint32_t expected, int64_t timeout_ns) {
     struct timespec ts;
     if (timeout_ns < 0) timeout_ns = 0;
 #ifdef __linux__
     ts.tv_sec = timeout_ns / 1000000000LL;
     ts.tv_nsec = timeout_ns % 1000000000LL;
-    syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, NULL, 0);
+    if (syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, NULL, 0) < 0 && errno == EINTR)
+        return 1;
+    return 0;
 #else
     if (timeout_ns > 200000) timeout_ns = 200000;
     ts.tv_sec = 0;
     ts.tv_nsec = timeout_ns;
-    if (__atomic_load_n(addr, __ATOMIC_ACQUIRE) == expected) nanosleep(&ts, NULL);
+    if (__atomic_load_n(addr, __ATOMIC_ACQUIRE) == expected && nanosleep(&ts, NULL) < 0)
+        return errno == EINTR;
+    return 0;
 #endif
 }
 

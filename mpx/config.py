@@ -43,6 +43,13 @@ class Config:
     # How often a parked waiter wakes to check that its peer is still alive.
     liveness_poll_ms: int = _env_field(100, "peer liveness check period while parked, ms")
     shm_dir: str = _env_field("/dev/shm", "where POSIX shared memory lives (size checks)")
+    # Executor. spawn is the default: a forked child of a process that already initialised
+    # CUDA cannot use CUDA, and fork copies whatever threads and locks the driver holds.
+    start_method: str = _env_field("spawn", "fork, spawn or forkserver")
+    startup_timeout_s: float = _env_field(120.0, "deadline for every worker to become ready")
+    shutdown_grace_s: float = _env_field(5.0, "wait for workers to exit before SIGTERM")
+    terminate_grace_s: float = _env_field(2.0, "wait after SIGTERM before SIGKILL")
+    worker_threads: int = _env_field(0, "OMP/torch threads per worker; 0: cores / local workers")
 
     def __post_init__(self) -> None:
         for name in ("max_chunk_bytes", "max_chunks", "liveness_poll_ms"):
@@ -53,6 +60,14 @@ class Config:
                 raise ValueError(f"mpx.Config.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.max_chunks < 2:
             raise ValueError("mpx.Config.max_chunks must be >= 2 so a message can stream")
+        if self.start_method not in ("fork", "spawn", "forkserver"):
+            raise ValueError(f"mpx.Config.start_method must be fork, spawn or forkserver, "
+                             f"got {self.start_method!r}")
+        for name in ("startup_timeout_s", "shutdown_grace_s", "terminate_grace_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"mpx.Config.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.worker_threads < 0:
+            raise ValueError(f"mpx.Config.worker_threads must be >= 0, got {self.worker_threads!r}")
         if self.max_chunk_bytes % 64:
             raise ValueError("mpx.Config.max_chunk_bytes must be a multiple of 64")
 

@@ -57,3 +57,61 @@ class SerializationError(MpxError, TypeError):
 
 class DeserializationError(MpxError, ValueError):
     """A received message could not be unpickled; the queue stays usable."""
+
+
+class RPCError(MpxError, RuntimeError):
+    """A worker method raised (or its call or result could not be (un)pickled).
+
+    ``ranks``: the ranks that failed; ``exc_type``: the remote exception's type name;
+    ``exc_message``: its message; ``remote_traceback``: the remote traceback as text.
+    """
+
+    def __init__(self, ranks: list[int], exc_type: str, exc_message: str,
+                 remote_traceback: str = "", method: str = "") -> None:
+        self.ranks = list(ranks)
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.remote_traceback = remote_traceback
+        self.method = method
+        where = f"{method!r} " if method else ""
+        text = f"{where}failed on rank(s) {self.ranks}: {exc_type}: {exc_message}"
+        if remote_traceback:
+            text += "\n\nRemote traceback (rank %d):\n%s" % (self.ranks[0], remote_traceback.rstrip())
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (type(self), (self.ranks, self.exc_type, self.exc_message, self.remote_traceback,
+                             self.method))
+
+
+class RPCTimeoutError(MpxError, TimeoutError):
+    """A collective RPC did not complete in time; ``ranks`` have not answered."""
+
+    def __init__(self, message: str, ranks: list[int]) -> None:
+        super().__init__(message)
+        self.ranks = list(ranks)
+
+
+class ExecutorFailed(MpxError, RuntimeError):
+    """The executor can no longer serve calls (a worker or node was lost)."""
+
+
+class WorkerDiedError(ExecutorFailed):
+    """A worker process died. ``rank``, ``pid`` and ``exitcode`` (negative: -signal)."""
+
+    def __init__(self, message: str, rank: int | None = None, pid: int | None = None,
+                 exitcode: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.pid = pid
+        self.exitcode = exitcode
+
+
+class WorkerStartupError(MpxError, RuntimeError):
+    """A worker failed to start: its ``__init__`` raised, it died, or it never became ready."""
+
+    def __init__(self, message: str, ranks: list[int] | None = None,
+                 remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.ranks = list(ranks or [])
+        self.remote_traceback = remote_traceback

@@ -227,17 +227,16 @@ class ShmReader:
             if self._closed:
                 raise Cancelled("the queue is closed")
             slice_ns = CANCEL_POLL_NS if cancel is not None else (WAIT_WARNING_NS if warn else -1)
-            waited = 0
+            warn_at = time.monotonic_ns() + WAIT_WARNING_NS
             while True:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
                 st, kind, data = self._ring.read(deadline_ns, slice_ns)
                 if st == L.OK:
                     return kind, data
-                if st == L.SLICE:
-                    waited += slice_ns
-                    if warn and waited >= WAIT_WARNING_NS:
-                        waited = 0
+                if st == L.SLICE:  # a slice ended or a signal came: Python runs its handlers
+                    if warn and time.monotonic_ns() >= warn_at:
+                        warn_at = time.monotonic_ns() + WAIT_WARNING_NS
                         logger.warning("mpx: reader rank %d (pid %d) has waited %d s for the "
                                        "writer (pid %d), which is alive but sent nothing",
                                        self.rank, os.getpid(), WAIT_WARNING_NS // 10**9,

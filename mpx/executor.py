@@ -1,0 +1,494 @@
+"""``Executor``: N worker processes, one broadcast queue to them, one response queue each.
+
+A call flows once down and back: ``collective_rpc`` encodes ``(CALL, seq, method, args,
+kwargs, reply_rank)`` onto the broadcast queue; every worker answers ``(seq, status,
+payload)`` on its response queue, in order; the thread that waits for a result reads the
+replies (see :mod:`mpx.futures`). A monitor thread watches the processes and fails the
+executor within a second of a worker's death.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import socket
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import cloudpickle
+
+from mpx import worker as W
+from mpx.config import Config
+from mpx.errors import (
+    Cancelled,
+    DeserializationError,
+    ExecutorFailed,
+    PeerDiedError,
+    QueueTimeout,
+    RPCError,
+    RPCTimeoutError,
+    SerializationError,
+    WorkerDiedError,
+    WorkerStartupError,
+)
+from mpx.futures import RPCFuture
+from mpx.queue import MessageQueue
+from mpx.worker import WorkerContext
+
+logger = logging.getLogger("mpx")
+
+
+def _free_tcp_address(host: str = "127.0.0.1") -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """'exit code 3', 'killed by SIGKILL', or 'still running'."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+@dataclasses.dataclass(eq=False)
+class _Call:
+    seq: int
+    method: str
+    ranks: int
+    reply_rank: int | None
+    aggregator: Callable | None
+    deadline: float | None
+    future: RPCFuture
+    results: dict = dataclasses.field(default_factory=dict)
+    errors: dict = dataclasses.field(default_factory=dict)
+
+    def missing(self) -> list[int]:
+        return [r for r in range(self.ranks) if r not in self.results and r not in self.errors]
+
+
+class _Group:
+    """Everything the executor owns; ``shutdown`` can run from a finalizer at exit."""
+
+    def __init__(self, config: Config, world_size: int) -> None:
+        self.config = config
+        self.world_size = world_size
+        self.creator_pid = os.getpid()
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.bq: MessageQueue | None = None
+        self.resp: list[MessageQueue] = []
+        self.death_w: Any = None
+        self.ready: list[Any] = []
+        self.monitor: threading.Thread | None = None
+        self.wake_r, self.wake_w = os.pipe()
+        self.lock = threading.RLock()
+        self.send_lock = threading.Lock()
+        self.pump_lock = threading.Lock()
+        self.pending: dict[int, _Call] = {}
+        self.next_seq = 0
+        self.next_reply = [0] * world_size
+        self.failure: ExecutorFailed | None = None
+        self.callbacks: list[Callable[[], None]] = []
+        self.closing = False
+        self.closed = False
+
+    # ---------------------------------------------------------------- failure
+
+    def fail(self, err: ExecutorFailed) -> None:
+        with self.lock:
+            if self.failure is not None or self.closing:
+                return
+            self.failure = err
+            callbacks, self.callbacks = self.callbacks, []
+            pending = list(self.pending.values())
+            self.pending.clear()
+        logger.error("mpx: executor failed: %s", err)
+        for q in self.resp:
+            q.shutdown()  # wakes a thread reading replies
+        for call in pending:
+            if not call.future.done():
+                call.future.set_exception(err)
+        for cb in callbacks:
+            _run_callback(cb)
+
+    def died_error(self, rank: int) -> WorkerDiedError:
+        p = self.procs[rank]
+        p.join(1.0)
+        return WorkerDiedError(f"worker rank {rank} (pid {p.pid}) died: {describe_exit(p.exitcode)}",
+                               rank=rank, pid=p.pid, exitcode=p.exitcode)
+
+    def watch(self) -> None:
+        """Monitor thread: a worker's sentinel becomes ready when it exits."""
+        sentinels = {p.sentinel: rank for rank, p in enumerate(self.procs)}
+        while sentinels:
+            ready = multiprocessing.connection.wait(list(sentinels) + [self.wake_r])
+            if self.wake_r in ready or self.closing:
+                return
+            for s in ready:
+                rank = sentinels.pop(s)
+                self.fail(self.died_error(rank))
+
+    # ---------------------------------------------------------------- replies
+
+    def finish(self, call: _Call) -> None:
+        self.pending.pop(call.seq, None)
+        if call.future.done():
+            return
+        if call.errors:
+            ranks = sorted(call.errors)
+            etype, msg, tb = call.errors[ranks[0]]
+            call.future.set_exception(RPCError(ranks, etype, msg, tb, method=call.method))
+            return
+        if call.reply_rank is not None:
+            value = call.results[call.reply_rank]
+        else:
+            value = [call.results[r] for r in range(call.ranks)]
+            if call.aggregator is not None:
+                try:
+                    value = call.aggregator(value)
+                except Exception as e:
+                    call.future.set_exception(e)
+                    return
+        call.future.set_result(value)
+
+    def record(self, rank: int, seq: int, status: int, payload: Any) -> None:
+        self.next_reply[rank] = seq + 1
+        with self.lock:
+            call = self.pending.get(seq)
+        if call is None:
+            return  # the reply of a call that already timed out
+        if status == W.OK:
+            call.results[rank] = payload
+        else:
+            call.errors[rank] = payload
+        if not call.missing():
+            with self.lock:
+                self.finish(call)
+
+    def read_reply(self, rank: int, timeout: float | None) -> None:
+        q = self.resp[rank]
+        try:
+            seq, status, payload = q.dequeue(timeout=timeout, indefinite=True)
+        except DeserializationError as e:
+            seq = self.next_reply[rank]
+            status, payload = W.ERR, ("DeserializationError",
+                                      f"the driver could not unpickle the result: {e}", "")
+        except PeerDiedError:
+            self.fail(self.died_error(rank))
+            raise self.failure from None  # type: ignore[misc]
+        except Cancelled:
+            if self.failure is not None:
+                raise self.failure from None
+            raise ExecutorFailed("the executor was shut down") from None
+        self.record(rank, seq, status, payload)
+
+    def drive(self, fut: RPCFuture, timeout: float | None) -> None:
+        """Read replies until ``fut`` is done, its call's deadline passes (RPCTimeoutError)
+        or ``timeout`` passes (concurrent.futures.TimeoutError, the call goes on)."""
+        call: _Call = fut._mpx_call  # type: ignore[attr-defined]
+        wait_until = None if timeout is None else time.monotonic() + timeout
+        while not fut.done():
+            limits = [t for t in (wait_until, call.deadline) if t is not None]
+            until = min(limits) if limits else None
+            left = None if until is None else max(0.0, until - time.monotonic())
+            if not self.pump_lock.acquire(timeout=-1 if left is None else left):
+                self._timed_out(call, wait_until)
+                continue
+            try:
+                while not fut.done():
+                    missing = call.missing()
+                    left = None if until is None else max(0.0, until - time.monotonic())
+                    try:
+                        self.read_reply(missing[0], left)
+                    except QueueTimeout:
+                        self._timed_out(call, wait_until)
+                    except ExecutorFailed as e:
+                        if not fut.done():
+                            fut.set_exception(e)
+            finally:
+                self.pump_lock.release()
+
+    def _timed_out(self, call: _Call, wait_until: float | None) -> None:
+        now = time.monotonic()
+        if call.deadline is not None and now >= call.deadline:
+            with self.lock:
+                self.pending.pop(call.seq, None)
+            if not call.future.done():
+                missing = call.missing()
+                call.future.set_exception(RPCTimeoutError(
+                    f"collective_rpc {call.method!r} timed out; ranks {missing} have not answered",
+                    missing))
+        elif wait_until is not None and now >= wait_until:
+            raise TimeoutError(f"result() timed out; call {call.method!r} is still running")
+
+    # ---------------------------------------------------------------- shutdown
+
+    def shutdown(self) -> None:
+        with self.lock:
+            if self.closed or os.getpid() != self.creator_pid:
+                return
+            self.closing = True
+            pending = list(self.pending.values())
+            self.pending.clear()
+        gone = ExecutorFailed("the executor was shut down")
+        for call in pending:
+            if not call.future.done():
+                call.future.set_exception(gone)
+        if self.bq is not None and self.failure is None:
+            try:
+                self.bq.enqueue((W.STOP, self.next_seq), timeout=1.0)
+            except Exception:
+                pass
+        if self.death_w is not None:
+            self.death_w.close()
+        self._stop_processes()
+        os.write(self.wake_w, b"x")
+        if self.monitor is not None and self.monitor is not threading.current_thread():
+            self.monitor.join(5)
+        for q in self.resp:
+            q.close()
+        if self.bq is not None:
+            self.bq.close()
+        for c in self.ready:
+            c.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        self.closed = True
+
+    def _stop_processes(self) -> None:
+        def wait(seconds: float) -> list:
+            deadline = time.monotonic() + seconds
+            for p in self.procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+            return [p for p in self.procs if p.exitcode is None]
+
+        alive = wait(self.config.shutdown_grace_s)
+        for p in alive:
+            logger.warning("mpx: worker pid %d did not exit in %.1f s; sending SIGTERM", p.pid,
+                           self.config.shutdown_grace_s)
+            p.terminate()
+        alive = wait(self.config.terminate_grace_s) if alive else []
+        for p in alive:
+            logger.warning("mpx: worker pid %d ignored SIGTERM; sending SIGKILL", p.pid)
+            p.kill()
+        if alive:
+            wait(5.0)
+
+
+def _run_callback(cb: Callable[[], None]) -> None:
+    try:
+        cb()
+    except Exception:
+        logger.exception("mpx: a failure callback raised")
+
+
+class Executor:
+    """Start ``world_size`` processes each holding ``worker_cls(ctx, **worker_kwargs)`` and
+    call their methods collectively.
+
+    ``config`` (an :class:`mpx.Config`, default ``Config.from_env()``) and ``overrides``
+    (its field names) set start method, ring geometry, timeouts and thread counts.
+    Construction returns once every worker is ready; a worker whose ``__init__`` raises
+    makes it raise :class:`mpx.WorkerStartupError`.
+    """
+
+    def __init__(self, worker_cls: type, world_size: int, *, worker_kwargs: dict | None = None,
+                 config: Config | None = None, **overrides: Any) -> None:
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+        if not callable(worker_cls):
+            raise TypeError(f"worker_cls must be a class, got {worker_cls!r}")
+        cfg = Config.from_env(**overrides) if config is None else \
+            dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
+        try:
+            cls_bytes = cloudpickle.dumps(worker_cls)
+            kw_bytes = cloudpickle.dumps(worker_kwargs)
+        except Exception as e:
+            raise SerializationError(f"cannot pickle the worker class or its kwargs: {e}") from e
+        self.config = cfg
+        self.world_size = world_size
+        logger.info("mpx: starting %d workers of %s; config: %s", world_size,
+                    getattr(worker_cls, "__qualname__", worker_cls), cfg.describe())
+        g = self._group = _Group(cfg, world_size)
+        self._finalizer = weakref.finalize(self, g.shutdown)
+        try:
+            self._start(worker_cls, cls_bytes, kw_bytes)
+        except BaseException:
+            self._finalizer()
+            raise
+
+    def _start(self, worker_cls: type, cls_bytes: bytes, kw_bytes: bytes) -> None:
+        g, cfg = self._group, self.config
+        mp = multiprocessing.get_context(cfg.start_method)
+        g.bq = MessageQueue(self.world_size, self.world_size, config=cfg)
+        death_r, g.death_w = mp.Pipe(duplex=False)
+        dist = _free_tcp_address()
+        arm = threading.current_thread() is threading.main_thread()
+        for rank in range(self.world_size):
+            ready_r, ready_w = mp.Pipe(duplex=False)
+            close_fds = [g.death_w.fileno()] + [c.fileno() for c in g.ready] \
+                if cfg.start_method == "fork" else []
+            ctx = WorkerContext(rank=rank, local_rank=rank, world_size=self.world_size,
+                                local_world_size=self.world_size, node_rank=0,
+                                distributed_init_method=dist, config=cfg)
+            spec = dict(ctx=ctx, handle=g.bq.export_handle(), worker_cls=cls_bytes,
+                        worker_kwargs=kw_bytes, parent_pid=os.getpid(), arm_pdeathsig=arm,
+                        close_fds=close_fds)
+            p = mp.Process(target=W.worker_main, args=(spec, ready_w, death_r),
+                           name=f"mpx-worker-{rank}")
+            p.start()
+            ready_w.close()
+            g.procs.append(p)
+            g.ready.append(ready_r)
+        death_r.close()
+        self._handshake()
+        g.bq.wait_until_ready(timeout=max(1.0, cfg.startup_timeout_s))
+        g.monitor = threading.Thread(target=g.watch, name="mpx-executor-monitor", daemon=True)
+        g.monitor.start()
+
+    def _handshake(self) -> None:
+        g = self._group
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        handles: dict[int, Any] = {}
+        waiting = {c: r for r, c in enumerate(g.ready)}
+        sentinels = {g.procs[r].sentinel: r for r in range(self.world_size)}
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                ranks = sorted(waiting.values())
+                raise WorkerStartupError(
+                    f"workers {ranks} did not become ready within "
+                    f"{self.config.startup_timeout_s} s (startup_timeout_s)", ranks)
+            ready = multiprocessing.connection.wait(list(waiting) + list(sentinels), left)
+            for obj in ready:
+                if obj in waiting:
+                    rank = waiting[obj]
+                    try:
+                        msg = obj.recv()
+                    except EOFError:
+                        continue  # died: its sentinel says how
+                    del waiting[obj]
+                    if msg[0] == "error":
+                        _, etype, emsg, tb = msg
+                        raise WorkerStartupError(
+                            f"worker rank {rank} failed in __init__: {etype}: {emsg}\n\n"
+                            f"Remote traceback:\n{tb}", [rank], tb)
+                    handles[rank] = msg[1]
+                elif obj in sentinels:
+                    rank = sentinels.pop(obj)
+                    if rank in waiting.values():
+                        p = g.procs[rank]
+                        p.join(1)
+                        raise WorkerStartupError(
+                            f"worker rank {rank} (pid {p.pid}) died during startup: "
+                            f"{describe_exit(p.exitcode)}", [rank])
+        g.resp = [MessageQueue.create_from_handle(handles[r], 0, config=self.config)
+                  for r in range(self.world_size)]
+
+    # ---------------------------------------------------------------- calls
+
+    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
+                       args: tuple = (), kwargs: dict | None = None, non_block: bool = False,
+                       unique_reply_rank: int | None = None,
+                       aggregator: Callable[[list], Any] | None = None) -> Any:
+        """Call ``method`` on every worker and gather the results in rank order.
+
+        ``method`` is a method name or a callable sent with cloudpickle and called as
+        ``method(worker, *args, **kwargs)``. Returns the list of results, the result of
+        ``unique_reply_rank`` alone, or ``aggregator(list)``; with ``non_block=True`` a
+        future of that. ``timeout`` is a deadline for the whole call, from now.
+        """
+        g = self._group
+        self._check_usable()
+        if not (isinstance(method, str) or callable(method)):
+            raise TypeError(f"method must be a name or a callable, got {type(method).__name__}")
+        if unique_reply_rank is not None and (
+                not isinstance(unique_reply_rank, int) or
+                not 0 <= unique_reply_rank < self.world_size):
+            raise ValueError(f"unique_reply_rank must be in [0, {self.world_size}), "
+                             f"got {unique_reply_rank!r}")
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fut = RPCFuture(g.drive)
+        name = method if isinstance(method, str) else getattr(method, "__name__", "<callable>")
+        with g.send_lock:
+            seq = g.next_seq
+            call = _Call(seq, name, self.world_size, unique_reply_rank, aggregator, deadline, fut)
+            fut._mpx_call = call  # type: ignore[attr-defined]
+            with g.lock:
+                self._check_usable()
+                g.pending[seq] = call
+            try:
+                assert g.bq is not None
+                g.bq.enqueue((W.CALL, seq, method, tuple(args), kwargs or None,
+                              unique_reply_rank), timeout=timeout)
+            except BaseException as e:
+                with g.lock:
+                    g.pending.pop(seq, None)
+                if isinstance(e, QueueTimeout):
+                    raise RPCTimeoutError(f"collective_rpc {name!r} timed out before every "
+                                          f"worker could take the call: {e}",
+                                          list(range(self.world_size))) from e
+                if isinstance(e, (PeerDiedError, Cancelled)):
+                    self._check_usable()
+                    raise ExecutorFailed(f"collective_rpc {name!r} could not be sent: {e}") from e
+                raise
+            g.next_seq = seq + 1
+        if non_block:
+            return fut
+        return fut.result()
+
+    def check_health(self, timeout: float = 10.0) -> None:
+        """Raise unless every worker answers a ping within ``timeout`` seconds."""
+        pids = self.collective_rpc(W.PING, timeout=timeout)
+        expected = [p.pid for p in self._group.procs]
+        if pids != expected:
+            raise ExecutorFailed(f"workers answered with pids {pids}, expected {expected}")
+
+    def register_failure_callback(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` once when the executor fails (at once if it already has)."""
+        g = self._group
+        with g.lock:
+            if g.failure is None:
+                g.callbacks.append(callback)
+                return
+        _run_callback(callback)
+
+    @property
+    def is_failed(self) -> bool:
+        """True once a worker died; every call then raises the failure."""
+        return self._group.failure is not None
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self._group.procs if p.pid is not None]
+
+    def _check_usable(self) -> None:
+        g = self._group
+        if g.failure is not None:
+            raise g.failure
+        if g.closing:
+            raise ExecutorFailed("the executor was shut down")
+
+    def shutdown(self) -> None:
+        """Stop the workers (stop message, then SIGTERM, then SIGKILL after the grace
+        periods), join every thread mpx started and close every queue. Idempotent."""
+        self._finalizer()
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

@@ -1,0 +1,219 @@
+"""The worker process: ready handshake, parent-death detection, signals and the RPC loop.
+
+The executor starts one process per rank with :func:`worker_main`. The worker attaches to
+the broadcast queue, builds the user's worker object, creates its response queue, and
+answers every call on it exactly once, in order, with ``(seq, status, payload)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Any
+
+import cloudpickle
+
+from mpx.config import Config
+from mpx.errors import Cancelled, DeserializationError, PeerDiedError, SerializationError
+from mpx.queue import MessageQueue
+
+logger = logging.getLogger("mpx")
+
+# broadcast message tags
+CALL = 0
+STOP = 1
+# reply status
+OK = 0
+ERR = 1
+
+PING = "mpx.ping"  # built-in method: answers the worker's pid
+
+_PR_SET_PDEATHSIG = 1
+# After the driver's death pipe closes, a worker busy in user code gets this long to
+# finish before it is ended: the 2 s bound on orphaned workers includes it.
+ORPHAN_GRACE_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerContext:
+    """What a worker knows about its place in the group; passed to ``worker_cls(ctx, ...)``.
+
+    ``distributed_init_method`` is a free ``tcp://host:port`` the workers can hand to
+    ``torch.distributed.init_process_group`` (rank ``rank``, world size ``world_size``).
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    distributed_init_method: str
+    config: Config
+
+
+class _PrefixedStream:
+    """Writes ``prefix`` at the start of every line of an underlying text stream."""
+
+    def __init__(self, stream, prefix: str) -> None:
+        self._stream = stream
+        self._prefix = prefix
+        self._at_line_start = True
+
+    def write(self, text: str) -> int:
+        out = []
+        for piece in text.splitlines(keepends=True):
+            if self._at_line_start:
+                out.append(self._prefix)
+            out.append(piece)
+            self._at_line_start = piece.endswith("\n")
+        self._stream.write("".join(out))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _arm_parent_death_signal(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies; closes the race with an early death."""
+    if sys.platform != "linux" or os.getppid() != parent_pid:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _set_identity(ctx: WorkerContext) -> None:
+    title = f"mpx::worker rank={ctx.rank}"
+    try:
+        import setproctitle
+        setproctitle.setproctitle(title)
+    except ImportError:
+        pass
+    prefix = f"(mpx worker rank={ctx.rank} pid={os.getpid()}) "
+    sys.stdout = _PrefixedStream(sys.stdout, prefix)  # type: ignore[assignment]
+    sys.stderr = _PrefixedStream(sys.stderr, prefix)  # type: ignore[assignment]
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _set_threads(ctx: WorkerContext) -> None:
+    n = ctx.config.worker_threads or max(1, (os.cpu_count() or 1) // ctx.local_world_size)
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+    torch = sys.modules.get("torch")
+    if torch is not None and "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def _watch_parent(death_conn, on_orphaned) -> None:
+    """Thread: the death pipe reads EOF only when the driver closed it or died."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        death_conn.recv()
+    except (EOFError, OSError):
+        pass
+    on_orphaned()
+
+
+def _exit_on_signal(signum, frame):
+    raise SystemExit(0)
+
+
+def _error_payload(exc: BaseException) -> tuple[str, str, str]:
+    return type(exc).__qualname__, str(exc), "".join(
+        traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def worker_main(spec: dict, ready_conn, death_conn) -> None:
+    """Entry point of a worker process (see module docstring)."""
+    for fd in spec.get("close_fds", ()):  # fork: the driver's ends of other workers' pipes
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    if spec["arm_pdeathsig"]:
+        _arm_parent_death_signal(spec["parent_pid"])
+    ctx: WorkerContext = spec["ctx"]
+    _set_identity(ctx)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, _exit_on_signal)
+    _set_threads(ctx)
+
+    bq = resp = None
+    orphaned = threading.Event()
+
+    def on_orphaned() -> None:
+        orphaned.set()
+        if bq is not None:
+            bq.shutdown()
+        timer = threading.Timer(ORPHAN_GRACE_S, os._exit, (0,))
+        timer.daemon = True
+        timer.start()
+
+    threading.Thread(target=_watch_parent, args=(death_conn, on_orphaned),
+                     name="mpx-parent-watch", daemon=True).start()
+    try:
+        bq = MessageQueue.create_from_handle(spec["handle"], ctx.rank, config=ctx.config)
+        try:
+            worker_cls = cloudpickle.loads(spec["worker_cls"])
+            kwargs = cloudpickle.loads(spec["worker_kwargs"]) or {}
+            worker = worker_cls(ctx, **kwargs)
+        except BaseException as e:
+            ready_conn.send(("error",) + _error_payload(e))
+            return
+        resp = MessageQueue(1, 1, config=ctx.config)
+        ready_conn.send(("ready", resp.export_handle(), os.getpid()))
+        ready_conn.close()
+        _serve(worker, ctx.rank, bq, resp)
+    except (Cancelled, PeerDiedError):
+        pass  # the driver shut down or died
+    finally:
+        if resp is not None:
+            resp.close()
+        if bq is not None:
+            bq.close()
+
+
+def _serve(worker: Any, rank: int, bq: MessageQueue, resp: MessageQueue) -> None:
+    expected = 0  # seq of the next broadcast message: names a call whose args won't unpickle
+    while True:
+        try:
+            msg = bq.dequeue(indefinite=True)
+        except DeserializationError as e:
+            resp.enqueue((expected, ERR, _error_payload(e)))
+            expected += 1
+            continue
+        tag, seq = msg[0], msg[1]
+        expected = seq + 1
+        if tag == STOP:
+            return
+        _, _, method, args, kwargs, reply_rank = msg
+        try:
+            if isinstance(method, str):
+                if method == PING:
+                    result: Any = os.getpid()
+                else:
+                    fn = getattr(worker, method, None)
+                    if fn is None or not callable(fn):
+                        raise AttributeError(
+                            f"{type(worker).__name__} has no method {method!r}")
+                    result = fn(*args, **(kwargs or {}))
+            else:
+                result = functools.partial(method, worker)(*args, **(kwargs or {}))
+            reply = (seq, OK, result if reply_rank is None or reply_rank == rank else None)
+        except Exception as e:
+            reply = (seq, ERR, _error_payload(e))
+        try:
+            resp.enqueue(reply)
+        except SerializationError as e:
+            resp.enqueue((seq, ERR, _error_payload(e)))
