@@ -90,23 +90,34 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from mpx import _demo
-
-    return _demo.run()
+    if args.queue:
+        from mpx import _demo
+        return _demo.run()
+    from mpx import _demo_mlp
+    return _demo_mlp.run()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m mpx",
-        description="mpx: one-writer/many-reader message queue over shared memory.")
+        description="mpx: collective RPC to worker processes over shared memory.")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     sub.required = True
     sub.add_parser("cleanup", help="remove /dev/shm segments left by dead mpx processes"
                    ).set_defaults(func=_cmd_cleanup)
     sub.add_parser("info", help="print versions, the ring implementation, /dev/shm space "
                    "and stale segments").set_defaults(func=_cmd_info)
-    sub.add_parser("demo", help="run a short demo across real processes (a few seconds)"
-                   ).set_defaults(func=_cmd_demo)
+    demo = sub.add_parser("demo", help="serve a tensor-parallel torch MLP on 2 workers "
+                          "(a few seconds)")
+    demo.add_argument("--queue", action="store_true",
+                      help="instead, demo the MessageQueue alone (no torch needed)")
+    demo.set_defaults(func=_cmd_demo)
+    bench = sub.add_parser("bench", help="compare mpx.Executor with Pipe, Queue, zmq and "
+                           "ProcessPoolExecutor (~4 min; --quick under 1 min)")
+    bench.add_argument("--quick", action="store_true", help="fewer repetitions")
+    bench.add_argument("--png", metavar="PATH", help="also plot the results (needs matplotlib)")
+    bench.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
+    bench.set_defaults(func=lambda args: importlib.import_module("mpx._bench").run(args))
     return parser
 
 

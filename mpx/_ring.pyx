@@ -224,7 +224,7 @@ cdef class Ring:
 
     cdef int _wait_space(self, int64_t deadline) nogil:
         cdef int64_t t0, now, until
-        cdef int k, st
+        cdef int k, st, signalled
         cdef uint32_t v
         cdef uint32_t* parked
         cdef uint32_t* futex
@@ -265,11 +265,14 @@ cdef class Ring:
             if self._has_space():
                 mpx_store32(parked, 0)
                 return ST_OK
+            signalled = 0
             if not mpx_get_flag(&self.interrupted):
-                mpx_futex_wait(futex, v, until - now)
+                signalled = mpx_futex_wait(futex, v, until - now)
             mpx_store32(parked, 0)
             if self._has_space():
                 return ST_OK
+            if signalled:
+                return ST_SLICE
 
     cdef void _publish(self, uint32_t length, uint32_t flags, uint32_t kind,
                        uint64_t total) nogil:
@@ -292,7 +295,8 @@ cdef class Ring:
         """Publish one message made of ``parts`` (buffers, concatenated) as ``kind``.
 
         Streams across as many slots as it needs, waiting for space up to ``deadline_ns``
-        (CLOCK_MONOTONIC ns; -1: none). Returns a status; on anything but OK a message
+        (CLOCK_MONOTONIC ns; -1: none). Returns a status (SLICE: a signal interrupted a
+        wait, so Python can run its handler; write again); on anything but OK a message
         already begun is aborted in front of the next write.
         """
         self._live()

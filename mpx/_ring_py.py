@@ -246,11 +246,14 @@ class Ring:
             if self._has_space():
                 self._set32(L.OFF_WRITER_PARKED, 0)
                 return L.OK
+            signalled = False
             if not self._interrupted:
-                self._futex_wait(L.OFF_SPACE_FUTEX, v, until - now)
+                signalled = self._futex_wait(L.OFF_SPACE_FUTEX, v, until - now)
             self._set32(L.OFF_WRITER_PARKED, 0)
             if self._has_space():
                 return L.OK
+            if signalled:
+                return L.SLICE
 
     def _publish(self, length: int, flags: int, kind: int, total: int) -> None:
         s = self._slot(self.seq)

@@ -193,6 +193,19 @@ class _Group:
             raise ExecutorFailed("the executor was shut down") from None
         self.record(rank, seq, status, payload)
 
+    def drain(self) -> None:
+        """Read the replies that are there already, so that workers blocked on a full
+        response ring go on taking calls (a sender waiting for broadcast room calls this)."""
+        if not self.pump_lock.acquire(timeout=0.001):
+            return  # another thread is reading replies
+        try:
+            for rank, q in enumerate(self.resp):
+                while q.poll():
+                    self.read_reply(rank, None)
+        finally:
+            self.pump_lock.release()
+        time.sleep(0.0002)
+
     def drive(self, fut: RPCFuture, timeout: float | None) -> None:
         """Read replies until ``fut`` is done, its call's deadline passes (RPCTimeoutError)
         or ``timeout`` passes (concurrent.futures.TimeoutError, the call goes on)."""
@@ -433,7 +446,8 @@ class Executor:
             try:
                 assert g.bq is not None
                 g.bq.enqueue((W.CALL, seq, method, tuple(args), kwargs or None,
-                              unique_reply_rank), timeout=timeout)
+                              unique_reply_rank), timeout=timeout,
+                             while_full=g.drain if len(g.pending) > 1 else None)
             except BaseException as e:
                 with g.lock:
                     g.pending.pop(seq, None)

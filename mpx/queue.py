@@ -10,12 +10,12 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from mpx import layout as L
 from mpx import serde
 from mpx.config import Config
-from mpx.errors import HandleError, QueueClosedError, RoleError
+from mpx.errors import HandleError, QueueClosedError, QueueTimeout, RoleError
 from mpx.transport.shm import ShmReader, ShmWriter
 
 logger = logging.getLogger("mpx")
@@ -158,14 +158,30 @@ class MessageQueue:
             raise QueueClosedError("wait_until_ready() on a closed queue")
         self._end.wait_ready(deadline)
 
-    def enqueue(self, obj: Any, timeout: float | None = None) -> None:
+    def enqueue(self, obj: Any, timeout: float | None = None, *,
+                while_full: Callable[[], None] | None = None) -> None:
         """Broadcast ``obj`` to every reader. Blocks while the ring is full, up to ``timeout``
         seconds. An object that cannot be pickled raises SerializationError and nothing is
-        sent."""
+        sent.
+
+        ``while_full``, if given, is called repeatedly while the ring lacks room for the
+        message, before anything is written: a caller whose readers may be blocked on
+        something only it can do (drain their replies) does that there.
+        """
         writer = self._need_writer("enqueue")
         deadline = _deadline(timeout)
         kind, parts = serde.encode(obj)
+        if while_full is not None:
+            need = writer.slots_needed(parts)
+            while writer.free_slots() < need:
+                if 0 <= deadline <= time.monotonic_ns():
+                    raise QueueTimeout("enqueue timed out waiting for ring space")
+                while_full()
         writer.write(kind, parts, deadline)
+
+    def poll(self) -> bool:
+        """Reader: True if a message (or the start of one) is waiting to be dequeued."""
+        return self._need_reader("poll").poll()
 
     def dequeue(self, timeout: float | None = None, cancel: threading.Event | None = None,
                 indefinite: bool = False) -> Any:

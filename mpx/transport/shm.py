@@ -117,6 +117,18 @@ class ShmWriter:
         return PeerDiedError(f"reader rank {rank} (pid {pid}) {what} while the writer {waiting_for}",
                              role="reader", rank=rank, pid=pid)
 
+    def free_slots(self) -> int:
+        """Slots the writer can fill now without waiting for any reader."""
+        seq = self._ring.seq_number
+        oldest = min((L.u64(self._mm, L.reader_block(i) + L.RB_READ_SEQ)
+                      for i in range(len(self.ranks))), default=seq)
+        return self.config.max_chunks - (seq - oldest)
+
+    def slots_needed(self, parts: tuple) -> int:
+        """Slots a message of ``parts`` takes, capped at the ring's size (it streams)."""
+        size = sum(memoryview(p).nbytes for p in parts)
+        return min(self.config.max_chunks, max(1, -(-size // self.config.max_chunk_bytes)))
+
     def write(self, kind: int, parts: tuple, deadline_ns: int) -> None:
         with self._lock:
             if self._closed:
@@ -124,6 +136,8 @@ class ShmWriter:
             if self._shut:
                 raise Cancelled("the queue was shut down")
             st = self._ring.write(kind, parts, deadline_ns)
+            while st == L.SLICE:  # a signal: its Python handler runs here, then write again
+                st = self._ring.write(kind, parts, deadline_ns)
             if st == L.OK:
                 return
             if st == L.TIMEOUT:
@@ -221,6 +235,9 @@ class ShmReader:
         what = "closed the queue" if closed else "died"
         return PeerDiedError(f"the writer (pid {self.writer_pid}) {what}; reader rank {self.rank} "
                              "has read everything it published", role="writer", pid=self.writer_pid)
+
+    def poll(self) -> bool:
+        return not self._closed and self._ring.published() > self._ring.seq_number
 
     def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool):
         with self._lock:

@@ -1,0 +1,112 @@
+"""Worker classes for the executor tests (module level so every start method imports them)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import mpx
+
+
+class Echo:
+    def __init__(self, ctx: mpx.WorkerContext, scale: int = 1) -> None:
+        self.ctx = ctx
+        self.scale = scale
+        self.calls = 0
+
+    def mul(self, x):
+        self.calls += 1
+        return x * self.scale * (self.ctx.rank + 1)
+
+    def rank(self):
+        return self.ctx.rank
+
+    def noop(self):
+        return None
+
+    def ident(self, x):
+        return x
+
+    def context(self):
+        c = self.ctx
+        return dict(rank=c.rank, local_rank=c.local_rank, world_size=c.world_size,
+                    local_world_size=c.local_world_size, node_rank=c.node_rank,
+                    dist=c.distributed_init_method, omp=os.environ.get("OMP_NUM_THREADS"),
+                    pid=os.getpid(), ppid=os.getppid(), threads=threading.active_count())
+
+    def sleep(self, seconds, ranks=None):
+        if ranks is None or self.ctx.rank in ranks:
+            time.sleep(seconds)
+        return self.ctx.rank
+
+    def fail(self, ranks=None):
+        if ranks is None or self.ctx.rank in ranks:
+            raise ValueError(f"bad value on rank {self.ctx.rank}")
+        return self.ctx.rank
+
+    def unpicklable_result(self):
+        return threading.Lock()
+
+    def exit(self, code, ranks=None):
+        if ranks is None or self.ctx.rank in ranks:
+            os._exit(code)
+        return self.ctx.rank
+
+    def kill_self(self, sig):
+        os.kill(os.getpid(), sig)
+
+    def say(self, text):
+        print(text, flush=True)
+        return True
+
+    def count(self):
+        return self.calls
+
+
+class FailsInInit:
+    def __init__(self, ctx, bad_rank=1):
+        if ctx.rank == bad_rank:
+            raise KeyError(f"no such model on rank {ctx.rank}")
+
+
+class DiesInInit:
+    def __init__(self, ctx):
+        if ctx.rank == 0:
+            os._exit(7)
+
+
+class HangsInInit:
+    def __init__(self, ctx):
+        if ctx.rank == 1:
+            time.sleep(60)
+
+
+class IgnoresTerm:
+    def __init__(self, ctx):
+        pass
+
+    def stubborn(self, seconds):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(seconds)
+
+
+class BadSetState:
+    """Pickles fine in the driver, raises while being unpickled in the worker."""
+
+    def __reduce__(self):
+        return (_explode, ())
+
+
+def _explode():
+    raise RuntimeError("cannot rebuild on this side")
+
+
+def current_pid(worker):
+    return os.getpid()
+
+
+def interpreter(worker):
+    return sys.executable

@@ -1,0 +1,305 @@
+"""mpx.Executor across real worker processes."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+import mpx
+
+import _workers
+from _workers import Echo
+
+START_METHODS = ["fork", "spawn", "forkserver"]
+
+
+@pytest.fixture
+def ex(request):
+    executors = []
+
+    def make(cls=Echo, n=2, **kw):
+        kw.setdefault("start_method", os.environ.get("MPX_TEST_START_METHOD", "spawn"))
+        e = mpx.Executor(cls, n, **kw)
+        executors.append(e)
+        return e
+
+    yield make
+    for e in executors:
+        e.shutdown()
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_collective_rpc_forms(ex, start_method):
+    e = ex(n=2, worker_kwargs={"scale": 10}, start_method=start_method)
+    assert e.collective_rpc("mul", args=(3,)) == [30, 60]
+    assert e.collective_rpc(lambda w, x: w.ctx.rank * x, args=(3,)) == [0, 3]
+    assert e.collective_rpc(_workers.current_pid) == e.worker_pids
+    assert e.collective_rpc("mul", kwargs={"x": 2}, unique_reply_rank=1) == 40
+    assert e.collective_rpc("mul", args=(2,), aggregator=sum) == 60
+    fut = e.collective_rpc("mul", args=(5,), non_block=True)
+    assert isinstance(fut, concurrent.futures.Future)
+    assert fut.result(timeout=10) == [50, 100]
+    e.check_health(timeout=10)
+    assert not e.is_failed
+
+
+def test_worker_context(ex):
+    e = ex(n=2)
+    ctxs = e.collective_rpc("context")
+    assert [c["rank"] for c in ctxs] == [0, 1]
+    for c in ctxs:
+        assert c["world_size"] == c["local_world_size"] == 2 and c["node_rank"] == 0
+        assert c["local_rank"] == c["rank"]
+        assert c["dist"].startswith("tcp://127.0.0.1:") and c["dist"] == ctxs[0]["dist"]
+        assert c["ppid"] == os.getpid()
+        expect = os.environ.get("OMP_NUM_THREADS", str(max(1, os.cpu_count() // 2)))
+        assert c["omp"] == expect
+
+
+def test_many_calls_in_flight_come_back_in_order(ex):
+    e = ex(n=2)
+    futs = [e.collective_rpc("ident", args=(i,), non_block=True) for i in range(200)]
+    # read the last one first: completing it completes every earlier one on the way
+    assert futs[-1].result(timeout=30) == [199, 199]
+    assert all(f.done() for f in futs)
+    assert [f.result() for f in futs] == [[i, i] for i in range(200)]
+
+
+def test_concurrent_callers_from_threads(ex):
+    e = ex(n=2)
+    errors = []
+
+    def caller(t):
+        try:
+            for i in range(100):
+                v = (t, i)
+                assert e.collective_rpc("ident", args=(v,)) == [v, v]
+        except Exception as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+
+
+def test_result_timeout_leaves_call_running(ex):
+    e = ex(n=1)
+    fut = e.collective_rpc("sleep", args=(0.5,), non_block=True)
+    with pytest.raises(TimeoutError):
+        fut.result(timeout=0.05)
+    assert fut.result(timeout=10) == [0]
+
+
+def test_method_error_is_rpc_error_with_remote_traceback(ex):
+    e = ex(n=2)
+    with pytest.raises(mpx.RPCError) as ei:
+        e.collective_rpc("fail", kwargs={"ranks": [1]})
+    err = ei.value
+    assert err.ranks == [1] and err.exc_type == "ValueError"
+    assert err.exc_message == "bad value on rank 1"
+    assert "in fail" in err.remote_traceback and "raise ValueError" in err.remote_traceback
+    assert "Remote traceback" in str(err) and isinstance(err, RuntimeError)
+    assert e.collective_rpc("rank") == [0, 1]  # still healthy
+    assert not e.is_failed
+
+
+def test_error_on_a_rank_not_asked_to_reply_fails_that_call(ex):
+    e = ex(n=2)
+    with pytest.raises(mpx.RPCError) as ei:
+        e.collective_rpc("fail", kwargs={"ranks": [1]}, unique_reply_rank=0)
+    assert ei.value.ranks == [1]
+    assert e.collective_rpc("rank", unique_reply_rank=0) == 0
+
+
+def test_unknown_method_and_unpicklable_result(ex):
+    e = ex(n=2)
+    with pytest.raises(mpx.RPCError, match="has no method 'nope'"):
+        e.collective_rpc("nope")
+    with pytest.raises(mpx.RPCError) as ei:
+        e.collective_rpc("unpicklable_result")
+    assert ei.value.exc_type == "SerializationError" and ei.value.ranks == [0, 1]
+    with pytest.raises(mpx.RPCError) as ei:
+        e.collective_rpc("ident", args=(_workers.BadSetState(),))
+    assert ei.value.exc_type == "DeserializationError"
+    assert e.collective_rpc("rank") == [0, 1]
+
+
+def test_bad_arguments_raise_before_sending(ex):
+    e = ex(n=2)
+    with pytest.raises(mpx.SerializationError):
+        e.collective_rpc("ident", args=(threading.Lock(),))
+    with pytest.raises(ValueError, match="unique_reply_rank"):
+        e.collective_rpc("rank", unique_reply_rank=2)
+    with pytest.raises(TypeError):
+        e.collective_rpc(42)
+    assert e.collective_rpc("count") == [0, 0]  # nothing reached the workers
+    assert e.collective_rpc("rank") == [0, 1]
+
+
+def test_timeout_names_ranks_and_late_reply_is_dropped(ex):
+    e = ex(n=2)
+    t0 = time.monotonic()
+    with pytest.raises(mpx.RPCTimeoutError) as ei:
+        e.collective_rpc("sleep", args=(1.0,), kwargs={"ranks": [1]}, timeout=0.3)
+    assert time.monotonic() - t0 < 0.9
+    assert ei.value.ranks == [1] and isinstance(ei.value, TimeoutError)
+    assert "[1]" in str(ei.value)
+    # the late reply of the timed-out call is never handed to this one
+    assert e.collective_rpc("ident", args=("fresh",)) == ["fresh", "fresh"]
+    assert not e.is_failed
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_worker_exit_in_method_is_worker_died(ex, start_method):
+    e = ex(n=2, start_method=start_method)
+    calls = []
+    e.register_failure_callback(lambda: calls.append(1))
+    t0 = time.monotonic()
+    with pytest.raises(mpx.WorkerDiedError) as ei:
+        e.collective_rpc("exit", args=(3,), kwargs={"ranks": [1]})
+    assert time.monotonic() - t0 < 2
+    err = ei.value
+    assert err.rank == 1 and err.exitcode == 3 and "exit code 3" in str(err)
+    assert str(e.worker_pids[1]) in str(err)
+    assert isinstance(err, mpx.ExecutorFailed) and isinstance(err, RuntimeError)
+    assert e.is_failed
+    with pytest.raises(mpx.WorkerDiedError):
+        e.collective_rpc("rank")
+    late = []
+    e.register_failure_callback(lambda: late.append(1))
+    assert late == [1]
+    time.sleep(0.2)
+    assert calls == [1]
+
+
+def test_idle_worker_sigkilled_is_seen_within_a_second(ex):
+    e = ex(n=2)
+    seen = threading.Event()
+    e.register_failure_callback(seen.set)
+    pending = e.collective_rpc("sleep", args=(30,), kwargs={"ranks": [0]}, non_block=True)
+    os.kill(e.worker_pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    assert seen.wait(2)
+    assert time.monotonic() - t0 < 1.0
+    with pytest.raises(mpx.WorkerDiedError, match="SIGKILL") as ei:
+        pending.result(timeout=5)
+    assert ei.value.rank == 1 and ei.value.exitcode == -signal.SIGKILL
+
+
+def test_sigterm_in_worker_exits_it_cleanly(ex):
+    e = ex(n=1)
+    os.kill(e.worker_pids[0], signal.SIGTERM)
+    with pytest.raises(mpx.WorkerDiedError, match="exit code 0"):
+        for _ in range(100):
+            e.collective_rpc("rank", timeout=5)
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_init_error_is_startup_error(start_method):
+    t0 = time.monotonic()
+    with pytest.raises(mpx.WorkerStartupError) as ei:
+        mpx.Executor(_workers.FailsInInit, 2, start_method=start_method)
+    assert time.monotonic() - t0 < 15
+    assert ei.value.ranks == [1]
+    assert "KeyError" in str(ei.value) and "no such model on rank 1" in str(ei.value)
+    assert "in __init__" in ei.value.remote_traceback
+
+
+def test_worker_dying_in_init_and_never_ready():
+    with pytest.raises(mpx.WorkerStartupError, match=r"rank 0 \(pid \d+\) died during startup: exit code 7"):
+        mpx.Executor(_workers.DiesInInit, 2)
+    t0 = time.monotonic()
+    with pytest.raises(mpx.WorkerStartupError, match=r"workers \[1\] did not become ready"):
+        mpx.Executor(_workers.HangsInInit, 2, startup_timeout_s=1.0, shutdown_grace_s=0.2,
+                     terminate_grace_s=0.5)
+    assert time.monotonic() - t0 < 8
+
+
+def test_shutdown_is_idempotent_and_escalates(ex):
+    e = ex(n=2, shutdown_grace_s=0.3, terminate_grace_s=0.3)
+    pids = e.worker_pids
+    fut = e.collective_rpc("sleep", args=(30,), non_block=True)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    e.shutdown()
+    assert time.monotonic() - t0 < 3
+    e.shutdown()
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    with pytest.raises(mpx.ExecutorFailed):
+        fut.result(timeout=1)
+    with pytest.raises(mpx.ExecutorFailed, match="shut down"):
+        e.collective_rpc("rank")
+
+
+def test_shutdown_kills_a_worker_that_ignores_sigterm():
+    e = mpx.Executor(_workers.IgnoresTerm, 1, shutdown_grace_s=0.2, terminate_grace_s=0.3)
+    e.collective_rpc("stubborn", args=(30,), non_block=True)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    e.shutdown()
+    assert time.monotonic() - t0 < 3
+
+
+def test_context_manager_and_log_prefix(capfd):
+    with mpx.Executor(Echo, 1) as e:
+        assert e.collective_rpc("say", args=("hello from the worker",)) == [True]
+        pid = e.worker_pids[0]
+    out = capfd.readouterr().out
+    assert f"(mpx worker rank=0 pid={pid}) hello from the worker" in out
+
+
+DRIVER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import mpx, _workers
+    ex = mpx.Executor(_workers.Echo, 2, start_method={method!r})
+    print(" ".join(map(str, ex.worker_pids)), flush=True)
+    if {busy!r}:
+        ex.collective_rpc("sleep", args=(60,), non_block=True)
+    time.sleep(60)
+""")
+
+
+@pytest.mark.parametrize("start_method,busy", [("spawn", False), ("spawn", True),
+                                               ("forkserver", True), ("fork", False)])
+def test_workers_exit_when_driver_is_sigkilled(start_method, busy):
+    code = DRIVER.format(tests=os.path.dirname(__file__), method=start_method, busy=busy)
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in driver.stdout.readline().split()]
+        assert len(pids) == 2
+        time.sleep(0.3)
+        driver.kill()
+        killed = time.monotonic()
+        driver.wait(5)
+        procs = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
+        gone, alive = psutil.wait_procs(procs, timeout=2.5)
+        assert not alive, f"workers outlived the driver: {alive}"
+        assert time.monotonic() - killed < 2.5
+    finally:
+        driver.kill()
+        driver.stdout.close()
+        if driver.poll() is None:
+            driver.wait(5)
+    # /dev/shm is checked by the no_leaks fixture
+
+
+def test_executor_on_pure_python_ring(monkeypatch):
+    monkeypatch.setenv("MPX_PURE_PYTHON", "1")
+    with mpx.Executor(Echo, 2) as e:
+        assert e.collective_rpc("mul", args=(2,)) == [2, 4]
+        assert e.collective_rpc(lambda w: mpx.ring_implementation()) == ["python", "python"]
