@@ -76,7 +76,7 @@ class RPCError(MpxError, RuntimeError):
         where = f"{method!r} " if method else ""
         text = f"{where}failed on rank(s) {self.ranks}: {exc_type}: {exc_message}"
         if remote_traceback:
-            text += "\n\nRemote traceback (rank %d):\n%s" % (self.ranks[0], remote_traceback.rstrip())
+            text += f"\n\nRemote traceback (rank {self.ranks[0]}):\n{remote_traceback.rstrip()}"
         super().__init__(text)
 
     def __reduce__(self):

@@ -136,7 +136,7 @@ class _Group:
             if self.wake_r in ready or self.closing:
                 return
             for s in ready:
-                rank = sentinels.pop(s)
+                rank = sentinels.pop(s)  # type: ignore[arg-type]
                 self.fail(self.died_error(rank))
 
     # ---------------------------------------------------------------- replies
@@ -343,7 +343,7 @@ class Executor:
 
     def _start(self, worker_cls: type, cls_bytes: bytes, kw_bytes: bytes) -> None:
         g, cfg = self._group, self.config
-        mp = multiprocessing.get_context(cfg.start_method)
+        mp: Any = multiprocessing.get_context(cfg.start_method)
         g.bq = MessageQueue(self.world_size, self.world_size, config=cfg)
         death_r, g.death_w = mp.Pipe(duplex=False)
         dist = _free_tcp_address()
@@ -387,8 +387,9 @@ class Executor:
             for obj in ready:
                 if obj in waiting:
                     rank = waiting[obj]
+                    conn: Any = obj
                     try:
-                        msg = obj.recv()
+                        msg = conn.recv()
                     except EOFError:
                         continue  # died: its sentinel says how
                     del waiting[obj]

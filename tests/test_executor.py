@@ -11,13 +11,12 @@ import textwrap
 import threading
 import time
 
+import _workers
 import psutil
 import pytest
+from _workers import Echo
 
 import mpx
-
-import _workers
-from _workers import Echo
 
 START_METHODS = ["fork", "spawn", "forkserver"]
 
