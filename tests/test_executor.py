@@ -302,3 +302,27 @@ def test_executor_on_pure_python_ring(monkeypatch):
     with mpx.Executor(Echo, 2) as e:
         assert e.collective_rpc("mul", args=(2,)) == [2, 4]
         assert e.collective_rpc(lambda w: mpx.ring_implementation()) == ["python", "python"]
+
+
+def test_process_title(ex):
+    pytest.importorskip("setproctitle")
+    e = ex(n=2)
+    titles = [" ".join(psutil.Process(p).cmdline()).strip() for p in e.worker_pids]
+    assert titles == ["mpx::worker rank=0", "mpx::worker rank=1"]
+
+
+def test_driver_exiting_without_shutdown_cleans_up():
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import mpx, _workers
+        ex = mpx.Executor(_workers.Echo, 2)
+        print(" ".join(map(str, ex.worker_pids)), flush=True)
+        ex.collective_rpc("sleep", args=(0.2,), non_block=True)
+    """)
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - t0 < 20
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2 and not any(psutil.pid_exists(p) for p in pids)
