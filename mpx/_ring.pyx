@@ -13,6 +13,9 @@ from libc.string cimport memcpy
 from libc.stdlib cimport malloc, free
 from libc.stdint cimport uint32_t, uint64_t, int64_t
 
+cdef extern from "Python.h":
+    int PyErr_CheckSignals()
+
 from mpx import layout as L
 
 cdef size_t OFF_CHUNK_BYTES = L.OFF_CHUNK_BYTES
@@ -51,6 +54,18 @@ cdef int ST_SHUTDOWN = L.SHUTDOWN
 cdef int ST_SLICE = L.SLICE
 cdef uint64_t HUGE_ADVICE_MIN = L.HUGE_ADVICE_MIN
 cdef int _NOT_TERMINAL = -1
+# A Python signal handler raised while a wait was parked: the exception propagates.
+cdef int ST_SIGNAL = -2
+
+
+cdef int _signal_pending() noexcept nogil:
+    """Run this thread's pending Python signal handlers; 1 if one raised (left set)."""
+    with gil:
+        return 1 if PyErr_CheckSignals() != 0 else 0
+
+
+cdef int _propagate() except -1:
+    return -1  # the exception a signal handler raised is already set
 
 # Copies at least this big run without the GIL; below it the release costs more than it gives.
 DEF NOGIL_COPY = 65536
@@ -250,6 +265,8 @@ cdef class Ring:
         while True:
             if mpx_get_flag(&self.interrupted):
                 return ST_INTERRUPTED
+            if _signal_pending():
+                return ST_SIGNAL
             st = self._check_readers()
             if st != _NOT_TERMINAL:
                 return st
@@ -322,12 +339,16 @@ cdef class Ring:
             if self.partial:
                 with nogil:
                     st = self._wait_space(deadline_ns)
+                if st == ST_SIGNAL:
+                    _propagate()
                 if st != ST_OK:
                     return st
                 self._publish(0, F_ABORT, 0, 0)
                 self.partial = False
             with nogil:
                 st = self._wait_space(deadline_ns)
+            if st == ST_SIGNAL:
+                _propagate()
             if st != ST_OK:
                 return st
             payload = self._slot(self.seq) + SLOT_HEADER
@@ -342,6 +363,8 @@ cdef class Ring:
                         off = 0
                         with nogil:
                             st = self._wait_space(deadline_ns)
+                        if st == ST_SIGNAL:
+                            _propagate()
                         if st != ST_OK:
                             return st
                         payload = self._slot(self.seq) + SLOT_HEADER
@@ -409,6 +432,8 @@ cdef class Ring:
         parked = self._u32(OFF_READERS + READER_BLOCK * self.index + RB_PARKED)
         futex = self._u32(OFF_DATA_FUTEX)
         while True:
+            if _signal_pending():
+                return ST_SIGNAL
             st = self._reader_terminal()
             if st != _NOT_TERMINAL:
                 return st
@@ -465,6 +490,8 @@ cdef class Ring:
             if mpx_load64(self._u64(OFF_WRITE_SEQ)) <= self.seq:
                 with nogil:
                     st = self._wait_data(deadline_ns, slice_ns)
+                if st == ST_SIGNAL:
+                    _propagate()
                 if st != ST_OK:
                     if st == ST_SHUTDOWN or st == ST_PEER_GONE:
                         self.dest = None

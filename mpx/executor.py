@@ -62,20 +62,44 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-@dataclasses.dataclass(eq=False)
 class _Call:
-    seq: int
-    method: str
-    ranks: int
-    reply_rank: int | None
-    aggregator: Callable | None
-    deadline: float | None
-    future: RPCFuture
-    results: dict = dataclasses.field(default_factory=dict)
-    errors: dict = dataclasses.field(default_factory=dict)
+    """One call in flight: the replies gathered so far and, once done, its outcome."""
+
+    __slots__ = ("seq", "method", "ranks", "reply_rank", "aggregator", "deadline", "future",
+                 "results", "errors", "done", "value", "error")
+
+    def __init__(self, seq: int, method: str, ranks: int, reply_rank: int | None,
+                 aggregator: Callable | None, deadline: float | None) -> None:
+        self.seq = seq
+        self.method = method
+        self.ranks = ranks
+        self.reply_rank = reply_rank
+        self.aggregator = aggregator
+        self.deadline = deadline
+        self.future: RPCFuture | None = None  # only for non_block calls
+        self.results: dict[int, Any] = {}
+        self.errors: dict[int, Any] = {}
+        self.done = False
+        self.value: Any = None
+        self.error: BaseException | None = None
 
     def missing(self) -> list[int]:
         return [r for r in range(self.ranks) if r not in self.results and r not in self.errors]
+
+    def settle(self, value: Any = None, error: BaseException | None = None) -> None:
+        if self.done:
+            return
+        self.value, self.error, self.done = value, error, True
+        if self.future is not None:
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(value)
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 class _Group:
@@ -95,6 +119,7 @@ class _Group:
         self.lock = threading.RLock()
         self.send_lock = threading.Lock()
         self.pump_lock = threading.Lock()
+        self.reap_lock = threading.Lock()
         self.pending: dict[int, _Call] = {}
         self.next_seq = 0
         self.next_reply = [0] * world_size
@@ -117,14 +142,19 @@ class _Group:
         for q in self.resp:
             q.shutdown()  # wakes a thread reading replies
         for call in pending:
-            if not call.future.done():
-                call.future.set_exception(err)
+            call.settle(error=err)
         for cb in callbacks:
             _run_callback(cb)
 
+    def join(self, p: Any, timeout: float) -> None:
+        """Join one worker; serialised, because two threads reaping one child race and the
+        loser reads no exit code."""
+        with self.reap_lock:
+            p.join(timeout)
+
     def died_error(self, rank: int) -> WorkerDiedError:
         p = self.procs[rank]
-        p.join(1.0)
+        self.join(p, 1.0)
         return WorkerDiedError(f"worker rank {rank} (pid {p.pid}) died: {describe_exit(p.exitcode)}",
                                rank=rank, pid=p.pid, exitcode=p.exitcode)
 
@@ -143,24 +173,24 @@ class _Group:
 
     def finish(self, call: _Call) -> None:
         self.pending.pop(call.seq, None)
-        if call.future.done():
+        if call.done:
             return
         if call.errors:
             ranks = sorted(call.errors)
             etype, msg, tb = call.errors[ranks[0]]
-            call.future.set_exception(RPCError(ranks, etype, msg, tb, method=call.method))
+            call.settle(error=RPCError(ranks, etype, msg, tb, method=call.method))
             return
         if call.reply_rank is not None:
-            value = call.results[call.reply_rank]
-        else:
-            value = [call.results[r] for r in range(call.ranks)]
-            if call.aggregator is not None:
-                try:
-                    value = call.aggregator(value)
-                except Exception as e:
-                    call.future.set_exception(e)
-                    return
-        call.future.set_result(value)
+            call.settle(call.results[call.reply_rank])
+            return
+        value = [call.results[r] for r in range(call.ranks)]
+        if call.aggregator is not None:
+            try:
+                value = call.aggregator(value)
+            except Exception as e:
+                call.settle(error=e)
+                return
+        call.settle(value)
 
     def record(self, rank: int, seq: int, status: int, payload: Any) -> None:
         self.next_reply[rank] = seq + 1
@@ -172,7 +202,7 @@ class _Group:
             call.results[rank] = payload
         else:
             call.errors[rank] = payload
-        if not call.missing():
+        if len(call.results) + len(call.errors) == call.ranks:
             with self.lock:
                 self.finish(call)
 
@@ -206,12 +236,12 @@ class _Group:
             self.pump_lock.release()
         time.sleep(0.0002)
 
-    def drive(self, fut: RPCFuture, timeout: float | None) -> None:
-        """Read replies until ``fut`` is done, its call's deadline passes (RPCTimeoutError)
-        or ``timeout`` passes (concurrent.futures.TimeoutError, the call goes on)."""
-        call: _Call = fut._mpx_call  # type: ignore[attr-defined]
+    def drive(self, call: _Call, timeout: float | None) -> None:
+        """Read replies until ``call`` is done or its deadline passes (RPCTimeoutError), or
+        ``timeout`` passes (TimeoutError; the call goes on). Only one thread reads at a time;
+        reading for one call completes every earlier call on the way."""
         wait_until = None if timeout is None else time.monotonic() + timeout
-        while not fut.done():
+        while not call.done:
             limits = [t for t in (wait_until, call.deadline) if t is not None]
             until = min(limits) if limits else None
             left = None if until is None else max(0.0, until - time.monotonic())
@@ -219,16 +249,14 @@ class _Group:
                 self._timed_out(call, wait_until)
                 continue
             try:
-                while not fut.done():
-                    missing = call.missing()
+                while not call.done:
                     left = None if until is None else max(0.0, until - time.monotonic())
                     try:
-                        self.read_reply(missing[0], left)
+                        self.read_reply(call.missing()[0], left)
                     except QueueTimeout:
                         self._timed_out(call, wait_until)
                     except ExecutorFailed as e:
-                        if not fut.done():
-                            fut.set_exception(e)
+                        call.settle(error=e)
             finally:
                 self.pump_lock.release()
 
@@ -237,11 +265,10 @@ class _Group:
         if call.deadline is not None and now >= call.deadline:
             with self.lock:
                 self.pending.pop(call.seq, None)
-            if not call.future.done():
-                missing = call.missing()
-                call.future.set_exception(RPCTimeoutError(
-                    f"collective_rpc {call.method!r} timed out; ranks {missing} have not answered",
-                    missing))
+            missing = call.missing()
+            call.settle(error=RPCTimeoutError(
+                f"collective_rpc {call.method!r} timed out; ranks {missing} have not answered",
+                missing))
         elif wait_until is not None and now >= wait_until:
             raise TimeoutError(f"result() timed out; call {call.method!r} is still running")
 
@@ -256,8 +283,7 @@ class _Group:
             self.pending.clear()
         gone = ExecutorFailed("the executor was shut down")
         for call in pending:
-            if not call.future.done():
-                call.future.set_exception(gone)
+            call.settle(error=gone)
         if self.bq is not None and self.failure is None:
             try:
                 self.bq.enqueue((W.STOP, self.next_seq), timeout=1.0)
@@ -283,7 +309,7 @@ class _Group:
         def wait(seconds: float) -> list:
             deadline = time.monotonic() + seconds
             for p in self.procs:
-                p.join(max(0.0, deadline - time.monotonic()))
+                self.join(p, max(0.0, deadline - time.monotonic()))
             return [p for p in self.procs if p.exitcode is None]
 
         alive = wait(self.config.shutdown_grace_s)
@@ -403,7 +429,7 @@ class Executor:
                     rank = sentinels.pop(obj)
                     if rank in waiting.values():
                         p = g.procs[rank]
-                        p.join(1)
+                        g.join(p, 1.0)
                         raise WorkerStartupError(
                             f"worker rank {rank} (pid {p.pid}) died during startup: "
                             f"{describe_exit(p.exitcode)}", [rank])
@@ -435,12 +461,12 @@ class Executor:
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
-        fut = RPCFuture(g.drive)
         name = method if isinstance(method, str) else getattr(method, "__name__", "<callable>")
         with g.send_lock:
             seq = g.next_seq
-            call = _Call(seq, name, self.world_size, unique_reply_rank, aggregator, deadline, fut)
-            fut._mpx_call = call  # type: ignore[attr-defined]
+            call = _Call(seq, name, self.world_size, unique_reply_rank, aggregator, deadline)
+            if non_block:
+                call.future = RPCFuture(lambda t: g.drive(call, t))
             with g.lock:
                 self._check_usable()
                 g.pending[seq] = call
@@ -461,9 +487,10 @@ class Executor:
                     raise ExecutorFailed(f"collective_rpc {name!r} could not be sent: {e}") from e
                 raise
             g.next_seq = seq + 1
-        if non_block:
-            return fut
-        return fut.result()
+        if call.future is not None:
+            return call.future
+        g.drive(call, None)
+        return call.outcome()
 
     def check_health(self, timeout: float = 10.0) -> None:
         """Raise unless every worker answers a ping within ``timeout`` seconds."""

@@ -13,16 +13,16 @@ from typing import Any, Callable
 class RPCFuture(concurrent.futures.Future):
     """The future of one ``collective_rpc(..., non_block=True)`` call."""
 
-    def __init__(self, drive: Callable[[RPCFuture, float | None], None]) -> None:
+    def __init__(self, drive: Callable[[float | None], None]) -> None:
         super().__init__()
         self._drive = drive
 
     def result(self, timeout: float | None = None) -> Any:
         if not self.done():
-            self._drive(self, timeout)
+            self._drive(timeout)
         return super().result(timeout=0)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self.done():
-            self._drive(self, timeout)
+            self._drive(timeout)
         return super().exception(timeout=0)

@@ -1,0 +1,741 @@
+"""Benchmark of mpx.Executor.collective_rpc against baselines measured in the same run.
+
+    python bench/bench_executor.py [--quick] [--png out.png] [--json out.json]
+
+The baseline is a minimal multiprocessing.Pipe RPC loop: the driver sends
+("method", args, kwargs) to a child, which looks the method up on its worker object, calls
+it and sends the result back. Measurements (medians and p90 over repetitions):
+
+a. round trip of a no-op call, 1 worker, vs the Pipe RPC loop.   target: <= 0.35x Pipe
+   2 workers, vs the loop over 2 pipes (send to both, then receive from both).
+                                                                   target: <= 0.40x Pipe
+b. first call after 2 s idle (1 worker), vs the Pipe RPC loop's first call after the
+   same idle.                                                      target: <= 1.0x Pipe
+   (a. and b. also time the same RPC loop on bare MessageQueues, without the Executor,
+   to tell the Executor's own cost from the ring's, and a. repeats the 1-worker case with
+   the driver and the worker pinned to the same CPU and to different CPUs, since the
+   placement the scheduler picks moves the Pipe baseline a lot: informational.)
+   CPU of each idle worker over 3 s (psutil, ex.worker_pids).     target: < 2% of a core
+   CPU of the driver (time.process_time, every driver thread) while it waits for a call
+   that sleeps 3 s in the worker.                                 target: < 2% of a core
+c. a 64 MiB torch.float32 tensor as the argument of a call to 1 worker (the reply is
+   t.shape[0]): GB/s = 64 MiB / median call time, vs single-thread memcpy (torch
+   dst.copy_(src) into a pre-touched tensor, torch.set_num_threads(1)).
+                                                                   target: >= 0.3x memcpy
+   2 workers, and the Pipe RPC loop with the same bytes (as a numpy array, pickled in
+   band): informational.
+
+It is a benchmark, not a test: the exit code is 0 whatever the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+import psutil
+import torch
+
+import mpx
+
+CTX = mp.get_context("spawn")
+MiB = 1 << 20
+BIG = 64 * MiB
+SETUP_TIMEOUT = 60.0
+CALL_TIMEOUT = 60.0
+SETTLE_S = 0.5
+
+# --------------------------------------------------------------------------- workers
+# Module-level so that "spawn" children can import them.
+
+
+class BenchWorker:
+    """The worker of both sides: mpx.Executor builds it with a context, the Pipe child
+    with ``ctx=None``."""
+
+    def __init__(self, ctx=None, **kw):
+        self.rank = 0 if ctx is None else ctx.rank
+
+    def noop(self):
+        return None
+
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return self.rank
+
+    def take(self, t):
+        return int(t.shape[0])
+
+
+def _pipe_rpc_child(conn):
+    """The baseline: a minimal RPC server over a multiprocessing Pipe. Stops on None."""
+    worker = BenchWorker()
+    try:
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                break
+            method, args, kwargs = msg
+            result = getattr(worker, method)(*args, **kwargs)
+            del msg, args, kwargs  # free a big argument before the next call arrives
+            conn.send(result)
+    finally:
+        conn.close()
+
+
+def _mq_rpc_child(handle, conn):
+    """Diagnosis: the same RPC loop as the executor's workers, straight on MessageQueues
+    (broadcast queue in, a one-reader queue back), without the Executor around it."""
+    worker = BenchWorker()
+    q_in = mpx.MessageQueue.create_from_handle(handle, 0)
+    back = mpx.MessageQueue(1, 1)
+    conn.send(back.export_handle())
+    try:
+        back.wait_until_ready(timeout=SETUP_TIMEOUT)
+        q_in.wait_until_ready(timeout=SETUP_TIMEOUT)
+        while True:
+            msg = q_in.dequeue(indefinite=True)
+            if msg is None:
+                break
+            _, seq, method, args, kwargs, _ = msg
+            back.enqueue((seq, 0, getattr(worker, method)(*args, **(kwargs or {}))))
+    finally:
+        back.close()
+        q_in.close()
+        conn.close()
+
+
+# --------------------------------------------------------------------------- harness
+
+_procs: list = []
+_child_pids: set[int] = set()
+
+
+class PipeRPC:
+    """``n`` Pipe RPC children; ``call`` sends to all, then receives from all."""
+
+    def __init__(self, n):
+        self.conns, self.procs = [], []
+        for _ in range(n):
+            a, b = CTX.Pipe()
+            p = CTX.Process(target=_pipe_rpc_child, args=(b,), daemon=True)
+            p.start()
+            b.close()
+            _procs.append(p)
+            _child_pids.add(p.pid)
+            self.conns.append(a)
+            self.procs.append(p)
+        self.pids = [p.pid for p in self.procs]
+
+    def call(self, method, *args):
+        msg = (method, args, {})
+        for c in self.conns:
+            c.send(msg)
+        return [c.recv() for c in self.conns]
+
+    def close(self):
+        for c in self.conns:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                print(f"  warning: Pipe child {p.pid} did not exit, terminating it", flush=True)
+                p.terminate()
+                p.join(5)
+            _procs.remove(p)
+        for c in self.conns:
+            c.close()
+
+
+class QueueRPC:
+    """One ``_mq_rpc_child``; ``call`` sends the executor's message tuple, reads the reply."""
+
+    def __init__(self):
+        self.q = mpx.MessageQueue(1, 1)
+        a, b = CTX.Pipe()
+        self.proc = CTX.Process(target=_mq_rpc_child, args=(self.q.export_handle(), b),
+                                daemon=True)
+        self.proc.start()
+        _procs.append(self.proc)
+        _child_pids.add(self.proc.pid)
+        b.close()
+        if not a.poll(SETUP_TIMEOUT):
+            raise RuntimeError("MessageQueue RPC child did not come up")
+        self.back = mpx.MessageQueue.create_from_handle(a.recv(), 0)
+        a.close()
+        self.q.wait_until_ready(timeout=SETUP_TIMEOUT)
+        self.back.wait_until_ready(timeout=SETUP_TIMEOUT)
+        self.seq = 0
+
+    def call(self, method, *args):
+        self.q.enqueue((0, self.seq, method, args, None, None))
+        self.seq += 1
+        return self.back.dequeue(timeout=CALL_TIMEOUT)[2]
+
+    def close(self):
+        self.q.enqueue(None, timeout=SETUP_TIMEOUT)
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+        _procs.remove(self.proc)
+        self.back.close()
+        self.q.close()
+
+
+def new_executor(n):
+    ex = mpx.Executor(BenchWorker, world_size=n, start_method="spawn")
+    _child_pids.update(ex.worker_pids)
+    return ex
+
+
+def _cleanup_all():
+    for p in list(_procs):
+        p.join(0.1)
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+        _procs.remove(p)
+
+
+def last_cpu(pid):
+    """The CPU ``pid`` last ran on (field 39 of /proc/<pid>/stat), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def stats(samples):
+    a = np.asarray(samples, dtype=float)
+    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
+            "min": float(a.min()), "n": int(a.size)}
+
+
+def row(name, unit, mpx_st, base_st, ratio, target, passed, better="lower", note=""):
+    return {"name": name, "unit": unit, "mpx": mpx_st, "baseline": base_st, "ratio": ratio,
+            "target": target, "passed": passed, "better": better, "note": note}
+
+
+def _timed_loop(fn, iters):
+    """``iters`` calls of ``fn``; microseconds each, with the GC off."""
+    out = [0] * iters
+    clock = time.perf_counter_ns
+    gc.disable()
+    try:
+        for i in range(iters):
+            t0 = clock()
+            fn()
+            out[i] = clock() - t0
+    finally:
+        gc.enable()
+    return [x / 1e3 for x in out]
+
+
+# --------------------------------------------------------------------------- a. no-op
+
+def bench_noop(n, iters, warm, blocks=4, pin_iters=0):
+    """Both sides up at once; timed in alternating blocks so that drift hits both."""
+    ex = new_executor(n)
+    pipe = PipeRPC(n)
+    mq = QueueRPC() if n == 1 else None
+    try:
+        def mpx_call():
+            ex.collective_rpc("noop", timeout=CALL_TIMEOUT)
+
+        def pipe_call():
+            pipe.call("noop")
+
+        def mq_call():
+            mq.call("noop")
+
+        if ex.collective_rpc("noop") != [None] * n or pipe.call("noop") != [None] * n:
+            raise RuntimeError("no-op call returned something else than None")
+        fns = [mpx_call, pipe_call] + ([mq_call] if mq is not None else [])
+        # At least `warm` calls each and SETTLE_S of calls: the first few hundred round
+        # trips after a spawn are slower until the scheduler has spread the processes.
+        end = time.perf_counter() + SETTLE_S
+        i = 0
+        while i < warm or time.perf_counter() < end:
+            for fn in fns:
+                fn()
+            i += 1
+        out: dict = {fn: [] for fn in fns}
+        per = max(1, iters // blocks)
+        for b in range(blocks):
+            for fn in (fns if b % 2 == 0 else fns[::-1]):
+                out[fn].extend(_timed_loop(fn, per))
+        cpus = {"driver": last_cpu(os.getpid()),
+                "mpx workers": [last_cpu(p) for p in ex.worker_pids],
+                "pipe children": [last_cpu(p) for p in pipe.pids]}
+        pinned = {}
+        if n == 1 and pin_iters and len(os.sched_getaffinity(0)) >= 2:
+            pinned = _pinned_noop(fns, {mpx_call: ex.worker_pids[0], pipe_call: pipe.pids[0],
+                                        mq_call: mq.proc.pid}, pin_iters)
+            pinned = {place: (r[mpx_call], r[pipe_call], r[mq_call])
+                      for place, r in pinned.items()}
+    finally:
+        ex.shutdown()
+        pipe.close()
+        if mq is not None:
+            mq.close()
+    return out[mpx_call], out[pipe_call], out.get(mq_call), cpus, pinned
+
+
+def _pinned_noop(fns, child_pid, iters):
+    """Medians with the driver's thread on one CPU and each child on the same CPU, or on
+    another: how much the placement the scheduler picks moves both sides."""
+    mine = os.sched_getaffinity(0)
+    kids = {fn: os.sched_getaffinity(pid) for fn, pid in child_pid.items()}
+    a, b = sorted(mine)[:2]
+    out = {}
+    try:
+        for place, cpu in (("same CPU", a), ("different CPUs", b)):
+            os.sched_setaffinity(0, {a})
+            for pid in child_pid.values():
+                os.sched_setaffinity(pid, {cpu})
+            res = {}
+            for fn in fns:
+                for _ in range(iters // 5):
+                    fn()
+                res[fn] = stats(_timed_loop(fn, iters))
+            out[place] = res
+    finally:
+        os.sched_setaffinity(0, mine)
+        for fn, pid in child_pid.items():
+            try:
+                os.sched_setaffinity(pid, kids[fn])
+            except OSError:
+                pass
+    return out
+
+
+# --------------------------------------------------------------------------- b. idle
+
+def bench_idle_wake(rounds, idle_s):
+    """First call after `idle_s` of idleness of every process: mpx, the Pipe loop, and (to
+    tell the Executor's part from the queues') the bare-MessageQueue loop, in rotating order."""
+    ex = new_executor(1)
+    pipe = PipeRPC(1)
+    mq = QueueRPC()
+    try:
+        calls = {"mpx": lambda: ex.collective_rpc("noop", timeout=CALL_TIMEOUT),
+                 "pipe": lambda: pipe.call("noop"), "queue": lambda: mq.call("noop")}
+        end = time.perf_counter() + SETTLE_S
+        while time.perf_counter() < end:
+            for fn in calls.values():
+                fn()
+        out: dict = {k: [] for k in calls}
+        names = list(calls)
+        clock = time.perf_counter_ns
+        for r in range(rounds):
+            for which in names[r % 3:] + names[:r % 3]:
+                time.sleep(idle_s)
+                fn = calls[which]
+                t0 = clock()
+                fn()
+                out[which].append((clock() - t0) / 1e3)
+    finally:
+        ex.shutdown()
+        pipe.close()
+        mq.close()
+    return out["mpx"], out["pipe"], out["queue"]
+
+
+def bench_cold_python(idle_s, reps=3):
+    """How much slower the first Python work after `idle_s` of sleep runs (this process):
+    us for sum(range(200)) right after waking, and hot."""
+    clock = time.perf_counter_ns
+    hot = []
+    for _ in range(200):
+        t0 = clock()
+        sum(range(200))
+        hot.append(clock() - t0)
+    cold = []
+    for _ in range(reps):
+        time.sleep(idle_s)
+        t0 = clock()
+        sum(range(200))
+        cold.append(clock() - t0)
+    return float(np.median(cold)) / 1e3, float(np.median(hot)) / 1e3
+
+
+def _cpu_s(proc):
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def bench_idle_cpu(n, idle_s, call_s):
+    """CPU of ``n`` idle mpx workers (and of an idle Pipe child, for reference) over
+    ``idle_s``; then the driver's CPU while a call sleeps ``call_s`` in every worker."""
+    ex = new_executor(n)
+    pipe = PipeRPC(1)
+    try:
+        for _ in range(100):
+            ex.collective_rpc("noop")
+            pipe.call("noop")
+        workers = [psutil.Process(pid) for pid in ex.worker_pids]
+        pchild = psutil.Process(pipe.pids[0])
+        before = [_cpu_s(p) for p in workers] + [_cpu_s(pchild)]
+        t0 = time.monotonic()
+        time.sleep(idle_s)
+        wall = time.monotonic() - t0
+        after = [_cpu_s(p) for p in workers] + [_cpu_s(pchild)]
+        pct = [100.0 * (a - b) / wall for a, b in zip(after, before)]
+        idle = {"wall_s": wall, "mpx_workers_pct": pct[:-1], "pipe_child_pct": pct[-1],
+                "mpx_workers_ctx": [p.num_ctx_switches().voluntary for p in workers]}
+
+        # Driver CPU while blocked in a long call, for mpx and for the Pipe loop.
+        c0, t0 = time.process_time(), time.monotonic()
+        got = ex.collective_rpc("sleep", args=(call_s,), timeout=call_s + CALL_TIMEOUT)
+        c1, t1 = time.process_time(), time.monotonic()
+        if got != list(range(n)):
+            raise RuntimeError(f"sleep call returned {got}")
+        d0, s0 = time.process_time(), time.monotonic()
+        pipe.call("sleep", call_s)
+        d1, s1 = time.process_time(), time.monotonic()
+        drv = {"mpx_cpu_s": c1 - c0, "mpx_wall_s": t1 - t0, "pipe_cpu_s": d1 - d0,
+               "pipe_wall_s": s1 - s0, "driver_threads": psutil.Process().num_threads()}
+    finally:
+        ex.shutdown()
+        pipe.close()
+    return idle, drv
+
+
+# --------------------------------------------------------------------------- c. bandwidth
+
+def memcpy_baseline(reps):
+    """Single-thread torch copy_ of 64 MiB into a pre-touched tensor; also numpy copyto."""
+    src = torch.ones(BIG // 4, dtype=torch.float32)
+    dst = torch.zeros(BIG // 4, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        dst.copy_(src)
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            ts.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    s, d = src.numpy(), dst.numpy()
+    np.copyto(d, s)
+    np_ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.copyto(d, s)
+        np_ts.append(time.perf_counter() - t0)
+    return ts, np_ts
+
+
+def bench_tensor(n, tensor, reps, warm):
+    ex = new_executor(n)
+    try:
+        ts = []
+        for i in range(warm + reps):
+            t0 = time.perf_counter()
+            got = ex.collective_rpc("take", args=(tensor,), timeout=CALL_TIMEOUT,
+                                    unique_reply_rank=0)
+            t1 = time.perf_counter()
+            if got != tensor.shape[0]:
+                raise RuntimeError(f"worker saw {got} elements, expected {tensor.shape[0]}")
+            if i >= warm:
+                ts.append(t1 - t0)
+    finally:
+        ex.shutdown()
+    return ts
+
+
+def bench_tensor_pipe(tensor, reps, warm):
+    """The Pipe loop with the same bytes as a numpy array: a torch tensor sent through a
+    multiprocessing Pipe goes through torch's own reducer (moved to shared memory once,
+    then passed as a file descriptor), which is not a copy of the payload per call."""
+    arr = tensor.numpy()
+    pipe = PipeRPC(1)
+    try:
+        ts = []
+        for i in range(warm + reps):
+            t0 = time.perf_counter()
+            got = pipe.call("take", arr)[0]
+            t1 = time.perf_counter()
+            if got != arr.shape[0]:
+                raise RuntimeError(f"Pipe child saw {got} elements")
+            if i >= warm:
+                ts.append(t1 - t0)
+    finally:
+        pipe.close()
+    return ts
+
+
+def gbps(seconds):
+    return BIG / seconds / 1e9
+
+
+def bw_stats(ts):
+    """Bandwidth stats from times: median GB/s, and 'p90' = GB/s at the p90 (slow) time."""
+    s = stats(ts)
+    return {"median": gbps(s["median"]), "p90": gbps(s["p90"]), "best": gbps(s["min"]),
+            "n": s["n"], "median_ms": s["median"] * 1e3}
+
+
+# --------------------------------------------------------------------------- report
+
+def _fmt_val(st, unit):
+    if st is None:
+        return "-"
+    if unit == "%":
+        return f"{st['median']:.3f} %"
+    if unit == "GB/s":
+        return f"{st['median']:.2f} (p90 {st['p90']:.2f})"
+    return f"{st['median']:.1f} (p90 {st['p90']:.1f})"
+
+
+def print_table(rows):
+    hdr = ("measurement", "mpx", "baseline", "ratio", "target", "result")
+    lines = []
+    for r in rows:
+        res = "info" if r["passed"] is None else ("PASS" if r["passed"] else "FAIL")
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}x"
+        lines.append((f"{r['name']} [{r['unit']}]", _fmt_val(r["mpx"], r["unit"]),
+                      _fmt_val(r["baseline"], r["unit"]), ratio, r["target"], res))
+    w = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(hdr)]
+    fmt = "  ".join(f"{{:<{x}}}" for x in w)
+    print(fmt.format(*hdr))
+    print(fmt.format(*("-" * x for x in w)))
+    for line in lines:
+        print(fmt.format(*line))
+    notes = [f"  * {r['name']}: {r['note']}" for r in rows if r["note"]]
+    if notes:
+        print("notes:")
+        print("\n".join(notes))
+
+
+def write_png(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"note: matplotlib is not installed; --png {path} skipped")
+        return
+    # Rows with an absolute target (CPU %) are listed in the title instead.
+    rs = [r for r in rows if r["ratio"] is not None and r["unit"] != "%"]
+    ratios = [r["ratio"] for r in rs]
+    colors = ["tab:gray" if r["passed"] is None else ("tab:green" if r["passed"] else "tab:red")
+              for r in rs]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rs) + 2.0))
+    y = np.arange(len(rs))
+    ax.barh(y, ratios, color=colors)
+    for i, r in enumerate(rs):
+        ax.text(ratios[i], i, f" {ratios[i]:.3g}x  (target {r['target']})", va="center",
+                fontsize=8)
+    ax.set_yticks(y)
+    ax.set_yticklabels([r["name"] for r in rs], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("ratio mpx / baseline (green PASS, red FAIL, grey informational)")
+    extra = [r for r in rows if r["unit"] == "%"]
+    sub = "".join(f"\n{r['name']}: {r['mpx']['median']:.3f}% of a core (target {r['target']}, "
+                  f"{'PASS' if r['passed'] else 'FAIL'})" for r in extra)
+    ax.set_title(f"mpx.Executor vs baselines (os.cpu_count()={os.cpu_count()}, "
+                 f"affinity {len(os.sched_getaffinity(0))}){sub}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def _leftover_segments():
+    mine = _child_pids | {os.getpid()}
+    out = []
+    try:
+        for e in os.listdir("/dev/shm"):
+            if e.startswith("mpx-"):
+                try:
+                    pid = int(e.split("-")[1])
+                except (IndexError, ValueError):
+                    continue
+                if pid in mine:
+                    out.append(e)
+    except OSError:
+        pass
+    return sorted(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (~1 min instead of ~1.5)")
+    ap.add_argument("--png", metavar="PATH", help="write a bar chart (needs matplotlib)")
+    ap.add_argument("--json", metavar="PATH", help="write the numbers as JSON")
+    args = ap.parse_args()
+
+    quick = args.quick
+    noop_iters, noop_warm = (4000, 400) if quick else (20000, 2000)
+    pin_iters = 2000 if quick else 5000
+    idle_rounds, idle_s = (3, 2.0) if quick else (9, 2.0)
+    cpu_idle_s, call_s = 3.0, 3.0
+    bw_reps, bw_warm = (5, 2) if quick else (12, 2)
+
+    t_start = time.perf_counter()
+    header = {
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        "mpx": mpx.__version__, "ring": mpx.ring_implementation(), "numpy": np.__version__,
+        "torch": torch.__version__, "cpu_count": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)), "start_method": "spawn", "quick": quick,
+    }
+    print(f"mpx {header['mpx']} executor benchmark  (python {header['python']}, torch "
+          f"{header['torch']}, numpy {header['numpy']}, {header['platform']})")
+    print(f"os.cpu_count()={header['cpu_count']}  len(os.sched_getaffinity(0))="
+          f"{header['affinity']}  start method=spawn  ring={header['ring']}"
+          f"  mode={'quick' if quick else 'full'}")
+    print(f"config: {mpx.Config.from_env().describe()}")
+    if header["affinity"] < 3:
+        print(f"note: only {header['affinity']} CPUs: the driver and the workers share them; "
+              "with 2 workers three processes compete for the cores")
+    print(flush=True)
+
+    rows = []
+    raw = {}
+    try:
+        # ---- a. no-op round trip
+        for n, limit in ((1, 0.35), (2, 0.40)):
+            print(f"[a] no-op collective_rpc, {n} worker(s), {noop_iters} calls each side ...",
+                  flush=True)
+            mpx_us, pipe_us, mq_us, cpus, pinned = bench_noop(n, noop_iters, noop_warm,
+                                                              pin_iters=pin_iters)
+            m, b = stats(mpx_us), stats(pipe_us)
+            ratio = m["median"] / b["median"]
+            rows.append(row(f"no-op round trip, {n} worker{'s' if n > 1 else ''}", "us", m, b,
+                            ratio, f"<= {limit:.2f}x Pipe RPC", ratio <= limit,
+                            note=f"last CPUs {cpus}"))
+            raw[f"noop_{n}"] = {"mpx_us_summary": m, "pipe_us_summary": b, "cpus": cpus}
+            if mq_us is not None:
+                q = stats(mq_us)
+                rows.append(row("  same loop on bare MessageQueues (no Executor)", "us", q, b,
+                                q["median"] / b["median"], "info", None,
+                                note=(f"Executor overhead over the bare queues: "
+                                      f"{m['median'] - q['median']:.1f} us per call")))
+                raw["noop_1"]["bare_queue_us_summary"] = q
+            for place, (pm, pb, pq) in pinned.items():
+                rows.append(row(f"  pinned, driver and worker on {place}", "us", pm, pb,
+                                pm["median"] / pb["median"], "info", None,
+                                note=(f"bare MessageQueues {pq['median']:.1f} us = "
+                                      f"{pq['median'] / pb['median']:.3f}x Pipe RPC")))
+                raw["noop_1"][f"pinned {place}"] = {"mpx": pm, "pipe": pb, "bare_queue": pq}
+
+        # ---- b. idle
+        print(f"[b] first call after {idle_s:.0f} s idle, {idle_rounds} rounds each of mpx, Pipe "
+              f"and bare queues (~{3 * idle_rounds * idle_s:.0f} s) ...", flush=True)
+        mpx_us, pipe_us, mq_us = bench_idle_wake(idle_rounds, idle_s)
+        m, b, q = stats(mpx_us), stats(pipe_us), stats(mq_us)
+        ratio = m["median"] / b["median"]
+        cold, hot = bench_cold_python(0.5)
+        rows.append(row(f"first call after {idle_s:.0f}s idle, 1 worker", "us", m, b, ratio,
+                        "<= 1.0x Pipe RPC", ratio <= 1.0,
+                        note=(f"sum(range(200)) takes {cold:.1f} us right after a 0.5 s sleep, "
+                              f"{hot:.1f} us hot: the first Python work after idle runs "
+                              f"{cold / hot:.0f}x slower here")))
+        rows.append(row("  same loop on bare MessageQueues (no Executor)", "us", q, b,
+                        q["median"] / b["median"], "info", None))
+        raw["idle_wake_us"] = {"mpx": mpx_us, "pipe": pipe_us, "bare_queue": mq_us,
+                               "cold_python_us": cold, "hot_python_us": hot}
+
+        print(f"[b] CPU of 2 idle workers over {cpu_idle_s:.0f} s, then of the driver during a "
+              f"{call_s:.0f} s call ...", flush=True)
+        idle, drv = bench_idle_cpu(2, cpu_idle_s, call_s)
+        pp = idle["pipe_child_pct"]
+        for rank, pm in enumerate(idle["mpx_workers_pct"]):
+            rows.append(row(f"idle worker {rank} CPU ({cpu_idle_s:.0f}s)", "%",
+                            {"median": pm, "p90": pm, "n": 1}, {"median": pp, "p90": pp, "n": 1},
+                            None, "< 2% of a core", pm < 2.0))
+        rows[-1]["note"] = (f"psutil cpu_times over {idle['wall_s']:.2f} s; baseline = an idle "
+                            f"Pipe RPC child; worker voluntary ctx switches (since start) "
+                            f"{idle['mpx_workers_ctx']}")
+        dm = 100.0 * drv["mpx_cpu_s"] / drv["mpx_wall_s"]
+        dp = 100.0 * drv["pipe_cpu_s"] / drv["pipe_wall_s"]
+        rows.append(row(f"driver CPU during a {call_s:.0f}s call, 2 workers", "%",
+                        {"median": dm, "p90": dm, "n": 1}, {"median": dp, "p90": dp, "n": 1},
+                        None, "< 2% of a core", dm < 2.0,
+                        note=(f"time.process_time (all {drv['driver_threads']} driver threads): "
+                              f"mpx {drv['mpx_cpu_s'] * 1e3:.2f} ms over {drv['mpx_wall_s']:.2f}"
+                              f" s; Pipe RPC (1 child) {drv['pipe_cpu_s'] * 1e3:.2f} ms over "
+                              f"{drv['pipe_wall_s']:.2f} s")))
+        raw["idle_cpu"] = {"workers": idle, "driver": drv}
+
+        # ---- c. bandwidth
+        print(f"[c] 64 MiB torch.float32 tensor argument, {bw_reps} calls (+{bw_warm} warm-up) "
+              "...", flush=True)
+        tensor = torch.arange(BIG // 4, dtype=torch.float32)
+        memcpy_ts, np_ts = memcpy_baseline(9 if quick else 15)
+        mc, npc = bw_stats(memcpy_ts), bw_stats(np_ts)
+        one = bench_tensor(1, tensor, bw_reps, bw_warm)
+        s = bw_stats(one)
+        ratio = s["median"] / mc["median"]
+        rows.append(row("64MiB tensor argument, 1 worker", "GB/s", s, mc, ratio,
+                        ">= 0.3x memcpy", ratio >= 0.3, better="higher",
+                        note=(f"median call {s['median_ms']:.1f} ms; baseline torch copy_ 1 "
+                              f"thread {mc['median_ms']:.1f} ms; numpy copyto "
+                              f"{npc['median']:.2f} GB/s")))
+        two = bench_tensor(2, tensor, bw_reps, bw_warm)
+        s2 = bw_stats(two)
+        rows.append(row("64MiB tensor argument, 2 workers (broadcast)", "GB/s", s2, mc,
+                        s2["median"] / mc["median"], "info", None, better="higher"))
+        pipe_ts = bench_tensor_pipe(tensor, max(3, bw_reps // 2), 1)
+        sp = bw_stats(pipe_ts)
+        rows.append(row("64MiB as numpy over the Pipe RPC loop, 1 child", "GB/s", sp, mc,
+                        sp["median"] / mc["median"], "info", None, better="higher",
+                        note=f"mpx / Pipe RPC = {s['median'] / sp['median']:.2f}x the GB/s"))
+        raw["bandwidth_ms"] = {"memcpy_torch": [t * 1e3 for t in memcpy_ts],
+                               "memcpy_numpy": [t * 1e3 for t in np_ts],
+                               "mpx_1": [t * 1e3 for t in one], "mpx_2": [t * 1e3 for t in two],
+                               "pipe_numpy_1": [t * 1e3 for t in pipe_ts]}
+        del tensor
+    finally:
+        _cleanup_all()
+
+    elapsed = time.perf_counter() - t_start
+    print()
+    print("values: median (p90) over repetitions; latency in microseconds; bandwidth = 64 MiB /"
+          " call time (p90 = bandwidth at the p90 time); ratio = mpx / baseline")
+    print()
+    print_table(rows)
+    print()
+    time.sleep(0.2)  # let the last children be reaped
+    leftovers = _leftover_segments()
+    alive = [p.pid for p in mp.active_children()]
+    stray = [p.pid for p in psutil.Process().children(recursive=True)
+             if p.pid in _child_pids]
+    judged = [r for r in rows if r["passed"] is not None]
+    failed = [r["name"] for r in judged if not r["passed"]]
+    print(f"cleanup: child processes alive: {sorted(set(alive + stray)) or 'none'}; /dev/shm "
+          f"mpx segments left by this run: {leftovers or 'none'}")
+    print(f"SUMMARY: {len(judged) - len(failed)}/{len(judged)} targets met"
+          + (f"; FAIL: {', '.join(failed)}" if failed else "")
+          + f"  ({elapsed:.0f} s, {header['affinity']} CPUs)")
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"header": header, "elapsed_s": elapsed, "rows": rows, "raw": raw,
+                       "leftover_segments": leftovers, "alive_children": alive}, f, indent=1)
+        print(f"wrote {args.json}")
+    if args.png:
+        write_png(rows, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
