@@ -386,3 +386,59 @@ def test_missing_extension_falls_back_with_one_warning(tmp_path):
     a, b, n, msg = out.stdout.split(" ", 3)
     assert (a, b, n) == ("python", "python", "1")
     assert "pip install" in msg
+
+
+class _Alarm(Exception):
+    pass
+
+
+@pytest.mark.parametrize("delay", [0.0003, 0.3])  # during the sched_yield phase / parked
+def test_signal_handler_runs_while_dequeue_waits(delay):
+    import signal
+
+    def on_alarm(signum, frame):
+        raise _Alarm()
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with mpx.MessageQueue(1, 1) as q:
+            r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+            try:
+                signal.setitimer(signal.ITIMER_REAL, delay)
+                t0 = time.monotonic()
+                with pytest.raises(_Alarm):
+                    r.dequeue(timeout=10, indefinite=True)
+                assert time.monotonic() - t0 < delay + 0.2
+                q.enqueue("still usable")
+                assert r.dequeue(timeout=5) == "still usable"
+            finally:
+                r.close()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_signal_handler_runs_while_enqueue_waits_for_space():
+    import signal
+
+    def on_alarm(signum, frame):
+        raise _Alarm()
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with mpx.MessageQueue(1, 1, max_chunk_bytes=4096, max_chunks=2) as q:
+            r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+            try:
+                q.enqueue(1)
+                q.enqueue(2)
+                signal.setitimer(signal.ITIMER_REAL, 0.3)
+                with pytest.raises(_Alarm):
+                    q.enqueue(b"x" * 10000, timeout=10)  # 3 slots: nothing fits
+                assert [r.dequeue(timeout=5), r.dequeue(timeout=5)] == [1, 2]
+                q.enqueue("after")
+                assert r.dequeue(timeout=5) == "after"
+            finally:
+                r.close()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
