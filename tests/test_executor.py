@@ -59,7 +59,8 @@ def test_worker_context(ex):
         assert c["world_size"] == c["local_world_size"] == 2 and c["node_rank"] == 0
         assert c["local_rank"] == c["rank"]
         assert c["dist"].startswith("tcp://127.0.0.1:") and c["dist"] == ctxs[0]["dist"]
-        assert c["ppid"] == os.getpid()
+        if os.environ.get("MPX_TEST_START_METHOD", "spawn") != "forkserver":
+            assert c["ppid"] == os.getpid()  # (the forkserver is a forkserver child's parent)
         expect = os.environ.get("OMP_NUM_THREADS", str(max(1, os.cpu_count() // 2)))
         assert c["omp"] == expect
 
