@@ -30,24 +30,34 @@ It is a benchmark, not a test: the exit code is 0 whatever the results.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
-import multiprocessing as mp
 import os
-import platform
 import sys
 import time
 
 import numpy as np
 import psutil
 import torch
+from _report import (
+    BIG,
+    CTX,
+    bw_stats,
+    child_pids,
+    cleanup_procs,
+    copy_times,
+    finish,
+    join,
+    last_cpu,
+    parse_args,
+    pct_row,
+    print_header,
+    row,
+    start,
+    stats,
+)
 
 import mpx
 
-CTX = mp.get_context("spawn")
-MiB = 1 << 20
-BIG = 64 * MiB
 SETUP_TIMEOUT = 60.0
 CALL_TIMEOUT = 60.0
 SETTLE_S = 0.5
@@ -114,10 +124,6 @@ def _mq_rpc_child(handle, conn):
 
 # --------------------------------------------------------------------------- harness
 
-_procs: list = []
-_child_pids: set[int] = set()
-
-
 class PipeRPC:
     """``n`` Pipe RPC children; ``call`` sends to all, then receives from all."""
 
@@ -125,13 +131,9 @@ class PipeRPC:
         self.conns, self.procs = [], []
         for _ in range(n):
             a, b = CTX.Pipe()
-            p = CTX.Process(target=_pipe_rpc_child, args=(b,), daemon=True)
-            p.start()
+            self.procs.append(start(_pipe_rpc_child, (b,)))
             b.close()
-            _procs.append(p)
-            _child_pids.add(p.pid)
             self.conns.append(a)
-            self.procs.append(p)
         self.pids = [p.pid for p in self.procs]
 
     def call(self, method, *args):
@@ -147,12 +149,7 @@ class PipeRPC:
             except OSError:
                 pass
         for p in self.procs:
-            p.join(10)
-            if p.is_alive():
-                print(f"  warning: Pipe child {p.pid} did not exit, terminating it", flush=True)
-                p.terminate()
-                p.join(5)
-            _procs.remove(p)
+            join(p, 10, what="Pipe child")
         for c in self.conns:
             c.close()
 
@@ -163,11 +160,7 @@ class QueueRPC:
     def __init__(self):
         self.q = mpx.MessageQueue(1, 1)
         a, b = CTX.Pipe()
-        self.proc = CTX.Process(target=_mq_rpc_child, args=(self.q.export_handle(), b),
-                                daemon=True)
-        self.proc.start()
-        _procs.append(self.proc)
-        _child_pids.add(self.proc.pid)
+        self.proc = start(_mq_rpc_child, (self.q.export_handle(), b))
         b.close()
         if not a.poll(SETUP_TIMEOUT):
             raise RuntimeError("MessageQueue RPC child did not come up")
@@ -184,48 +177,15 @@ class QueueRPC:
 
     def close(self):
         self.q.enqueue(None, timeout=SETUP_TIMEOUT)
-        self.proc.join(10)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(5)
-        _procs.remove(self.proc)
+        join(self.proc, 10, what=None)
         self.back.close()
         self.q.close()
 
 
 def new_executor(n):
     ex = mpx.Executor(BenchWorker, world_size=n, start_method="spawn")
-    _child_pids.update(ex.worker_pids)
+    child_pids.update(ex.worker_pids)
     return ex
-
-
-def _cleanup_all():
-    for p in list(_procs):
-        p.join(0.1)
-        if p.is_alive():
-            p.terminate()
-            p.join(5)
-        _procs.remove(p)
-
-
-def last_cpu(pid):
-    """The CPU ``pid`` last ran on (field 39 of /proc/<pid>/stat), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[36])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def stats(samples):
-    a = np.asarray(samples, dtype=float)
-    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
-            "min": float(a.min()), "n": int(a.size)}
-
-
-def row(name, unit, mpx_st, base_st, ratio, target, passed, better="lower", note=""):
-    return {"name": name, "unit": unit, "mpx": mpx_st, "baseline": base_st, "ratio": ratio,
-            "target": target, "passed": passed, "better": better, "note": note}
 
 
 def _timed_loop(fn, iters):
@@ -422,40 +382,38 @@ def memcpy_baseline(reps):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        dst.copy_(src)
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            ts.append(time.perf_counter() - t0)
+        ts = copy_times(lambda: dst.copy_(src), reps)
     finally:
         torch.set_num_threads(threads)
     s, d = src.numpy(), dst.numpy()
-    np.copyto(d, s)
-    np_ts = []
-    for _ in range(reps):
+    return ts, copy_times(lambda: np.copyto(d, s), reps)
+
+
+def _call_times(call, expect, reps, warm, who):
+    """Seconds of ``reps`` calls of ``call`` after ``warm`` untimed ones; each must return
+    ``expect``."""
+    ts = []
+    for i in range(warm + reps):
         t0 = time.perf_counter()
-        np.copyto(d, s)
-        np_ts.append(time.perf_counter() - t0)
-    return ts, np_ts
+        got = call()
+        t1 = time.perf_counter()
+        if got != expect:
+            raise RuntimeError(f"{who} saw {got} elements, expected {expect}")
+        if i >= warm:
+            ts.append(t1 - t0)
+    return ts
 
 
 def bench_tensor(n, tensor, reps, warm):
     ex = new_executor(n)
+
+    def call():
+        return ex.collective_rpc("take", args=(tensor,), timeout=CALL_TIMEOUT, unique_reply_rank=0)
+
     try:
-        ts = []
-        for i in range(warm + reps):
-            t0 = time.perf_counter()
-            got = ex.collective_rpc("take", args=(tensor,), timeout=CALL_TIMEOUT,
-                                    unique_reply_rank=0)
-            t1 = time.perf_counter()
-            if got != tensor.shape[0]:
-                raise RuntimeError(f"worker saw {got} elements, expected {tensor.shape[0]}")
-            if i >= warm:
-                ts.append(t1 - t0)
+        return _call_times(call, tensor.shape[0], reps, warm, "worker")
     finally:
         ex.shutdown()
-    return ts
 
 
 def bench_tensor_pipe(tensor, reps, warm):
@@ -465,122 +423,14 @@ def bench_tensor_pipe(tensor, reps, warm):
     arr = tensor.numpy()
     pipe = PipeRPC(1)
     try:
-        ts = []
-        for i in range(warm + reps):
-            t0 = time.perf_counter()
-            got = pipe.call("take", arr)[0]
-            t1 = time.perf_counter()
-            if got != arr.shape[0]:
-                raise RuntimeError(f"Pipe child saw {got} elements")
-            if i >= warm:
-                ts.append(t1 - t0)
+        return _call_times(lambda: pipe.call("take", arr)[0], arr.shape[0], reps, warm,
+                           "Pipe child")
     finally:
         pipe.close()
-    return ts
-
-
-def gbps(seconds):
-    return BIG / seconds / 1e9
-
-
-def bw_stats(ts):
-    """Bandwidth stats from times: median GB/s, and 'p90' = GB/s at the p90 (slow) time."""
-    s = stats(ts)
-    return {"median": gbps(s["median"]), "p90": gbps(s["p90"]), "best": gbps(s["min"]),
-            "n": s["n"], "median_ms": s["median"] * 1e3}
-
-
-# --------------------------------------------------------------------------- report
-
-def _fmt_val(st, unit):
-    if st is None:
-        return "-"
-    if unit == "%":
-        return f"{st['median']:.3f} %"
-    if unit == "GB/s":
-        return f"{st['median']:.2f} (p90 {st['p90']:.2f})"
-    return f"{st['median']:.1f} (p90 {st['p90']:.1f})"
-
-
-def print_table(rows):
-    hdr = ("measurement", "mpx", "baseline", "ratio", "target", "result")
-    lines = []
-    for r in rows:
-        res = "info" if r["passed"] is None else ("PASS" if r["passed"] else "FAIL")
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}x"
-        lines.append((f"{r['name']} [{r['unit']}]", _fmt_val(r["mpx"], r["unit"]),
-                      _fmt_val(r["baseline"], r["unit"]), ratio, r["target"], res))
-    w = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(hdr)]
-    fmt = "  ".join(f"{{:<{x}}}" for x in w)
-    print(fmt.format(*hdr))
-    print(fmt.format(*("-" * x for x in w)))
-    for line in lines:
-        print(fmt.format(*line))
-    notes = [f"  * {r['name']}: {r['note']}" for r in rows if r["note"]]
-    if notes:
-        print("notes:")
-        print("\n".join(notes))
-
-
-def write_png(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"note: matplotlib is not installed; --png {path} skipped")
-        return
-    # Rows with an absolute target (CPU %) are listed in the title instead.
-    rs = [r for r in rows if r["ratio"] is not None and r["unit"] != "%"]
-    ratios = [r["ratio"] for r in rs]
-    colors = ["tab:gray" if r["passed"] is None else ("tab:green" if r["passed"] else "tab:red")
-              for r in rs]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rs) + 2.0))
-    y = np.arange(len(rs))
-    ax.barh(y, ratios, color=colors)
-    for i, r in enumerate(rs):
-        ax.text(ratios[i], i, f" {ratios[i]:.3g}x  (target {r['target']})", va="center",
-                fontsize=8)
-    ax.set_yticks(y)
-    ax.set_yticklabels([r["name"] for r in rs], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.axvline(1.0, color="k", lw=0.8)
-    ax.set_xlabel("ratio mpx / baseline (green PASS, red FAIL, grey informational)")
-    extra = [r for r in rows if r["unit"] == "%"]
-    sub = "".join(f"\n{r['name']}: {r['mpx']['median']:.3f}% of a core (target {r['target']}, "
-                  f"{'PASS' if r['passed'] else 'FAIL'})" for r in extra)
-    ax.set_title(f"mpx.Executor vs baselines (os.cpu_count()={os.cpu_count()}, "
-                 f"affinity {len(os.sched_getaffinity(0))}){sub}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"wrote {path}")
-
-
-def _leftover_segments():
-    mine = _child_pids | {os.getpid()}
-    out = []
-    try:
-        for e in os.listdir("/dev/shm"):
-            if e.startswith("mpx-"):
-                try:
-                    pid = int(e.split("-")[1])
-                except (IndexError, ValueError):
-                    continue
-                if pid in mine:
-                    out.append(e)
-    except OSError:
-        pass
-    return sorted(out)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (~1 min instead of ~1.5)")
-    ap.add_argument("--png", metavar="PATH", help="write a bar chart (needs matplotlib)")
-    ap.add_argument("--json", metavar="PATH", help="write the numbers as JSON")
-    args = ap.parse_args()
+    args = parse_args(__doc__, "fewer repetitions (~1 min instead of ~1.5)")
 
     quick = args.quick
     noop_iters, noop_warm = (4000, 400) if quick else (20000, 2000)
@@ -590,22 +440,9 @@ def main():
     bw_reps, bw_warm = (5, 2) if quick else (12, 2)
 
     t_start = time.perf_counter()
-    header = {
-        "python": sys.version.split()[0], "platform": platform.platform(),
-        "mpx": mpx.__version__, "ring": mpx.ring_implementation(), "numpy": np.__version__,
-        "torch": torch.__version__, "cpu_count": os.cpu_count(),
-        "affinity": len(os.sched_getaffinity(0)), "start_method": "spawn", "quick": quick,
-    }
-    print(f"mpx {header['mpx']} executor benchmark  (python {header['python']}, torch "
-          f"{header['torch']}, numpy {header['numpy']}, {header['platform']})")
-    print(f"os.cpu_count()={header['cpu_count']}  len(os.sched_getaffinity(0))="
-          f"{header['affinity']}  start method=spawn  ring={header['ring']}"
-          f"  mode={'quick' if quick else 'full'}")
-    print(f"config: {mpx.Config.from_env().describe()}")
-    if header["affinity"] < 3:
-        print(f"note: only {header['affinity']} CPUs: the driver and the workers share them; "
-              "with 2 workers three processes compete for the cores")
-    print(flush=True)
+    header = print_header(quick, "executor benchmark", "ring", "ring",
+                          "the driver and the workers share them; with 2 workers three "
+                          "processes compete for the cores", torch=torch.__version__)
 
     rows = []
     raw = {}
@@ -658,21 +495,19 @@ def main():
         idle, drv = bench_idle_cpu(2, cpu_idle_s, call_s)
         pp = idle["pipe_child_pct"]
         for rank, pm in enumerate(idle["mpx_workers_pct"]):
-            rows.append(row(f"idle worker {rank} CPU ({cpu_idle_s:.0f}s)", "%",
-                            {"median": pm, "p90": pm, "n": 1}, {"median": pp, "p90": pp, "n": 1},
-                            None, "< 2% of a core", pm < 2.0))
+            rows.append(pct_row(f"idle worker {rank} CPU ({cpu_idle_s:.0f}s)", pm, pp, None,
+                                "< 2% of a core", pm < 2.0))
         rows[-1]["note"] = (f"psutil cpu_times over {idle['wall_s']:.2f} s; baseline = an idle "
                             f"Pipe RPC child; worker voluntary ctx switches (since start) "
                             f"{idle['mpx_workers_ctx']}")
         dm = 100.0 * drv["mpx_cpu_s"] / drv["mpx_wall_s"]
         dp = 100.0 * drv["pipe_cpu_s"] / drv["pipe_wall_s"]
-        rows.append(row(f"driver CPU during a {call_s:.0f}s call, 2 workers", "%",
-                        {"median": dm, "p90": dm, "n": 1}, {"median": dp, "p90": dp, "n": 1},
-                        None, "< 2% of a core", dm < 2.0,
-                        note=(f"time.process_time (all {drv['driver_threads']} driver threads): "
-                              f"mpx {drv['mpx_cpu_s'] * 1e3:.2f} ms over {drv['mpx_wall_s']:.2f}"
-                              f" s; Pipe RPC (1 child) {drv['pipe_cpu_s'] * 1e3:.2f} ms over "
-                              f"{drv['pipe_wall_s']:.2f} s")))
+        rows.append(pct_row(f"driver CPU during a {call_s:.0f}s call, 2 workers", dm, dp, None,
+                            "< 2% of a core", dm < 2.0,
+                            note=(f"time.process_time (all {drv['driver_threads']} driver "
+                                  f"threads): mpx {drv['mpx_cpu_s'] * 1e3:.2f} ms over "
+                                  f"{drv['mpx_wall_s']:.2f} s; Pipe RPC (1 child) "
+                                  f"{drv['pipe_cpu_s'] * 1e3:.2f} ms over {drv['pipe_wall_s']:.2f} s")))
         raw["idle_cpu"] = {"workers": idle, "driver": drv}
 
         # ---- c. bandwidth
@@ -704,35 +539,14 @@ def main():
                                "pipe_numpy_1": [t * 1e3 for t in pipe_ts]}
         del tensor
     finally:
-        _cleanup_all()
+        cleanup_procs()
 
     elapsed = time.perf_counter() - t_start
-    print()
-    print("values: median (p90) over repetitions; latency in microseconds; bandwidth = 64 MiB /"
-          " call time (p90 = bandwidth at the p90 time); ratio = mpx / baseline")
-    print()
-    print_table(rows)
-    print()
-    time.sleep(0.2)  # let the last children be reaped
-    leftovers = _leftover_segments()
-    alive = [p.pid for p in mp.active_children()]
-    stray = [p.pid for p in psutil.Process().children(recursive=True)
-             if p.pid in _child_pids]
-    judged = [r for r in rows if r["passed"] is not None]
-    failed = [r["name"] for r in judged if not r["passed"]]
-    print(f"cleanup: child processes alive: {sorted(set(alive + stray)) or 'none'}; /dev/shm "
-          f"mpx segments left by this run: {leftovers or 'none'}")
-    print(f"SUMMARY: {len(judged) - len(failed)}/{len(judged)} targets met"
-          + (f"; FAIL: {', '.join(failed)}" if failed else "")
-          + f"  ({elapsed:.0f} s, {header['affinity']} CPUs)")
-
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"header": header, "elapsed_s": elapsed, "rows": rows, "raw": raw,
-                       "leftover_segments": leftovers, "alive_children": alive}, f, indent=1)
-        print(f"wrote {args.json}")
-    if args.png:
-        write_png(rows, args.png)
+    finish(args, header, rows, raw, elapsed, timed="call time",
+           png_title=(f"mpx.Executor vs baselines (os.cpu_count()={os.cpu_count()}, "
+                      f"affinity {len(os.sched_getaffinity(0))})"), png_pad=2.0, reap_s=0.2,
+           stray=lambda: [p.pid for p in psutil.Process().children(recursive=True)
+                          if p.pid in child_pids])
     return 0
 
 

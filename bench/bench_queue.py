@@ -20,24 +20,32 @@ It is a benchmark, not a test: the exit code is 0 whatever the results.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
-import multiprocessing as mp
 import os
-import platform
 import resource
 import sys
 import time
 
 import numpy as np
+from _report import (
+    BIG,
+    CTX,
+    bw_stats,
+    cleanup_procs,
+    copy_times,
+    finish,
+    join,
+    last_cpu,
+    parse_args,
+    pct_row,
+    print_header,
+    row,
+    start,
+    stats,
+)
 
-import mpx
 from mpx import MessageQueue
 
-CTX = mp.get_context("spawn")
-MiB = 1 << 20
-BIG = 64 * MiB
 SMALL_OBJ = ("generate", 123456789, 3.14159, b"x" * 32, "request-0001", (1, 2, 3))
 SETUP_TIMEOUT = 60.0
 
@@ -105,32 +113,12 @@ def _idle_cpu_child(kind, handle, conn):
 
 # --------------------------------------------------------------------------- harness
 
-_procs: list = []
 _queues: list = []
-_child_pids: set[int] = set()
-
-
-def _start(target, args):
-    p = CTX.Process(target=target, args=args, daemon=True)
-    p.start()
-    _procs.append(p)
-    _child_pids.add(p.pid)
-    return p
 
 
 def _track(q):
     _queues.append(q)
     return q
-
-
-def _join(p, timeout=30.0):
-    p.join(timeout)
-    if p.is_alive():
-        print(f"  warning: child {p.pid} did not exit, terminating it", flush=True)
-        p.terminate()
-        p.join(5)
-    if p in _procs:
-        _procs.remove(p)
 
 
 def _cleanup_all():
@@ -140,12 +128,7 @@ def _cleanup_all():
         except Exception:
             pass
     _queues.clear()
-    for p in list(_procs):
-        p.join(0.1)
-        if p.is_alive():
-            p.terminate()
-            p.join(5)
-        _procs.remove(p)
+    cleanup_procs()
 
 
 class MpxPeers:
@@ -157,7 +140,7 @@ class MpxPeers:
         self.impl = {"writer": self.q.ring_implementation}
         for rank in range(n):
             a, b = CTX.Pipe()
-            self.procs.append(_start(_mpx_child, (self.q.export_handle(), rank, mode, b)))
+            self.procs.append(start(_mpx_child, (self.q.export_handle(), rank, mode, b)))
             b.close()
             if not a.poll(SETUP_TIMEOUT):
                 raise RuntimeError("mpx child did not come up")
@@ -174,7 +157,7 @@ class MpxPeers:
     def close(self):
         self.q.enqueue(None, timeout=SETUP_TIMEOUT)
         for p in self.procs:
-            _join(p)
+            join(p)
         for back in self.backs:
             back.close()
         self.q.close()
@@ -183,86 +166,47 @@ class MpxPeers:
 class PipePeer:
     def __init__(self):
         self.conn, b = CTX.Pipe()
-        self.proc = _start(_pipe_echo_child, (b,))
+        self.proc = start(_pipe_echo_child, (b,))
         b.close()
 
     def close(self):
         self.conn.send(None)
-        _join(self.proc)
+        join(self.proc)
         self.conn.close()
-
-
-def last_cpu(pid):
-    """The CPU ``pid`` last ran on (field 39 of /proc/<pid>/stat), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[36])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def stats(samples):
-    a = np.asarray(samples, dtype=float)
-    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
-            "min": float(a.min()), "n": int(a.size)}
-
-
-def row(name, unit, mpx_st, base_st, ratio, target, passed, better="lower", note=""):
-    return {"name": name, "unit": unit, "mpx": mpx_st, "baseline": base_st, "ratio": ratio,
-            "target": target, "passed": passed, "better": better, "note": note}
 
 
 # --------------------------------------------------------------------------- 1. ping-pong
 
-def _pingpong_mpx(iters, warm):
-    peers = MpxPeers(1, "echo")
-    q, back = peers.q, peers.backs[0]
+def _pingpong(send, recv, iters, warm):
+    """``iters`` round trips of SMALL_OBJ (``send`` it, ``recv`` the echo) after ``warm``
+    untimed ones; microseconds each, with the GC off."""
     obj = SMALL_OBJ
     for _ in range(warm):
-        q.enqueue(obj)
-        back.dequeue()
+        send(obj)
+        recv()
     out = [0] * iters
     clock = time.perf_counter_ns
     gc.disable()
     try:
         for i in range(iters):
             t0 = clock()
-            q.enqueue(obj)
-            back.dequeue()
+            send(obj)
+            recv()
             out[i] = clock() - t0
     finally:
         gc.enable()
-    impl = dict(peers.impl, cpus=(last_cpu(os.getpid()), last_cpu(peers.procs[0].pid)))
-    peers.close()
-    return [x / 1e3 for x in out], impl
-
-
-def _pingpong_pipe(iters, warm):
-    peer = PipePeer()
-    c = peer.conn
-    obj = SMALL_OBJ
-    for _ in range(warm):
-        c.send(obj)
-        c.recv()
-    out = [0] * iters
-    clock = time.perf_counter_ns
-    gc.disable()
-    try:
-        for i in range(iters):
-            t0 = clock()
-            c.send(obj)
-            c.recv()
-            out[i] = clock() - t0
-    finally:
-        gc.enable()
-    cpus = (last_cpu(os.getpid()), last_cpu(peer.proc.pid))
-    peer.close()
-    return [x / 1e3 for x in out], cpus
+    return [x / 1e3 for x in out]
 
 
 def bench_pingpong(iters, warm):
-    mpx_us, impl = _pingpong_mpx(iters, warm)
-    pipe_us, pipe_cpus = _pingpong_pipe(iters, warm)
+    peers = MpxPeers(1, "echo")
+    mpx_us = _pingpong(peers.q.enqueue, peers.backs[0].dequeue, iters, warm)
+    impl = dict(peers.impl, cpus=(last_cpu(os.getpid()), last_cpu(peers.procs[0].pid)))
+    peers.close()
+    peer = PipePeer()
+    pipe_us = _pingpong(peer.conn.send, peer.conn.recv, iters, warm)
+    pipe_cpus = (last_cpu(os.getpid()), last_cpu(peer.proc.pid))
+    peer.close()
     m, b = stats(mpx_us), stats(pipe_us)
     ratio = m["median"] / b["median"]
     note = (f"last CPU (parent, child): mpx {impl['cpus']}, Pipe {pipe_cpus}; a shared CPU "
@@ -275,14 +219,7 @@ def bench_pingpong(iters, warm):
 def memcpy_baseline(reps):
     src = np.ones(BIG, dtype=np.uint8)
     dst = np.zeros(BIG, dtype=np.uint8)      # pre-touched
-    np.copyto(dst, src)
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        ts.append(time.perf_counter() - t0)
-    del src, dst
-    return ts
+    return copy_times(lambda: np.copyto(dst, src), reps)
 
 
 def _bandwidth_mpx(payloads, n_readers, reps, warm):
@@ -306,17 +243,6 @@ def _bandwidth_mpx(payloads, n_readers, reps, warm):
     impl = peers.impl
     peers.close()
     return out, impl
-
-
-def gbps(seconds):
-    return BIG / seconds / 1e9
-
-
-def bw_stats(ts):
-    """Bandwidth stats from times: median GB/s, and 'p90' = GB/s at the p90 (slow) time."""
-    s = stats(ts)
-    return {"median": gbps(s["median"]), "p90": gbps(s["p90"]), "best": gbps(s["min"]),
-            "n": s["n"], "median_ms": s["median"] * 1e3}
 
 
 # --------------------------------------------------------------------------- 3. idle wake
@@ -358,8 +284,8 @@ def bench_idle_cpu(idle_s):
     q = _track(MessageQueue(1, 1))
     a1, b1 = CTX.Pipe()
     a2, b2 = CTX.Pipe()
-    p1 = _start(_idle_cpu_child, ("mpx", q.export_handle(), b1))
-    p2 = _start(_idle_cpu_child, ("pipe", None, b2))
+    p1 = start(_idle_cpu_child, ("mpx", q.export_handle(), b1))
+    p2 = start(_idle_cpu_child, ("pipe", None, b2))
     b1.close()
     b2.close()
     q.wait_until_ready(timeout=SETUP_TIMEOUT)
@@ -372,105 +298,16 @@ def bench_idle_cpu(idle_s):
     a2.send("wake")
     res_mpx = a1.recv()
     res_pipe = a2.recv()
-    _join(p1)
-    _join(p2)
+    join(p1)
+    join(p2)
     q.close()
     a1.close()
     a2.close()
     return res_mpx, res_pipe
 
 
-# --------------------------------------------------------------------------- report
-
-def _fmt_val(st, unit):
-    if st is None:
-        return "-"
-    if unit == "%":
-        return f"{st['median']:.3f} %"
-    if unit == "GB/s":
-        return f"{st['median']:.2f} (p90 {st['p90']:.2f})"
-    return f"{st['median']:.1f} (p90 {st['p90']:.1f})"
-
-
-def print_table(rows):
-    hdr = ("measurement", "mpx", "baseline", "ratio", "target", "result")
-    lines = []
-    for r in rows:
-        res = "info" if r["passed"] is None else ("PASS" if r["passed"] else "FAIL")
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}x"
-        lines.append((f"{r['name']} [{r['unit']}]", _fmt_val(r["mpx"], r["unit"]),
-                      _fmt_val(r["baseline"], r["unit"]), ratio, r["target"], res))
-    w = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(hdr)]
-    fmt = "  ".join(f"{{:<{x}}}" for x in w)
-    print(fmt.format(*hdr))
-    print(fmt.format(*("-" * x for x in w)))
-    for row in lines:
-        print(fmt.format(*row))
-    notes = [f"  * {r['name']}: {r['note']}" for r in rows if r["note"]]
-    if notes:
-        print("notes:")
-        print("\n".join(notes))
-
-
-def write_png(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"note: matplotlib is not installed; --png {path} skipped")
-        return
-    # Rows with an absolute target (idle CPU) are shown as value / threshold instead.
-    rs = [r for r in rows if r["ratio"] is not None and not r["name"].startswith("idle reader")]
-    names = [r["name"] for r in rs]
-    ratios = [r["ratio"] for r in rs]
-    colors = ["tab:gray" if r["passed"] is None else ("tab:green" if r["passed"] else "tab:red")
-              for r in rs]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rs) + 1.5))
-    y = np.arange(len(rs))
-    ax.barh(y, ratios, color=colors)
-    for i, r in enumerate(rs):
-        ax.text(ratios[i], i, f" {ratios[i]:.3g}x  (target {r['target']})", va="center",
-                fontsize=8)
-    ax.set_yticks(y)
-    ax.set_yticklabels(names, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.axvline(1.0, color="k", lw=0.8)
-    ax.set_xlabel("ratio mpx / baseline (green PASS, red FAIL, grey informational)")
-    extra = [r for r in rows if r["name"].startswith("idle reader")]
-    sub = "".join(f"\n{r['name']}: {r['mpx']['median']:.3f}% of a core (target {r['target']}, "
-                  f"{'PASS' if r['passed'] else 'FAIL'})" for r in extra)
-    ax.set_title(f"mpx.MessageQueue vs baselines ({os.cpu_count()} CPUs){sub}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"wrote {path}")
-
-
-def _leftover_segments():
-    mine = _child_pids | {os.getpid()}
-    out = []
-    try:
-        for e in os.listdir("/dev/shm"):
-            if e.startswith("mpx-"):
-                try:
-                    pid = int(e.split("-")[1])
-                except (IndexError, ValueError):
-                    continue
-                if pid in mine:
-                    out.append(e)
-    except OSError:
-        pass
-    return sorted(out)
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (~1 min)")
-    ap.add_argument("--png", metavar="PATH", help="write a bar chart (needs matplotlib)")
-    ap.add_argument("--json", metavar="PATH", help="write the numbers as JSON")
-    args = ap.parse_args()
+    args = parse_args(__doc__, "fewer repetitions (~1 min)")
 
     quick = args.quick
     pp_iters, pp_warm = (5000, 500) if quick else (20000, 2000)
@@ -481,22 +318,9 @@ def main():
 
     os.environ.pop("MPX_PURE_PYTHON", None)
     t_start = time.perf_counter()
-    header = {
-        "python": sys.version.split()[0], "platform": platform.platform(),
-        "mpx": mpx.__version__, "ring_default": mpx.ring_implementation(),
-        "numpy": np.__version__, "cpu_count": os.cpu_count(),
-        "affinity": len(os.sched_getaffinity(0)), "start_method": "spawn", "quick": quick,
-    }
-    print(f"mpx {header['mpx']} benchmark  (python {header['python']}, numpy {header['numpy']}, "
-          f"{header['platform']})")
-    print(f"os.cpu_count()={header['cpu_count']}  len(os.sched_getaffinity(0))="
-          f"{header['affinity']}  start method=spawn  default ring={header['ring_default']}"
-          f"  mode={'quick' if quick else 'full'}")
-    print(f"config: {mpx.Config.from_env().describe()}")
-    if header["affinity"] < 3:
-        print(f"note: only {header['affinity']} CPUs: writer and readers share them, so spinning "
-              "and multi-reader numbers compete for cores")
-    print(flush=True)
+    header = print_header(quick, "benchmark", "ring_default", "default ring",
+                          "writer and readers share them, so spinning and multi-reader "
+                          "numbers compete for cores")
 
     rows = []
     raw = {}
@@ -568,40 +392,18 @@ def main():
         rm, rp = bench_idle_cpu(cpu_idle_s)
         pm = 100.0 * rm["cpu_s"] / rm["wall_s"]
         pp = 100.0 * rp["cpu_s"] / rp["wall_s"]
-        rows.append(row(f"idle reader CPU ({cpu_idle_s:.0f}s blocked)", "%",
-                        {"median": pm, "p90": pm, "n": 1}, {"median": pp, "p90": pp, "n": 1},
-                        pm / pp if pp > 0 else None, "< 2% of a core", pm < 2.0,
-                        note=(f"mpx {rm['cpu_s'] * 1e3:.2f} ms CPU over {rm['wall_s']:.2f} s, "
-                              f"{rm['vol_ctx']} voluntary ctx switches; Pipe "
-                              f"{rp['cpu_s'] * 1e3:.2f} ms, {rp['vol_ctx']} switches")))
+        rows.append(pct_row(f"idle reader CPU ({cpu_idle_s:.0f}s blocked)", pm, pp,
+                            pm / pp if pp > 0 else None, "< 2% of a core", pm < 2.0,
+                            note=(f"mpx {rm['cpu_s'] * 1e3:.2f} ms CPU over {rm['wall_s']:.2f} "
+                                  f"s, {rm['vol_ctx']} voluntary ctx switches; Pipe "
+                                  f"{rp['cpu_s'] * 1e3:.2f} ms, {rp['vol_ctx']} switches")))
         raw["idle_cpu"] = {"mpx": rm, "pipe": rp}
     finally:
         _cleanup_all()
 
     elapsed = time.perf_counter() - t_start
-    print()
-    print("values: median (p90) over repetitions; latency in microseconds; bandwidth = 64 MiB /"
-          " time (p90 = bandwidth at the p90 time); ratio = mpx / baseline")
-    print()
-    print_table(rows)
-    print()
-    leftovers = _leftover_segments()
-    alive = [p.pid for p in mp.active_children()]
-    judged = [r for r in rows if r["passed"] is not None]
-    failed = [r["name"] for r in judged if not r["passed"]]
-    print(f"cleanup: child processes alive: {alive or 'none'}; /dev/shm mpx segments left by "
-          f"this run: {leftovers or 'none'}")
-    print(f"SUMMARY: {len(judged) - len(failed)}/{len(judged)} targets met"
-          + (f"; FAIL: {', '.join(failed)}" if failed else "")
-          + f"  ({elapsed:.0f} s, {header['affinity']} CPUs)")
-
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"header": header, "elapsed_s": elapsed, "rows": rows, "raw": raw,
-                       "leftover_segments": leftovers, "alive_children": alive}, f, indent=1)
-        print(f"wrote {args.json}")
-    if args.png:
-        write_png(rows, args.png)
+    finish(args, header, rows, raw, elapsed, timed="time",
+           png_title=f"mpx.MessageQueue vs baselines ({os.cpu_count()} CPUs)", png_pad=1.5)
     return 0
 
 

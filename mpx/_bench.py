@@ -77,27 +77,26 @@ class BenchWorker:
         return _size(payload)
 
 
+def _serve(recv: Callable[[], Any], reply: Callable[[int], None]) -> None:
+    """Answer each payload from ``recv`` with its size, until None arrives."""
+    while True:
+        obj = recv()
+        if obj is None:
+            break
+        n = _size(obj)
+        del obj
+        reply(n)
+
+
 def _pipe_child(conn: Any) -> None:
     try:
-        while True:
-            obj = conn.recv()
-            if obj is None:
-                break
-            n = _size(obj)
-            del obj
-            conn.send(n)
+        _serve(conn.recv, conn.send)
     finally:
         conn.close()
 
 
 def _queue_child(rank: int, q_in: Any, q_out: Any) -> None:
-    while True:
-        obj = q_in.get()
-        if obj is None:
-            break
-        n = _size(obj)
-        del obj
-        q_out.put((rank, n))
+    _serve(q_in.get, lambda n: q_out.put((rank, n)))
 
 
 def _zmq_child(req_addr: str, rep_addr: str) -> None:

@@ -50,6 +50,13 @@ class Config:
     shutdown_grace_s: float = _env_field(5.0, "wait for workers to exit before SIGTERM")
     terminate_grace_s: float = _env_field(2.0, "wait after SIGTERM before SIGKILL")
     worker_threads: int = _env_field(0, "OMP/torch threads per worker; 0: cores / local workers")
+    # Transports. auto: shared memory inside a node, ZeroMQ across; zmq: ZeroMQ for every
+    # rank (containers whose /dev/shm is tiny or not shared); shm: one node only.
+    transport: str = _env_field("auto", "auto, zmq or shm")
+    auth_key: str = _env_field("", "HMAC key for remote traffic; the same on every node")
+    allow_insecure: bool = _env_field(False, "accept remote traffic without a key")
+    host: str = _env_field("127.0.0.1", "address this node's sockets bind to and peers reach")
+    heartbeat_s: float = _env_field(3.0, "a remote peer silent this long is lost")
 
     def __post_init__(self) -> None:
         for name in ("max_chunk_bytes", "max_chunks", "liveness_poll_ms"):
@@ -66,6 +73,10 @@ class Config:
         for name in ("startup_timeout_s", "shutdown_grace_s", "terminate_grace_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"mpx.Config.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.transport not in ("auto", "zmq", "shm"):
+            raise ValueError(f"mpx.Config.transport must be auto, zmq or shm, got {self.transport!r}")
+        if self.heartbeat_s <= 0:
+            raise ValueError(f"mpx.Config.heartbeat_s must be > 0, got {self.heartbeat_s!r}")
         if self.worker_threads < 0:
             raise ValueError(f"mpx.Config.worker_threads must be >= 0, got {self.worker_threads!r}")
         if self.max_chunk_bytes % 64:
@@ -87,8 +98,11 @@ class Config:
         return cls(**values)
 
     def describe(self) -> str:
-        """One line with every field, for the startup log."""
-        return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        """One line with every field, for the startup log (the key is not shown)."""
+        def shown(name: str) -> str:
+            value = getattr(self, name)
+            return "<set>" if name == "auth_key" and value else repr(value)
+        return ", ".join(f"{f.name}={shown(f.name)}" for f in dataclasses.fields(self))
 
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:

@@ -1,7 +1,8 @@
 """``MessageQueue``: one writer broadcasting Python objects to n readers.
 
 Method names follow vLLM's ``MessageQueue`` so engines can swap it in. Local readers are
-reached over a shared-memory ring; remote readers (ZeroMQ) are not implemented yet.
+reached over a shared-memory ring, remote readers over ZeroMQ (``Config.transport``
+chooses; the queue never cares which).
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ import dataclasses
 import logging
 import threading
 import time
+import warnings
 from typing import Any, Callable
 
 from mpx import layout as L
 from mpx import serde
 from mpx.config import Config
-from mpx.errors import HandleError, QueueClosedError, QueueTimeout, RoleError
+from mpx.errors import HandleError, QueueClosedError, QueueTimeout, RoleError, ShmError
 from mpx.transport.shm import ShmReader, ShmWriter
+from mpx.transport.zmq import ZmqReader, ZmqWriter
 
 logger = logging.getLogger("mpx")
 
@@ -29,8 +32,16 @@ class Handle:
     n_reader: int
     n_local_reader: int
     local_reader_ranks: tuple[int, ...]
-    transport: dict[str, Any]
+    transport: dict[str, Any] | None      # the shared-memory ring, if any reader uses it
     connect_ip: str | None = None
+    remote: dict[str, Any] | None = None  # the ZeroMQ endpoint, if any reader uses it
+    max_chunk_bytes: int = 0
+    max_chunks: int = 0
+
+
+def _warn_fallback(e: ShmError) -> None:
+    warnings.warn(f"mpx: {e}; using the ZeroMQ transport for local readers instead "
+                  "(transport='auto')", RuntimeWarning, stacklevel=4)
 
 
 def _deadline(timeout: float | None) -> int:
@@ -39,6 +50,38 @@ def _deadline(timeout: float | None) -> int:
     if timeout < 0:
         raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
     return time.monotonic_ns() + int(timeout * 1e9)
+
+
+class _Broadcast:
+    """The writer side: one transport per group of readers, one ``write`` reaching all."""
+
+    def __init__(self, shm_end: ShmWriter | None, zmq_end: ZmqWriter | None) -> None:
+        self.shm = shm_end
+        self.zmq = zmq_end
+        self.ends: list[Any] = [e for e in (shm_end, zmq_end) if e is not None]
+        self.implementation = "+".join(e.implementation for e in self.ends) or "none"
+
+    def wait_ready(self, deadline_ns: int) -> None:
+        for e in self.ends:
+            e.wait_ready(deadline_ns)
+
+    def free_slots(self) -> int:
+        return self.shm.free_slots() if self.shm is not None else 1 << 30
+
+    def slots_needed(self, parts: tuple) -> int:
+        return self.shm.slots_needed(parts) if self.shm is not None else 1
+
+    def write(self, kind: int, parts: tuple, deadline_ns: int) -> None:
+        for e in self.ends:
+            e.write(kind, parts, deadline_ns)
+
+    def shutdown(self) -> None:
+        for e in self.ends:
+            e.shutdown()
+
+    def close(self) -> None:
+        for e in self.ends:
+            e.close()
 
 
 class MessageQueue:
@@ -60,10 +103,6 @@ class MessageQueue:
         if not isinstance(n_local_reader, int) or not 0 <= n_local_reader <= n_reader:
             raise ValueError(f"n_local_reader must be in [0, n_reader={n_reader}], "
                              f"got {n_local_reader!r}")
-        if n_reader > n_local_reader:
-            raise NotImplementedError(
-                "remote readers (n_reader > n_local_reader) need the ZeroMQ transport, "
-                "which this version of mpx does not have yet")
         if local_reader_ranks is None:
             local_reader_ranks = list(range(n_local_reader))
         ranks = list(local_reader_ranks)
@@ -79,14 +118,44 @@ class MessageQueue:
         self.n_local_reader = n_local_reader
         self.local_reader_ranks = tuple(ranks)
         self.rank: int | None = None
-        self._writer: ShmWriter | None = ShmWriter(ranks, self.config)
-        self._reader: ShmReader | None = None
-        self._end: ShmWriter | ShmReader = self._writer
+        self._reader: ShmReader | ZmqReader | None = None
         self._closed = False
+        shm_ranks, zmq_ranks = self._split(ranks)
+        shm_end = zmq_end = None
+        try:
+            if shm_ranks:
+                try:
+                    shm_end = ShmWriter(shm_ranks, self.config)
+                except ShmError as e:
+                    if self.config.transport != "auto":
+                        raise
+                    _warn_fallback(e)
+                    zmq_ranks, shm_ranks = sorted(zmq_ranks + shm_ranks), []
+            if zmq_ranks:
+                zmq_end = ZmqWriter(zmq_ranks, self.config, connect_ip or self.config.host)
+        except BaseException:
+            if shm_end is not None:
+                shm_end.close()
+            raise
+        self._writer: _Broadcast | None = _Broadcast(shm_end, zmq_end)
+        self._end: _Broadcast | ShmReader | ZmqReader = self._writer
         self._handle = Handle(L.VERSION, n_reader, n_local_reader, tuple(ranks),
-                              self._writer.handle_info(), connect_ip)
-        logger.debug("mpx: queue %s for %d readers, ring %s, %s", self._writer.name, n_reader,
-                     self._writer.implementation, self.config.describe())
+                              shm_end.handle_info() if shm_end else None, connect_ip,
+                              zmq_end.handle_info() if zmq_end else None,
+                              self.config.max_chunk_bytes, self.config.max_chunks)
+        logger.debug("mpx: queue for %d readers (shared memory: %s, zmq: %s), %s", n_reader,
+                     shm_ranks, zmq_ranks, self.config.describe())
+
+    def _split(self, local: list[int]) -> tuple[list[int], list[int]]:
+        """(ranks over shared memory, ranks over ZeroMQ) for this config's transport."""
+        remote = [r for r in range(self.n_reader) if r not in local]
+        transport = self.config.transport
+        if transport == "shm" and remote:
+            raise ValueError(f"transport 'shm' serves one node only, but reader ranks {remote} "
+                             "are remote; use 'auto' or 'zmq'")
+        if transport == "zmq":
+            return [], sorted(local + remote)
+        return list(local), remote
 
     @classmethod
     def create_from_handle(cls, handle: Handle, rank: int, *,
@@ -99,13 +168,9 @@ class MessageQueue:
                               f"this mpx speaks version {L.VERSION}: mix of mpx versions?")
         if not isinstance(rank, int) or not 0 <= rank < handle.n_reader:
             raise ValueError(f"reader rank must be in [0, {handle.n_reader}), got {rank!r}")
-        if rank not in handle.local_reader_ranks:
-            raise NotImplementedError(
-                f"reader rank {rank} is remote; remote readers need the ZeroMQ transport")
         self = cls.__new__(cls)
-        self.config = config or Config.from_env(
-            max_chunk_bytes=handle.transport["max_chunk_bytes"],
-            max_chunks=handle.transport["max_chunks"])
+        self.config = config or Config.from_env(max_chunk_bytes=handle.max_chunk_bytes or None,
+                                                max_chunks=handle.max_chunks or None)
         self.n_reader = handle.n_reader
         self.n_local_reader = handle.n_local_reader
         self.local_reader_ranks = handle.local_reader_ranks
@@ -113,8 +178,14 @@ class MessageQueue:
         self._writer = None
         self._handle = handle
         self._closed = False
-        self._reader = ShmReader(handle.transport, handle.local_reader_ranks.index(rank), rank,
-                                 self.config)
+        shm_info = handle.transport
+        if shm_info is not None and rank in shm_info["shm_ranks"]:
+            self._reader = ShmReader(shm_info, shm_info["shm_ranks"].index(rank), rank,
+                                     self.config)
+        elif handle.remote is not None and rank in handle.remote["zmq_ranks"]:
+            self._reader = ZmqReader(handle.remote, rank, self.config)
+        else:
+            raise HandleError(f"the handle has no transport for reader rank {rank}")
         self._end = self._reader
         return self
 
@@ -136,14 +207,14 @@ class MessageQueue:
 
     # ------------------------------------------------------------------ operations
 
-    def _need_writer(self, what: str) -> ShmWriter:
+    def _need_writer(self, what: str) -> _Broadcast:
         if self._closed:
             raise QueueClosedError(f"{what}() on a closed queue")
         if self._writer is None:
             raise RoleError(f"{what}() is for the writer; this end is reader rank {self.rank}")
         return self._writer
 
-    def _need_reader(self, what: str) -> ShmReader:
+    def _need_reader(self, what: str) -> ShmReader | ZmqReader:
         if self._closed:
             raise QueueClosedError(f"{what}() on a closed queue")
         if self._reader is None:

@@ -115,3 +115,13 @@ def keep_array_reader(handle, laps_bytes, conn):
 
 def die(sig=signal.SIGKILL):
     os.kill(os.getpid(), sig)
+
+
+def remote_writer_process(conn):
+    """A writer whose only reader is remote (zmq); sends one message, then hangs."""
+    q = mpx.MessageQueue(1, 0)
+    conn.send(q.export_handle())
+    q.wait_until_ready(30)
+    q.enqueue("hello")
+    conn.send("sent")
+    time.sleep(60)

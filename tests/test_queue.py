@@ -311,8 +311,10 @@ def _fail():
 
 
 def test_constructor_argument_errors():
-    with pytest.raises(NotImplementedError, match="ZeroMQ"):
-        mpx.MessageQueue(2, 1)
+    with pytest.raises(ValueError, match="authentication key"):
+        mpx.MessageQueue(2, 1, config=mpx.Config(auth_key=""))
+    with pytest.raises(ValueError, match="one node only"):
+        mpx.MessageQueue(2, 1, config=mpx.Config(transport="shm"))
     with pytest.raises(ValueError):
         mpx.MessageQueue(1, 2)
     with pytest.raises(ValueError):
@@ -325,9 +327,26 @@ def test_constructor_argument_errors():
 
 def test_shm_error_when_ring_does_not_fit():
     free = shm.free_bytes()
+    too_many = free // (1 << 30) + 2
     with pytest.raises(mpx.ShmError, match=r"free") as ei:
-        mpx.MessageQueue(1, 1, max_chunk_bytes=1 << 30, max_chunks=free // (1 << 30) + 2)
-    assert str(free // 10**6)[:2] in str(ei.value) or "bytes" in str(ei.value)
+        mpx.MessageQueue(1, 1, max_chunk_bytes=1 << 30, max_chunks=too_many,
+                         config=mpx.Config(transport="shm"))
+    assert f"only {free} bytes free" in str(ei.value) or "bytes free" in str(ei.value)
+
+
+def test_auto_transport_falls_back_to_zmq_when_shm_is_too_small():
+    free = shm.free_bytes()
+    cfg = mpx.Config(auth_key="k" * 16, max_chunk_bytes=1 << 30, max_chunks=free // (1 << 30) + 2)
+    with pytest.warns(RuntimeWarning, match="ZeroMQ"):
+        q = mpx.MessageQueue(1, 1, config=cfg)
+    with q:
+        h = q.export_handle()
+        assert h.transport is None and h.remote["zmq_ranks"] == (0,)
+        r = mpx.MessageQueue.create_from_handle(h, 0, config=mpx.Config(auth_key="k" * 16))
+        q.wait_until_ready(10)
+        q.enqueue("over zmq")
+        assert r.dequeue(timeout=5) == "over zmq"
+        r.close()
 
 
 def test_local_reader_ranks_map_to_global_ranks(ctx):

@@ -1,0 +1,323 @@
+"""ZeroMQ transport: the writer's ROUTER socket sends each message to every remote reader's
+DEALER over TCP.
+
+Every message carries an HMAC-SHA256 over all of its frames under the deployment's key
+(``Config.auth_key``); a reader checks it, and that the sequence number is the next one,
+before anything is unpickled. Forged, altered, truncated and replayed messages are dropped
+and counted, and the connection keeps working for honest peers. Readers introduce
+themselves with a signed HELLO naming their rank.
+
+High-water marks never drop a call: the writer sends with ROUTER_MANDATORY, so a full
+pipe to a slow reader makes it wait (until its deadline, then QueueTimeout naming the rank)
+and a reader that disconnected makes it raise PeerDiedError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import struct
+import threading
+import time
+from typing import Any
+
+import zmq
+import zmq.utils.monitor
+
+from mpx.config import Config
+from mpx.errors import Cancelled, PeerDiedError, QueueTimeout
+from mpx.layout import K_PICKLE_OOB
+
+logger = logging.getLogger("mpx")
+
+MAGIC = b"MPXZ"
+VERSION = 1
+_HEADER = struct.Struct("<4sHHQQ")  # magic, version, kind, token, seq
+_HELLO = struct.Struct("<4sHHQI")   # magic, version, 0, token, rank
+_DIGEST = hashlib.sha256().digest_size
+# How long a writer or reader sleeps between tries while a peer is not ready.
+_BACKOFF_S = 0.0005
+_POLL_MS = 20
+
+
+def digest(key: bytes, data) -> bytes:
+    """HMAC-SHA256 of ``data`` under ``key``."""
+    return hmac.new(key, data, hashlib.sha256).digest()
+
+
+def seal(key: bytes, header: bytes, parts) -> bytearray:
+    """One frame: header, the parts, and the HMAC of both. (One frame, not a multipart
+    message: libzmq 4.3 aborts when a multipart message meets a reader's full pipe.)"""
+    sizes = [memoryview(p).nbytes for p in parts]
+    out = bytearray(len(header) + sum(sizes) + _DIGEST)
+    out[:len(header)] = header
+    off = len(header)
+    for p, n in zip(parts, sizes):
+        out[off:off + n] = memoryview(p).cast("B")
+        off += n
+    out[off:] = digest(key, memoryview(out)[:off])
+    return out
+
+
+def unseal(key: bytes, frame) -> memoryview | None:
+    """The frame without its HMAC if the HMAC checks out, else None."""
+    mv = memoryview(frame)
+    if mv.nbytes < _DIGEST:
+        return None
+    body = mv[:-_DIGEST]
+    return body if hmac.compare_digest(digest(key, body), mv[-_DIGEST:]) else None
+
+
+def _configure(sock: zmq.Socket, config: Config) -> None:
+    # TCP keepalive, not ZMTP heartbeats: libzmq 4.3 aborts (session_base.cpp:233) when a
+    # heartbeat meets a full pipe, which ROUTER_MANDATORY with a small HWM makes routine.
+    idle = max(1, int(config.heartbeat_s))
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, idle)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
+
+
+class _DropLog:
+    """Counts dropped frames and logs once per peer."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.count = 0
+        self._logged: set = set()
+
+    def drop(self, peer: Any, why: str) -> None:
+        self.count += 1
+        if peer not in self._logged:
+            self._logged.add(peer)
+            logger.warning("mpx: %s dropped a message from %r: %s (further drops from this "
+                           "peer are counted, not logged)", self.where, peer, why)
+
+
+class ZmqWriter:
+    """The writer end for the remote ``ranks``: binds a ROUTER on ``host``, ephemeral port."""
+
+    def __init__(self, ranks: list[int], config: Config, host: str) -> None:
+        if not config.auth_key and not config.allow_insecure:
+            raise ValueError("remote readers need an authentication key: set Config.auth_key "
+                             "(MPX_AUTH_KEY) on every node, or MPX_ALLOW_INSECURE=1 to accept "
+                             "unauthenticated pickles over TCP (anyone who can reach the port "
+                             "can then run code in your processes)")
+        if not config.auth_key:
+            logger.warning("mpx: MPX_ALLOW_INSECURE=1: remote queue traffic is not "
+                           "authenticated; anyone who can reach %s can run code here", host)
+        self.ranks = list(ranks)
+        self.config = config
+        self.key = config.auth_key.encode()
+        self.token = secrets.randbits(63)
+        self.implementation = "zmq"
+        self._ctx: zmq.Context = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        _configure(self._sock, config)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.setsockopt(zmq.SNDHWM, config.max_chunks)
+        self._sock.setsockopt(zmq.RCVHWM, 1000)
+        port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self.endpoint = f"tcp://{host}:{port}"
+        self._peers: dict[int, bytes] = {}    # rank -> routing id
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self._shut = False
+        self._interrupt = threading.Event()
+        self.drops = _DropLog(f"queue writer {self.endpoint}")
+
+    def handle_info(self) -> dict[str, Any]:
+        return dict(endpoint=self.endpoint, token=self.token, zmq_ranks=tuple(self.ranks),
+                    heartbeat_s=self.config.heartbeat_s)
+
+    def _take_hellos(self, timeout_ms: int) -> None:
+        if not self._sock.poll(timeout_ms, zmq.POLLIN):
+            return
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._hello(frames)
+
+    def _hello(self, frames: list[bytes]) -> None:
+        peer = frames[0]
+        body = unseal(self.key, frames[1]) if len(frames) == 2 else None
+        if body is None or body.nbytes != _HELLO.size:
+            self.drops.drop(peer, "malformed or unsigned hello (wrong key?)")
+            return
+        magic, version, _, token, rank = _HELLO.unpack(body)
+        if magic != MAGIC or version != VERSION or token != self.token or rank not in self.ranks:
+            self.drops.drop(peer, f"hello for another queue or rank {rank}")
+            return
+        self._peers[rank] = peer
+
+    def _missing(self) -> list[int]:
+        return [r for r in self.ranks if r not in self._peers]
+
+    def wait_ready(self, deadline_ns: int) -> None:
+        while self._missing():
+            if self._closed or self._shut:
+                raise Cancelled("wait_until_ready cancelled: the queue was shut down")
+            if 0 <= deadline_ns <= time.monotonic_ns():
+                raise QueueTimeout(f"remote readers never connected: ranks {self._missing()}")
+            self._take_hellos(_POLL_MS)
+
+    def write(self, kind: int, parts: tuple, deadline_ns: int) -> None:
+        with self._lock:
+            if self._closed or self._shut:
+                raise Cancelled("the queue was shut down" if self._shut else "the queue is closed")
+            self._take_hellos(0)
+            self.wait_ready(deadline_ns)
+            header = _HEADER.pack(MAGIC, VERSION, kind, self.token, self._seq)
+            frame = seal(self.key, header, parts)
+            for rank in self.ranks:
+                self._send(rank, frame, deadline_ns)
+            self._seq += 1
+
+    def _send(self, rank: int, frame: bytearray, deadline_ns: int) -> None:
+        peer = self._peers[rank]
+        while True:
+            try:
+                self._sock.send_multipart([peer, frame], zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                pass  # that reader's pipe is full: it is slow, wait for it
+            except zmq.ZMQError as e:
+                if e.errno == zmq.EHOSTUNREACH:
+                    raise PeerDiedError(f"remote reader rank {rank} disconnected (died, or its "
+                                        "link was cut)", role="reader", rank=rank) from None
+                raise
+            if self._interrupt.is_set():
+                raise Cancelled("enqueue cancelled: the queue was shut down")
+            if 0 <= deadline_ns <= time.monotonic_ns():
+                raise QueueTimeout(f"enqueue timed out: remote reader rank {rank} is not "
+                                   "taking messages")
+            time.sleep(_BACKOFF_S)
+
+    def shutdown(self) -> None:
+        self._shut = True
+        self._interrupt.set()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._interrupt.set()
+        self._closed = True
+        with self._lock:
+            self._sock.close(linger=0)
+
+
+class ZmqReader:
+    """Remote reader ``rank``: a DEALER connected to the writer's ROUTER."""
+
+    def __init__(self, info: dict[str, Any], rank: int, config: Config) -> None:
+        self.rank = rank
+        self.config = config
+        self.key = config.auth_key.encode()
+        self.token = info["token"]
+        self.endpoint = info["endpoint"]
+        self.implementation = "zmq"
+        self._heartbeat_s = info.get("heartbeat_s", config.heartbeat_s)
+        self._ctx: zmq.Context = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        _configure(self._sock, config)
+        self._sock.setsockopt(zmq.RCVHWM, config.max_chunks)
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._sock.connect(self.endpoint)
+        self._sock.send(seal(self.key, _HELLO.pack(MAGIC, VERSION, 0, self.token, rank), ()))
+        self._seq = 0
+        self._connected = False
+        self._lost_since: float | None = time.monotonic()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._shut = threading.Event()
+        self.drops = _DropLog(f"queue reader rank {rank}")
+
+    def wait_ready(self, deadline_ns: int) -> None:
+        while not self._connected:
+            self._watch_link()
+            if self._connected:
+                return
+            if 0 <= deadline_ns <= time.monotonic_ns():
+                raise QueueTimeout(f"reader rank {self.rank} could not reach the writer at "
+                                   f"{self.endpoint}")
+            time.sleep(0.005)
+
+    def _watch_link(self) -> None:
+        while self._monitor.poll(0):
+            event = zmq.utils.monitor.recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_CONNECTED:
+                self._connected, self._lost_since = True, None
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._lost_since = time.monotonic()
+
+    def poll(self) -> bool:
+        return bool(self._sock.poll(0, zmq.POLLIN))
+
+    def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool):
+        with self._lock:
+            if self._closed:
+                raise Cancelled("the queue is closed")
+            while True:
+                if self._shut.is_set():
+                    raise Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was "
+                                    "shut down")
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
+                if self._sock.poll(_POLL_MS, zmq.POLLIN):
+                    msg = self._receive()
+                    if msg is not None:
+                        return msg
+                    continue
+                self._watch_link()
+                if self._lost_since is not None and \
+                        time.monotonic() - self._lost_since > self._heartbeat_s:
+                    raise PeerDiedError(
+                        f"reader rank {self.rank} lost the writer at {self.endpoint} for more "
+                        f"than {self._heartbeat_s} s (it died, or the link was cut)",
+                        role="writer")
+                if 0 <= deadline_ns <= time.monotonic_ns():
+                    raise QueueTimeout(f"dequeue on remote reader rank {self.rank} timed out: "
+                                       f"nothing from the writer at {self.endpoint}")
+
+    def _receive(self) -> tuple[int, Any] | None:
+        frames = self._sock.recv_multipart(copy=False)
+        body = unseal(self.key, frames[0].buffer) if len(frames) == 1 else None
+        if body is None or body.nbytes < _HEADER.size:
+            self.drops.drop(self.endpoint, "malformed or unsigned message (wrong key, altered?)")
+            return None
+        magic, version, kind, token, seq = _HEADER.unpack(body[:_HEADER.size])
+        if magic != MAGIC or version != VERSION or token != self.token:
+            self.drops.drop(self.endpoint, "message of another queue or version")
+            return None
+        if seq != self._seq:
+            self.drops.drop(self.endpoint, f"sequence {seq}, expected {self._seq} (replayed?)")
+            return None
+        self._seq += 1
+        data = body[_HEADER.size:]
+        return kind, bytearray(data) if kind == K_PICKLE_OOB else bytes(data)
+
+    def shutdown(self) -> None:
+        self._shut.set()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._shut.set()
+        self._closed = True
+        with self._lock:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._sock.close(linger=0)
+
+
+def default_host() -> str:
+    """The address remote readers reach this node at: MPX_HOST, else loopback."""
+    return os.environ.get("MPX_HOST", "127.0.0.1")

@@ -1,0 +1,251 @@
+"""MessageQueue readers over ZeroMQ (TCP on loopback): delivery, authentication, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import _procs
+import numpy as np
+import pytest
+import zmq
+
+import mpx
+from mpx.transport import zmq as zt
+
+KEY = "test-key-" + "x" * 20
+
+
+@pytest.fixture
+def cfg():
+    return mpx.Config(auth_key=KEY, heartbeat_s=1.0)
+
+
+def _start(ctx, target, *args):
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=target, args=(*args, child), daemon=True)
+    p.start()
+    child.close()
+    return p, parent
+
+
+def test_local_and_remote_readers_get_everything_in_order(ctx, cfg, monkeypatch):
+    monkeypatch.setenv("MPX_AUTH_KEY", KEY)  # the reader processes read the key from here
+    rnd = np.random.default_rng(3)
+    msgs = [("small", i) for i in range(50)] + \
+           [rnd.integers(0, 255, size=int(n), dtype=np.uint8) for n in (0, 10, 5000, 3 << 20)] + \
+           [os.urandom(70000), b"", {"nested": np.arange(10)}]
+    # ranks 0 and 2 read over shared memory, rank 1 over zmq
+    with mpx.MessageQueue(3, 2, local_reader_ranks=[0, 2], config=cfg) as q:
+        h = q.export_handle()
+        assert h.transport["shm_ranks"] == (0, 2) and h.remote["zmq_ranks"] == (1,)
+        procs = [_start(ctx, _procs.checking_reader, h, r, len(msgs), 1) for r in range(3)]
+        q.wait_until_ready(30)
+        for m in msgs:
+            q.enqueue(m, timeout=30)
+        expect = [_procs.summary(m) for m in msgs]
+        for p, conn in procs:
+            assert conn.poll(60)
+            tag, got = conn.recv()
+            assert tag == "done", got
+            assert got == expect
+            p.join(10)
+
+
+def test_transport_zmq_for_local_readers(cfg):
+    import dataclasses
+    z = dataclasses.replace(cfg, transport="zmq")
+    with mpx.MessageQueue(1, 1, config=z) as q:
+        h = q.export_handle()
+        assert h.transport is None and h.remote["zmq_ranks"] == (0,)
+        r = mpx.MessageQueue.create_from_handle(h, 0, config=cfg)
+        try:
+            q.wait_until_ready(10)
+            r.wait_until_ready(10)
+            arr = np.arange(1000.0)
+            q.enqueue(arr)
+            got = r.dequeue(timeout=5)
+            assert (got == arr).all() and got.flags.writeable
+            with pytest.raises(mpx.QueueTimeout):
+                r.dequeue(timeout=0.2)
+        finally:
+            r.close()
+
+
+def test_no_key_refuses_unless_insecure_allowed():
+    with pytest.raises(ValueError, match="MPX_ALLOW_INSECURE"):
+        mpx.MessageQueue(1, 0, config=mpx.Config())
+    with mpx.MessageQueue(1, 0, config=mpx.Config(allow_insecure=True)) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0,
+                                                config=mpx.Config(allow_insecure=True))
+        q.wait_until_ready(10)
+        q.enqueue("insecure but working")
+        assert r.dequeue(timeout=5) == "insecure but working"
+        r.close()
+
+
+def test_wrong_key_reader_is_refused_and_honest_one_works(cfg):
+    import dataclasses
+    with mpx.MessageQueue(2, 0, config=cfg) as q:
+        h = q.export_handle()
+        bad = mpx.MessageQueue.create_from_handle(h, 1, config=dataclasses.replace(cfg, auth_key="wrong"))
+        good = mpx.MessageQueue.create_from_handle(h, 0, config=cfg)
+        try:
+            with pytest.raises(mpx.QueueTimeout, match=r"ranks \[1\]"):
+                q.wait_until_ready(1.0)
+            assert q._writer.zmq.drops.count >= 1
+        finally:
+            bad.close()
+            good.close()
+
+
+def _forge(endpoint, frames, identity=b"attacker"):
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.ROUTING_ID, identity)
+    s.connect(endpoint)
+    s.send_multipart(frames)
+    return s
+
+
+def test_forged_altered_and_replayed_messages_are_dropped(cfg):
+    with mpx.MessageQueue(1, 0, config=cfg) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
+        try:
+            q.wait_until_ready(10)
+            q.enqueue("first")
+            assert r.dequeue(timeout=5) == "first"
+            reader = r._reader
+            # a writer-side socket that pushes messages at the reader is impossible (the
+            # reader connects out), so feed its receive path through a ROUTER of our own
+            evil = zmq.Context.instance().socket(zmq.ROUTER)
+            evil.setsockopt(zmq.LINGER, 0)
+            port = evil.bind_to_random_port("tcp://127.0.0.1")
+            reader._sock.connect(f"tcp://127.0.0.1:{port}")
+            # the DEALER deals round-robin: send until the evil ROUTER has learnt its identity
+            for _ in range(20):
+                reader._sock.send_multipart([b"x"])
+                if evil.poll(200):
+                    break
+            ident = evil.recv_multipart()[0]
+            import pickle
+
+            from mpx.layout import K_PICKLE
+            body = pickle.dumps("evil")
+            key = KEY.encode()
+            good_header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_PICKLE, reader.token, 1)
+            forged = zt.seal(b"wrong key", good_header, [body])
+            altered = zt.seal(key, good_header, [body])
+            altered[-40] ^= 1
+            truncated = zt.seal(key, good_header, [body])[:-1]
+            old_header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_PICKLE, reader.token, 0)
+            replay = zt.seal(key, old_header, [body])  # the sequence number of "first"
+            for frames in ([forged], [altered], [truncated], [replay], [b"garbage"],
+                           [os.urandom(40), os.urandom(32)]):
+                evil.send_multipart([ident, *frames])
+            time.sleep(0.3)
+            with pytest.raises(mpx.QueueTimeout):
+                r.dequeue(timeout=0.3)
+            assert reader.drops.count == 6
+            q.enqueue("second")  # the honest writer still gets through
+            assert r.dequeue(timeout=5) == "second"
+            evil.close(0)
+        finally:
+            r.close()
+
+
+def test_random_bytes_on_the_port_change_nothing(cfg):
+    with mpx.MessageQueue(1, 0, config=cfg) as q:
+        host, port = q.export_handle().remote["endpoint"][len("tcp://"):].rsplit(":", 1)
+        rnd = np.random.default_rng(0)
+        for _ in range(50):
+            with socket.create_connection((host, int(port)), timeout=2) as s:
+                junk = rnd.integers(0, 256, size=int(rnd.integers(1, 400)), dtype=np.uint8)
+                s.sendall(junk.tobytes())
+        # zmq framing with random content, signed with nothing
+        for i in range(20):
+            _forge(q.export_handle().remote["endpoint"],
+                   [os.urandom(int(rnd.integers(1, 64))) for _ in range(int(rnd.integers(1, 4)))],
+                   identity=f"fuzz{i}".encode()).close(0)
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
+        try:
+            q.wait_until_ready(10)
+            q.enqueue({"after": "fuzz"})
+            assert r.dequeue(timeout=5) == {"after": "fuzz"}
+        finally:
+            r.close()
+
+
+def test_slow_remote_reader_makes_writer_wait_then_raise(cfg):
+    import dataclasses
+    small = dataclasses.replace(cfg, max_chunks=2)
+    with mpx.MessageQueue(1, 0, config=small) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=small)
+        try:
+            q.wait_until_ready(10)
+            payload = os.urandom(1 << 20)
+            with pytest.raises(mpx.QueueTimeout, match="rank 0"):
+                for _ in range(200):
+                    q.enqueue(payload, timeout=0.5)
+        finally:
+            r.close()
+
+
+def test_remote_reader_death_is_peer_died(ctx, cfg, monkeypatch):
+    monkeypatch.setenv("MPX_AUTH_KEY", KEY)
+    with mpx.MessageQueue(1, 0, config=cfg) as q:
+        p, conn = _start(ctx, _procs.slow_reader, q.export_handle())
+        assert conn.recv()[0] == "ready"
+        q.wait_until_ready(10)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(5)
+        t0 = time.monotonic()
+        with pytest.raises(mpx.PeerDiedError, match="rank 0"):
+            for _ in range(10000):
+                q.enqueue(b"x" * 1000, timeout=5)
+                time.sleep(0.001)
+        assert time.monotonic() - t0 < cfg.heartbeat_s + 2
+
+
+def test_writer_death_is_peer_died_for_remote_reader(ctx, cfg, monkeypatch):
+    monkeypatch.setenv("MPX_AUTH_KEY", KEY)
+    monkeypatch.setenv("MPX_HEARTBEAT_S", "1.0")
+    parent, child = ctx.Pipe()
+    w = ctx.Process(target=_procs.remote_writer_process, args=(child,), daemon=True)
+    w.start()
+    h = parent.recv()
+    r = mpx.MessageQueue.create_from_handle(h, 0, config=cfg)
+    try:
+        assert parent.poll(30) and parent.recv() == "sent"
+        assert r.dequeue(timeout=10) == "hello"
+        os.kill(w.pid, signal.SIGKILL)
+        w.join(5)
+        t0 = time.monotonic()
+        with pytest.raises(mpx.PeerDiedError, match="lost the writer"):
+            r.dequeue(timeout=30)
+        assert time.monotonic() - t0 < cfg.heartbeat_s + 1.5
+    finally:
+        r.close()
+
+
+def test_shutdown_wakes_remote_reader(cfg):
+    with mpx.MessageQueue(1, 0, config=cfg) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
+        errs = []
+        t = threading.Thread(target=lambda: errs.append(_catch(r.dequeue, 10)))
+        t.start()
+        time.sleep(0.2)
+        r.shutdown()
+        t.join(5)
+        assert isinstance(errs[0], mpx.Cancelled)
+        r.close()
+
+
+def _catch(fn, *a):
+    try:
+        fn(*a)
+    except Exception as e:
+        return e
