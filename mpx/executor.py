@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -350,6 +351,9 @@ class Executor:
             raise TypeError(f"worker_cls must be a class, got {worker_cls!r}")
         cfg = Config.from_env(**overrides) if config is None else \
             dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
+        if not cfg.auth_key and cfg.transport != "shm":
+            # zmq queues need a key; the workers get it through their (private) start pipe
+            cfg = dataclasses.replace(cfg, auth_key=secrets.token_hex(32))
         try:
             cls_bytes = cloudpickle.dumps(worker_cls)
             kw_bytes = cloudpickle.dumps(worker_kwargs)

@@ -336,3 +336,20 @@ def test_driver_exiting_without_shutdown_cleans_up():
     assert time.monotonic() - t0 < 20
     pids = [int(p) for p in out.stdout.split()]
     assert len(pids) == 2 and not any(psutil.pid_exists(p) for p in pids)
+
+
+def test_executor_over_zmq_on_one_node(ex):
+    e = ex(n=2, transport="zmq", heartbeat_s=1.0)
+    assert e.collective_rpc("mul", args=(3,)) == [3, 6]
+    assert e.collective_rpc(lambda w: w.ctx.config.transport) == ["zmq", "zmq"]
+    big = bytes(range(256)) * 4096
+    assert e.collective_rpc("ident", args=(big,), unique_reply_rank=1) == big
+    with pytest.raises(mpx.RPCError):
+        e.collective_rpc("fail", kwargs={"ranks": [0]})
+    futs = [e.collective_rpc("ident", args=(i,), non_block=True) for i in range(10)]
+    assert [f.result(timeout=10) for f in futs] == [[i, i] for i in range(10)]
+    os.kill(e.worker_pids[0], signal.SIGKILL)
+    with pytest.raises(mpx.WorkerDiedError, match="rank 0"):
+        for _ in range(200):
+            e.collective_rpc("rank", timeout=5)
+            time.sleep(0.01)
