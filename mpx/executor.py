@@ -486,6 +486,8 @@ class Executor:
                     raise RPCTimeoutError(f"collective_rpc {name!r} timed out before every "
                                           f"worker could take the call: {e}",
                                           list(range(self.world_size))) from e
+                if isinstance(e, PeerDiedError) and e.rank is not None:
+                    g.fail(g.died_error(e.rank))  # the monitor may not have seen it yet
                 if isinstance(e, (PeerDiedError, Cancelled)):
                     self._check_usable()
                     raise ExecutorFailed(f"collective_rpc {name!r} could not be sent: {e}") from e

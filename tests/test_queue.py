@@ -157,7 +157,7 @@ def test_dequeue_timeout_and_cancel_and_shutdown_in_process(ctx):
             t.join(5)
             assert isinstance(errs[0][0], mpx.Cancelled)
             assert isinstance(errs[0][0], RuntimeError)
-            assert errs[0][1] - t0 < 0.1
+            assert errs[0][1] - t0 < 0.5
         finally:
             r.close()
 
@@ -427,7 +427,7 @@ def test_signal_handler_runs_while_dequeue_waits(delay):
                 t0 = time.monotonic()
                 with pytest.raises(_Alarm):
                     r.dequeue(timeout=10, indefinite=True)
-                assert time.monotonic() - t0 < delay + 0.2
+                assert time.monotonic() - t0 < delay + 0.5
                 q.enqueue("still usable")
                 assert r.dequeue(timeout=5) == "still usable"
             finally:

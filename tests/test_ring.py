@@ -13,11 +13,12 @@ from mpx import _impl
 from mpx import layout as L
 
 
-def make_ring(n_readers=1, chunk=256, nchunks=4, spin_ns=20_000, yield_ns=200_000):
+def make_ring(n_readers=1, chunk=256, nchunks=4, spin_ns=20_000, yield_ns=200_000,
+              poll_ns=20_000_000):
     mod = _impl.ring_module()
     mm = mmap.mmap(-1, L.segment_size(chunk, nchunks, n_readers))
     L.init_header(mm, chunk, nchunks, n_readers, 1234, os.getpid())
-    kw = dict(spin_ns=spin_ns, yield_ns=yield_ns, poll_ns=20_000_000)
+    kw = dict(spin_ns=spin_ns, yield_ns=yield_ns, poll_ns=poll_ns)
     w = mod.Ring(mm, -1, **kw)
     rs = [mod.Ring(mm, i, **kw) for i in range(n_readers)]
     return mm, w, rs
@@ -129,7 +130,7 @@ def test_reader_timeout_and_slice_then_resume(ring):
 
 
 def test_interrupt_wakes_parked_reader(ring):
-    w, (r,) = ring()
+    w, (r,) = ring(poll_ns=5_000_000_000)
     res = []
     t = threading.Thread(target=lambda: res.append(r.read(in_s(10))[0]))
     t.start()
@@ -138,7 +139,7 @@ def test_interrupt_wakes_parked_reader(ring):
     r.interrupt()
     t.join(5)
     assert res == [L.INTERRUPTED]
-    assert time.monotonic() - t0 < 0.1
+    assert time.monotonic() - t0 < 1.0
 
 
 def test_interrupt_wakes_writer_waiting_for_space(ring):
@@ -171,7 +172,8 @@ def test_closed_writer_reports_peer_gone_after_drain(ring):
 
 
 def test_parked_reader_wakes_fast_on_publish(ring):
-    w, (r,) = ring()
+    # a 5 s liveness poll: only the futex wake can explain a prompt return
+    w, (r,) = ring(poll_ns=5_000_000_000)
     res = []
 
     def reader():
@@ -185,7 +187,7 @@ def test_parked_reader_wakes_fast_on_publish(ring):
     w.write(L.K_BYTES, (b"wake",), -1)
     t.join(5)
     assert res[0][1] == b"wake"
-    assert res[1] - t0 < 0.05  # a futex wake, not the 20 ms liveness poll
+    assert res[1] - t0 < 1.0  # a futex wake, not the 5 s liveness poll
 
 
 def test_closed_reader_unblocks_writer(ring):
