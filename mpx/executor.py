@@ -15,7 +15,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import secrets
-import signal
 import socket
 import threading
 import time
@@ -36,9 +35,9 @@ from mpx.errors import (
     RPCTimeoutError,
     SerializationError,
     WorkerDiedError,
-    WorkerStartupError,
 )
 from mpx.futures import RPCFuture
+from mpx.launch import LocalWorkers, describe_exit
 from mpx.queue import MessageQueue
 from mpx.worker import WorkerContext
 
@@ -49,18 +48,6 @@ def _free_tcp_address(host: str = "127.0.0.1") -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return f"tcp://{host}:{s.getsockname()[1]}"
-
-
-def describe_exit(exitcode: int | None) -> str:
-    """'exit code 3', 'killed by SIGKILL', or 'still running'."""
-    if exitcode is None:
-        return "still running"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
 
 
 class _Call:
@@ -110,17 +97,14 @@ class _Group:
         self.config = config
         self.world_size = world_size
         self.creator_pid = os.getpid()
-        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.workers: LocalWorkers | None = None
         self.bq: MessageQueue | None = None
         self.resp: list[MessageQueue] = []
-        self.death_w: Any = None
-        self.ready: list[Any] = []
         self.monitor: threading.Thread | None = None
         self.wake_r, self.wake_w = os.pipe()
         self.lock = threading.RLock()
         self.send_lock = threading.Lock()
         self.pump_lock = threading.Lock()
-        self.reap_lock = threading.Lock()
         self.pending: dict[int, _Call] = {}
         self.next_seq = 0
         self.next_reply = [0] * world_size
@@ -147,15 +131,14 @@ class _Group:
         for cb in callbacks:
             _run_callback(cb)
 
-    def join(self, p: Any, timeout: float) -> None:
-        """Join one worker; serialised, because two threads reaping one child race and the
-        loser reads no exit code."""
-        with self.reap_lock:
-            p.join(timeout)
+    @property
+    def procs(self) -> list[Any]:
+        return self.workers.procs if self.workers is not None else []
 
     def died_error(self, rank: int) -> WorkerDiedError:
         p = self.procs[rank]
-        self.join(p, 1.0)
+        assert self.workers is not None
+        self.workers.join(p, 1.0)
         return WorkerDiedError(f"worker rank {rank} (pid {p.pid}) died: {describe_exit(p.exitcode)}",
                                rank=rank, pid=p.pid, exitcode=p.exitcode)
 
@@ -290,9 +273,8 @@ class _Group:
                 self.bq.enqueue((W.STOP, self.next_seq), timeout=1.0)
             except Exception:
                 pass
-        if self.death_w is not None:
-            self.death_w.close()
-        self._stop_processes()
+        if self.workers is not None:
+            self.workers.stop()
         os.write(self.wake_w, b"x")
         if self.monitor is not None and self.monitor is not threading.current_thread():
             self.monitor.join(5)
@@ -300,30 +282,9 @@ class _Group:
             q.close()
         if self.bq is not None:
             self.bq.close()
-        for c in self.ready:
-            c.close()
         os.close(self.wake_r)
         os.close(self.wake_w)
         self.closed = True
-
-    def _stop_processes(self) -> None:
-        def wait(seconds: float) -> list:
-            deadline = time.monotonic() + seconds
-            for p in self.procs:
-                self.join(p, max(0.0, deadline - time.monotonic()))
-            return [p for p in self.procs if p.exitcode is None]
-
-        alive = wait(self.config.shutdown_grace_s)
-        for p in alive:
-            logger.warning("mpx: worker pid %d did not exit in %.1f s; sending SIGTERM", p.pid,
-                           self.config.shutdown_grace_s)
-            p.terminate()
-        alive = wait(self.config.terminate_grace_s) if alive else []
-        for p in alive:
-            logger.warning("mpx: worker pid %d ignored SIGTERM; sending SIGKILL", p.pid)
-            p.kill()
-        if alive:
-            wait(5.0)
 
 
 def _run_callback(cb: Callable[[], None]) -> None:
@@ -373,72 +334,19 @@ class Executor:
 
     def _start(self, worker_cls: type, cls_bytes: bytes, kw_bytes: bytes) -> None:
         g, cfg = self._group, self.config
-        mp: Any = multiprocessing.get_context(cfg.start_method)
         g.bq = MessageQueue(self.world_size, self.world_size, config=cfg)
-        death_r, g.death_w = mp.Pipe(duplex=False)
         dist = _free_tcp_address()
-        arm = threading.current_thread() is threading.main_thread()
-        for rank in range(self.world_size):
-            ready_r, ready_w = mp.Pipe(duplex=False)
-            close_fds = [g.death_w.fileno()] + [c.fileno() for c in g.ready] \
-                if cfg.start_method == "fork" else []
-            ctx = WorkerContext(rank=rank, local_rank=rank, world_size=self.world_size,
-                                local_world_size=self.world_size, node_rank=0,
-                                distributed_init_method=dist, config=cfg)
-            spec = dict(ctx=ctx, handle=g.bq.export_handle(), worker_cls=cls_bytes,
-                        worker_kwargs=kw_bytes, parent_pid=os.getpid(), arm_pdeathsig=arm,
-                        close_fds=close_fds)
-            p = mp.Process(target=W.worker_main, args=(spec, ready_w, death_r),
-                           name=f"mpx-worker-{rank}")
-            p.start()
-            ready_w.close()
-            g.procs.append(p)
-            g.ready.append(ready_r)
-        death_r.close()
-        self._handshake()
+        ctxs = [WorkerContext(rank=rank, local_rank=rank, world_size=self.world_size,
+                              local_world_size=self.world_size, node_rank=0,
+                              distributed_init_method=dist, config=cfg)
+                for rank in range(self.world_size)]
+        g.workers = LocalWorkers(cfg, ctxs, g.bq.export_handle(), cls_bytes, kw_bytes)
+        handles = g.workers.handshake(time.monotonic() + cfg.startup_timeout_s)
+        g.resp = [MessageQueue.create_from_handle(handles[r], 0, config=cfg)
+                  for r in range(self.world_size)]
         g.bq.wait_until_ready(timeout=max(1.0, cfg.startup_timeout_s))
         g.monitor = threading.Thread(target=g.watch, name="mpx-executor-monitor", daemon=True)
         g.monitor.start()
-
-    def _handshake(self) -> None:
-        g = self._group
-        deadline = time.monotonic() + self.config.startup_timeout_s
-        handles: dict[int, Any] = {}
-        waiting = {c: r for r, c in enumerate(g.ready)}
-        sentinels = {g.procs[r].sentinel: r for r in range(self.world_size)}
-        while waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                ranks = sorted(waiting.values())
-                raise WorkerStartupError(
-                    f"workers {ranks} did not become ready within "
-                    f"{self.config.startup_timeout_s} s (startup_timeout_s)", ranks)
-            ready = multiprocessing.connection.wait(list(waiting) + list(sentinels), left)
-            for obj in ready:
-                if obj in waiting:
-                    rank = waiting[obj]
-                    conn: Any = obj
-                    try:
-                        msg = conn.recv()
-                    except EOFError:
-                        continue  # died: its sentinel says how
-                    del waiting[obj]
-                    if msg[0] == "error":
-                        _, etype, emsg, tb = msg
-                        raise WorkerStartupError(
-                            f"worker rank {rank} failed in __init__: {etype}: {emsg}\n\n"
-                            f"Remote traceback:\n{tb}", [rank], tb)
-                    handles[rank] = msg[1]
-                elif obj in sentinels:
-                    rank = sentinels.pop(obj)
-                    if rank in waiting.values():
-                        p = g.procs[rank]
-                        g.join(p, 1.0)
-                        raise WorkerStartupError(
-                            f"worker rank {rank} (pid {p.pid}) died during startup: "
-                            f"{describe_exit(p.exitcode)}", [rank])
-        g.resp = [MessageQueue.create_from_handle(handles[r], 0, config=self.config)
-                  for r in range(self.world_size)]
 
     # ---------------------------------------------------------------- calls
 

@@ -1,0 +1,140 @@
+"""Starting and stopping the worker processes of one node (the driver's or a follower's).
+
+All workers start concurrently; then a ready handshake over one pipe per worker collects
+each worker's response-queue handle, or the exception its ``__init__`` raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from mpx import worker as W
+from mpx.config import Config
+from mpx.errors import WorkerStartupError
+from mpx.worker import WorkerContext
+
+logger = logging.getLogger("mpx")
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """'exit code 3', 'killed by SIGKILL', or 'still running'."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+class LocalWorkers:
+    """The processes for ``ctxs`` (one WorkerContext each) on this node."""
+
+    def __init__(self, config: Config, ctxs: list[WorkerContext], handle: Any,
+                 cls_bytes: bytes, kw_bytes: bytes, remote_driver: bool = False) -> None:
+        self.config = config
+        self.ctxs = ctxs
+        self.ranks = [c.rank for c in ctxs]
+        self.procs: list[Any] = []
+        self.ready: list[Any] = []
+        self.death_w: Any = None
+        self.reap_lock = threading.Lock()
+        mp: Any = multiprocessing.get_context(config.start_method)
+        death_r, self.death_w = mp.Pipe(duplex=False)
+        arm = threading.current_thread() is threading.main_thread()
+        for ctx in ctxs:
+            ready_r, ready_w = mp.Pipe(duplex=False)
+            close_fds = [self.death_w.fileno()] + [c.fileno() for c in self.ready] \
+                if config.start_method == "fork" else []
+            spec = dict(ctx=ctx, handle=handle, worker_cls=cls_bytes, worker_kwargs=kw_bytes,
+                        parent_pid=os.getpid(), arm_pdeathsig=arm, close_fds=close_fds,
+                        remote_driver=remote_driver)
+            p = mp.Process(target=W.worker_main, args=(spec, ready_w, death_r),
+                           name=f"mpx-worker-{ctx.rank}")
+            p.start()
+            ready_w.close()
+            self.procs.append(p)
+            self.ready.append(ready_r)
+        death_r.close()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def join(self, p: Any, timeout: float) -> None:
+        """Join one worker; serialised, because two threads reaping one child race and the
+        loser reads no exit code."""
+        with self.reap_lock:
+            p.join(timeout)
+
+    def handshake(self, deadline: float) -> dict[int, Any]:
+        """{rank: response-queue handle}, or WorkerStartupError naming the rank and why."""
+        handles: dict[int, Any] = {}
+        waiting = {c: r for r, c in zip(self.ranks, self.ready)}
+        sentinels = {p.sentinel: (r, p) for r, p in zip(self.ranks, self.procs)}
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                ranks = sorted(waiting.values())
+                raise WorkerStartupError(
+                    f"workers {ranks} did not become ready within "
+                    f"{self.config.startup_timeout_s} s (startup_timeout_s)", ranks)
+            for obj in multiprocessing.connection.wait(list(waiting) + list(sentinels), left):
+                if obj in waiting:
+                    rank = waiting[obj]
+                    conn: Any = obj
+                    try:
+                        msg = conn.recv()
+                    except EOFError:
+                        continue  # died: its sentinel says how
+                    del waiting[obj]
+                    if msg[0] == "error":
+                        _, etype, emsg, tb = msg
+                        raise WorkerStartupError(
+                            f"worker rank {rank} failed in __init__: {etype}: {emsg}\n\n"
+                            f"Remote traceback:\n{tb}", [rank], tb)
+                    handles[rank] = msg[1]
+                elif obj in sentinels:
+                    rank, p = sentinels.pop(obj)  # type: ignore[index]
+                    if rank in waiting.values():
+                        self.join(p, 1.0)
+                        raise WorkerStartupError(
+                            f"worker rank {rank} (pid {p.pid}) died during startup: "
+                            f"{describe_exit(p.exitcode)}", [rank])
+        return handles
+
+    def stop(self) -> None:
+        """Close the death pipe, wait shutdown_grace_s, SIGTERM, wait terminate_grace_s,
+        SIGKILL; then close the handshake pipes."""
+        if self.death_w is not None:
+            self.death_w.close()
+            self.death_w = None
+
+        def wait(seconds: float) -> list:
+            deadline = time.monotonic() + seconds
+            for p in self.procs:
+                self.join(p, max(0.0, deadline - time.monotonic()))
+            return [p for p in self.procs if p.exitcode is None]
+
+        alive = wait(self.config.shutdown_grace_s)
+        for p in alive:
+            logger.warning("mpx: worker pid %d did not exit in %.1f s; sending SIGTERM", p.pid,
+                           self.config.shutdown_grace_s)
+            p.terminate()
+        alive = wait(self.config.terminate_grace_s) if alive else []
+        for p in alive:
+            logger.warning("mpx: worker pid %d ignored SIGTERM; sending SIGKILL", p.pid)
+            p.kill()
+        if alive:
+            wait(5.0)
+        for c in self.ready:
+            c.close()
+        self.ready = []
