@@ -19,6 +19,7 @@ from mpx.errors import (
     ExecutorFailed,
     HandleError,
     MpxError,
+    NodeLostError,
     PeerDiedError,
     QueueClosedError,
     QueueTimeout,
@@ -39,7 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cancelled", "Config", "DeserializationError", "Executor", "ExecutorFailed", "Handle",
-    "HandleError", "MessageQueue", "MpxError", "PeerDiedError", "QueueClosedError",
+    "HandleError", "MessageQueue", "MpxError", "NodeLostError", "PeerDiedError", "QueueClosedError",
     "QueueTimeout", "RPCError", "RPCFuture", "RPCTimeoutError", "RoleError",
     "SerializationError", "ShmError", "WorkerContext", "WorkerDiedError", "WorkerStartupError",
     "ring_implementation", "__version__",

@@ -97,6 +97,32 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return _demo_mlp.run()
 
 
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return None
+
+
+def _cmd_node(args: argparse.Namespace) -> int:
+    """A follower node; flags, else torchrun's or Slurm's variables."""
+    import mpx
+    from mpx import node
+
+    addr = args.master_addr or os.environ.get("MASTER_ADDR")
+    port = args.master_port or _env_int("MASTER_PORT")
+    rank = args.node_rank if args.node_rank is not None else _env_int("NODE_RANK", "SLURM_NODEID")
+    nnodes = args.nnodes or _env_int("NNODES", "SLURM_NNODES")
+    missing = [n for n, v in (("--master-addr", addr), ("--master-port", port),
+                              ("--node-rank", rank), ("--nnodes", nnodes)) if v is None]
+    if missing:
+        print(f"mpx node: missing {', '.join(missing)} (or MASTER_ADDR, MASTER_PORT, NODE_RANK "
+              "/ SLURM_NODEID, NNODES / SLURM_NNODES)", file=sys.stderr)
+        return 2
+    config = mpx.Config.from_env(host=args.host)
+    return node.run_follower(addr, port, rank, nnodes, config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m mpx",
@@ -112,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--queue", action="store_true",
                       help="instead, demo the MessageQueue alone (no torch needed)")
     demo.set_defaults(func=_cmd_demo)
+    nodep = sub.add_parser("node", help="run a follower node of a multi-node executor")
+    nodep.add_argument("--master-addr", help="the leader's address (MASTER_ADDR)")
+    nodep.add_argument("--master-port", type=int, help="the leader's port (MASTER_PORT)")
+    nodep.add_argument("--node-rank", type=int, help="this node's rank, 1.. (NODE_RANK)")
+    nodep.add_argument("--nnodes", type=int, help="number of nodes (NNODES)")
+    nodep.add_argument("--host", help="the address the leader reaches this node at (MPX_HOST)")
+    nodep.set_defaults(func=_cmd_node)
     bench = sub.add_parser("bench", help="compare mpx.Executor with Pipe, Queue, zmq and "
                            "ProcessPoolExecutor (~4 min; --quick under 1 min)")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions")

@@ -57,6 +57,10 @@ class Config:
     allow_insecure: bool = _env_field(False, "accept remote traffic without a key")
     host: str = _env_field("127.0.0.1", "address this node's sockets bind to and peers reach")
     heartbeat_s: float = _env_field(3.0, "a remote peer silent this long is lost")
+    # Multi-node: the leader binds master_addr:master_port; followers connect to it.
+    nnodes: int = _env_field(1, "nodes in the group (the leader is node 0)")
+    master_addr: str = _env_field("127.0.0.1", "the leader's address")
+    master_port: int = _env_field(29555, "the leader's control port")
 
     def __post_init__(self) -> None:
         for name in ("max_chunk_bytes", "max_chunks", "liveness_poll_ms"):

@@ -107,6 +107,15 @@ class WorkerDiedError(ExecutorFailed):
         self.exitcode = exitcode
 
 
+class NodeLostError(ExecutorFailed):
+    """A follower node stopped answering (it died, or its link was cut)."""
+
+    def __init__(self, message: str, node_rank: int, ranks: list[int]) -> None:
+        super().__init__(message)
+        self.node_rank = node_rank
+        self.ranks = list(ranks)
+
+
 class WorkerStartupError(MpxError, RuntimeError):
     """A worker failed to start: its ``__init__`` raised, it died, or it never became ready."""
 

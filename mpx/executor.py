@@ -38,6 +38,7 @@ from mpx.errors import (
 )
 from mpx.futures import RPCFuture
 from mpx.launch import LocalWorkers, describe_exit
+from mpx.node import Leader
 from mpx.queue import MessageQueue
 from mpx.worker import WorkerContext
 
@@ -98,6 +99,8 @@ class _Group:
         self.world_size = world_size
         self.creator_pid = os.getpid()
         self.workers: LocalWorkers | None = None
+        self.leader: Leader | None = None
+        self.node_watch: threading.Thread | None = None
         self.bq: MessageQueue | None = None
         self.resp: list[MessageQueue] = []
         self.monitor: threading.Thread | None = None
@@ -135,7 +138,16 @@ class _Group:
     def procs(self) -> list[Any]:
         return self.workers.procs if self.workers is not None else []
 
+    @property
+    def pids(self) -> list[int]:
+        remote = self.leader.pids if self.leader is not None else {}
+        return [p.pid for p in self.procs] + [remote[r] for r in sorted(remote)]
+
     def died_error(self, rank: int) -> WorkerDiedError:
+        if rank >= len(self.procs):  # on a follower node, which reports how it died
+            pid = self.leader.pids.get(rank) if self.leader is not None else None
+            return WorkerDiedError(f"worker rank {rank} (pid {pid}) on a follower node is gone",
+                                   rank=rank, pid=pid)
         p = self.procs[rank]
         assert self.workers is not None
         self.workers.join(p, 1.0)
@@ -152,6 +164,17 @@ class _Group:
             for s in ready:
                 rank = sentinels.pop(s)  # type: ignore[arg-type]
                 self.fail(self.died_error(rank))
+
+    def watch_nodes(self) -> None:
+        """Node-monitor thread: the only user of the leader's control socket after startup."""
+        assert self.leader is not None
+        try:
+            while not self.closing:
+                err = self.leader.poll()
+                if err is not None:
+                    self.fail(err)
+        finally:
+            self.leader.stop()
 
     # ---------------------------------------------------------------- replies
 
@@ -276,8 +299,11 @@ class _Group:
         if self.workers is not None:
             self.workers.stop()
         os.write(self.wake_w, b"x")
-        if self.monitor is not None and self.monitor is not threading.current_thread():
-            self.monitor.join(5)
+        for t in (self.monitor, self.node_watch):
+            if t is not None and t is not threading.current_thread():
+                t.join(5)
+        if self.leader is not None and self.node_watch is None:
+            self.leader.stop()  # startup failed before the watch began
         for q in self.resp:
             q.close()
         if self.bq is not None:
@@ -312,6 +338,11 @@ class Executor:
             raise TypeError(f"worker_cls must be a class, got {worker_cls!r}")
         cfg = Config.from_env(**overrides) if config is None else \
             dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
+        if cfg.nnodes > 1 and world_size % cfg.nnodes:
+            raise ValueError(f"world_size {world_size} is not a multiple of nnodes {cfg.nnodes}")
+        if cfg.nnodes > 1 and not cfg.auth_key and not cfg.allow_insecure:
+            raise ValueError("a multi-node executor needs Config.auth_key (MPX_AUTH_KEY), the "
+                             "same on every node, or MPX_ALLOW_INSECURE=1")
         if not cfg.auth_key and cfg.transport != "shm":
             # zmq queues need a key; the workers get it through their (private) start pipe
             cfg = dataclasses.replace(cfg, auth_key=secrets.token_hex(32))
@@ -334,19 +365,33 @@ class Executor:
 
     def _start(self, worker_cls: type, cls_bytes: bytes, kw_bytes: bytes) -> None:
         g, cfg = self._group, self.config
-        g.bq = MessageQueue(self.world_size, self.world_size, config=cfg)
-        dist = _free_tcp_address()
+        local = self.world_size // cfg.nnodes
+        g.bq = MessageQueue(self.world_size, local, local_reader_ranks=list(range(local)),
+                            connect_ip=cfg.host, config=cfg)
+        dist = _free_tcp_address(cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1")
         ctxs = [WorkerContext(rank=rank, local_rank=rank, world_size=self.world_size,
-                              local_world_size=self.world_size, node_rank=0,
+                              local_world_size=local, node_rank=0,
                               distributed_init_method=dist, config=cfg)
-                for rank in range(self.world_size)]
+                for rank in range(local)]
+        deadline = time.monotonic() + cfg.startup_timeout_s
         g.workers = LocalWorkers(cfg, ctxs, g.bq.export_handle(), cls_bytes, kw_bytes)
-        handles = g.workers.handshake(time.monotonic() + cfg.startup_timeout_s)
+        if cfg.nnodes > 1:
+            g.leader = Leader(cfg, self.world_size)
+            g.leader.admit(dict(config=cfg, world_size=self.world_size, dist=dist,
+                                handle=g.bq.export_handle(), worker_cls=cls_bytes,
+                                worker_kwargs=kw_bytes), deadline)
+        handles = g.workers.handshake(deadline)
+        if g.leader is not None:
+            handles.update(g.leader.collect(deadline))
         g.resp = [MessageQueue.create_from_handle(handles[r], 0, config=cfg)
                   for r in range(self.world_size)]
-        g.bq.wait_until_ready(timeout=max(1.0, cfg.startup_timeout_s))
+        g.bq.wait_until_ready(timeout=max(1.0, deadline - time.monotonic()))
         g.monitor = threading.Thread(target=g.watch, name="mpx-executor-monitor", daemon=True)
         g.monitor.start()
+        if g.leader is not None:
+            g.node_watch = threading.Thread(target=g.watch_nodes, name="mpx-node-monitor",
+                                            daemon=True)
+            g.node_watch.start()
 
     # ---------------------------------------------------------------- calls
 
@@ -409,7 +454,7 @@ class Executor:
     def check_health(self, timeout: float = 10.0) -> None:
         """Raise unless every worker answers a ping within ``timeout`` seconds."""
         pids = self.collective_rpc(W.PING, timeout=timeout)
-        expected = [p.pid for p in self._group.procs]
+        expected = self._group.pids
         if pids != expected:
             raise ExecutorFailed(f"workers answered with pids {pids}, expected {expected}")
 
@@ -429,7 +474,8 @@ class Executor:
 
     @property
     def worker_pids(self) -> list[int]:
-        return [p.pid for p in self._group.procs if p.pid is not None]
+        """Every worker's pid in rank order (those of follower nodes as they reported)."""
+        return self._group.pids
 
     def _check_usable(self) -> None:
         g = self._group

@@ -171,7 +171,10 @@ def worker_main(spec: dict, ready_conn, death_conn) -> None:
         except BaseException as e:
             ready_conn.send(("error",) + _error_payload(e))
             return
-        resp = MessageQueue(1, 1, config=ctx.config)
+        if spec.get("remote_driver"):  # the driver is on another node: answer over zmq
+            resp = MessageQueue(1, 0, connect_ip=ctx.config.host, config=ctx.config)
+        else:
+            resp = MessageQueue(1, 1, config=ctx.config)
         ready_conn.send(("ready", resp.export_handle(), os.getpid()))
         ready_conn.close()
         _serve(worker, ctx.rank, bq, resp)

@@ -110,3 +110,8 @@ def current_pid(worker):
 
 def interpreter(worker):
     return sys.executable
+
+
+def where(worker):
+    c = worker.ctx
+    return (c.rank, c.local_rank, c.node_rank, c.local_world_size, os.getpid())

@@ -1,0 +1,220 @@
+"""Multi-node groups: the leader's control socket and the follower node process.
+
+The leader (the driver's executor) binds a ROUTER on ``master_addr:master_port``. Each
+follower (``python -m mpx node``) connects, introduces itself, receives the worker class,
+kwargs, config and the broadcast queue's handle, starts its local workers (which read calls
+over ZeroMQ and answer over their own ZeroMQ queues), and reports their handles. Both sides
+then exchange heartbeats; a follower reports its workers' deaths, and exits with its
+workers when the leader goes away. Every control message is an HMAC-sealed pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import time
+from typing import Any
+
+import cloudpickle
+import zmq
+
+from mpx.config import Config
+from mpx.errors import NodeLostError, WorkerDiedError, WorkerStartupError
+from mpx.launch import LocalWorkers, describe_exit
+from mpx.transport.zmq import seal, unseal
+from mpx.worker import WorkerContext
+
+logger = logging.getLogger("mpx")
+
+_TAG = b"MPXC"
+_POLL_MS = 100
+
+
+def _pack(key: bytes, msg: tuple) -> bytearray:
+    return seal(key, _TAG, [cloudpickle.dumps(msg)])
+
+
+def _unpack(key: bytes, frame: Any) -> tuple | None:
+    body = unseal(key, frame)
+    if body is None or bytes(body[:4]) != _TAG:
+        return None
+    return pickle.loads(body[4:])
+
+
+def _socket(kind: int) -> zmq.Socket:
+    sock: zmq.Socket = zmq.Context.instance().socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    return sock
+
+
+class Leader:
+    """The driver's side of a multi-node group (used by mpx.Executor when nnodes > 1)."""
+
+    def __init__(self, config: Config, world_size: int) -> None:
+        self.config = config
+        self.key = config.auth_key.encode()
+        self.local = world_size // config.nnodes
+        self.sock = _socket(zmq.ROUTER)
+        self.sock.bind(f"tcp://{config.master_addr}:{config.master_port}")
+        self.nodes: dict[int, bytes] = {}       # node rank -> routing id
+        self.last_seen: dict[int, float] = {}
+        self.pids: dict[int, int] = {}          # global rank -> pid
+        self.handles: dict[int, Any] = {}       # global rank -> response-queue handle
+        self._spec: dict = {}
+        self._beat_at = 0.0
+        self.lost: set[int] = set()
+
+    def node_ranks(self, node: int) -> list[int]:
+        return list(range(node * self.local, (node + 1) * self.local))
+
+    def _recv(self, timeout_ms: int) -> tuple[int | None, tuple | None]:
+        if not self.sock.poll(timeout_ms):
+            return None, None
+        frames = self.sock.recv_multipart()
+        msg = _unpack(self.key, frames[-1]) if len(frames) == 2 else None
+        if msg is None:
+            logger.warning("mpx: leader dropped an unauthenticated control message")
+            return None, None
+        if msg[0] == "hello":
+            self.nodes[msg[1]] = frames[0]
+        node = next((n for n, ident in self.nodes.items() if ident == frames[0]), None)
+        if node is not None:
+            self.last_seen[node] = time.monotonic()
+        return node, msg
+
+    def send(self, node: int, msg: tuple) -> None:
+        self.sock.send_multipart([self.nodes[node], _pack(self.key, msg)])
+
+    def admit(self, spec: dict, deadline: float) -> None:
+        """Wait for every follower to say hello and send it ``spec`` (its workers then start
+        while the leader's own finish theirs: torch.distributed needs all of them at once)."""
+        self._spec = spec
+        self._wait(deadline, lambda: len(self.nodes) == self.config.nnodes - 1)
+
+    def collect(self, deadline: float) -> dict[int, Any]:
+        """The response-queue handles of every follower worker, once all are ready."""
+        self._wait(deadline, lambda: len(self.handles) == self.local * (self.config.nnodes - 1))
+        return self.handles
+
+    def _wait(self, deadline: float, done: Any) -> None:
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(1, self.config.nnodes)) - set(self.nodes))
+                if missing:
+                    raise WorkerStartupError(
+                        f"follower nodes {missing} did not join within "
+                        f"{self.config.startup_timeout_s} s",
+                        [r for n in missing for r in self.node_ranks(n)])
+                late = [r for r in range(self.local, self.local * self.config.nnodes)
+                        if r not in self.handles]
+                raise WorkerStartupError(f"follower workers {late} did not become ready "
+                                         f"within {self.config.startup_timeout_s} s", late)
+            node, msg = self._recv(min(_POLL_MS, int(left * 1000) + 1))
+            if msg is None or node is None:
+                continue
+            if msg[0] == "hello":
+                self.send(node, ("spec", {**self._spec, "node_rank": node}))
+            elif msg[0] == "ready":
+                _, rank, handle, pid = msg
+                self.handles[rank] = handle
+                self.pids[rank] = pid
+            elif msg[0] == "error":
+                raise WorkerStartupError(f"on node {node}: {msg[1]}", msg[2], msg[3])
+
+    def poll(self) -> WorkerDiedError | NodeLostError | None:
+        """One step of the leader's watch: heartbeats out, a failure if one was reported."""
+        now = time.monotonic()
+        if now >= self._beat_at:
+            self._beat_at = now + self.config.heartbeat_s / 3
+            for n in self.nodes:
+                self.send(n, ("beat",))
+        node, msg = self._recv(_POLL_MS)
+        if msg is not None and msg[0] == "dead":
+            rank, pid, exitcode = msg[1], msg[2], msg[3]
+            return WorkerDiedError(f"worker rank {rank} (pid {pid}) on node {node} died: "
+                                   f"{describe_exit(exitcode)}", rank=rank, pid=pid,
+                                   exitcode=exitcode)
+        for n, seen in list(self.last_seen.items()):
+            if n not in self.lost and time.monotonic() - seen > self.config.heartbeat_s:
+                self.lost.add(n)
+                return NodeLostError(f"node {n} (ranks {self.node_ranks(n)}) sent nothing for "
+                                     f"{self.config.heartbeat_s} s: it died or its link was cut",
+                                     n, self.node_ranks(n))
+        return None
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            try:
+                self.send(node, ("stop",))
+            except zmq.ZMQError:
+                pass
+        self.sock.close(linger=100)
+
+
+def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int,
+                 config: Config) -> int:
+    """Run follower node ``node_rank`` until the leader stops it or goes away."""
+    if not config.auth_key and not config.allow_insecure:
+        raise SystemExit("mpx node: set MPX_AUTH_KEY to the leader's key (or "
+                         "MPX_ALLOW_INSECURE=1)")
+    key = config.auth_key.encode()
+    sock = _socket(zmq.DEALER)
+    sock.connect(f"tcp://{master_addr}:{master_port}")
+    sock.send(_pack(key, ("hello", node_rank, os.getpid())))
+    deadline = time.monotonic() + config.startup_timeout_s
+    spec = None
+    while spec is None:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"mpx node {node_rank}: no leader at {master_addr}:{master_port}")
+        if sock.poll(_POLL_MS):
+            msg = _unpack(key, sock.recv())
+            if msg is not None and msg[0] == "spec":
+                spec = msg[1]
+    # the leader's settings, with this node's own address and key
+    cfg = dataclasses.replace(spec["config"], host=config.host, auth_key=config.auth_key)
+    local = spec["world_size"] // nnodes
+    ctxs = [WorkerContext(rank=node_rank * local + i, local_rank=i, world_size=spec["world_size"],
+                          local_world_size=local, node_rank=node_rank,
+                          distributed_init_method=spec["dist"], config=cfg)
+            for i in range(local)]
+    workers = LocalWorkers(cfg, ctxs, spec["handle"], spec["worker_cls"], spec["worker_kwargs"],
+                           remote_driver=True)
+    try:
+        try:
+            handles = workers.handshake(time.monotonic() + cfg.startup_timeout_s)
+        except WorkerStartupError as e:
+            sock.send(_pack(key, ("error", str(e), e.ranks, e.remote_traceback)))
+            return 1
+        for rank, pid in zip(workers.ranks, workers.pids):
+            sock.send(_pack(key, ("ready", rank, handles[rank], pid)))
+        return _serve_follower(sock, key, workers, cfg)
+    finally:
+        workers.stop()
+        sock.close(linger=100)
+
+
+def _serve_follower(sock: zmq.Socket, key: bytes, workers: LocalWorkers, cfg: Config) -> int:
+    last_seen = time.monotonic()
+    beat_at = 0.0
+    reported: set[int] = set()
+    while True:
+        now = time.monotonic()
+        if now >= beat_at:
+            beat_at = now + cfg.heartbeat_s / 3
+            sock.send(_pack(key, ("beat",)))
+        if sock.poll(_POLL_MS):
+            msg = _unpack(key, sock.recv())
+            if msg is not None:
+                last_seen = time.monotonic()
+                if msg[0] == "stop":
+                    return 0
+        if time.monotonic() - last_seen > cfg.heartbeat_s:
+            logger.error("mpx node: the leader sent nothing for %.1f s; stopping", cfg.heartbeat_s)
+            return 1
+        for rank, p in zip(workers.ranks, workers.procs):
+            if rank not in reported and p.exitcode is not None:
+                reported.add(rank)
+                sock.send(_pack(key, ("dead", rank, p.pid, p.exitcode)))

@@ -1,0 +1,188 @@
+"""Multi-node executors over loopback: a leader (this process) and `python -m mpx node`
+followers in subprocesses, talking over TCP on 127.0.0.1.
+
+(Network namespaces joined by veth pairs, and cutting a link, are not covered yet.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import _workers
+import psutil
+import pytest
+
+import mpx
+
+KEY = "multinode-test-key-0123456789abcdef"
+TESTS = os.path.dirname(__file__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_follower(port, node_rank=1, nnodes=2, key=KEY, heartbeat="1.0"):
+    env = dict(os.environ, MPX_AUTH_KEY=key, MPX_HEARTBEAT_S=heartbeat,
+               PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen([sys.executable, "-m", "mpx", "node", "--master-addr", "127.0.0.1",
+                             "--master-port", str(port), "--node-rank", str(node_rank),
+                             "--nnodes", str(nnodes)], env=env)
+
+
+def _running(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pids = [p for p in pids if _running(p)]
+        if not pids:
+            return []
+        time.sleep(0.02)
+    return pids
+
+
+@pytest.fixture
+def group():
+    made = []
+
+    def make(cls=_workers.Echo, world_size=4, **kw):
+        port = free_port()
+        follower = start_follower(port)
+        kw.setdefault("heartbeat_s", 1.0)
+        kw.setdefault("startup_timeout_s", 60)
+        ex = mpx.Executor(cls, world_size, nnodes=2, master_port=port, auth_key=KEY, **kw)
+        made.append((ex, follower))
+        return ex, follower
+
+    yield make
+    for ex, follower in made:
+        ex.shutdown()
+        try:
+            follower.wait(10)
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+                follower.wait()
+
+
+def test_two_nodes_two_ranks_each(group):
+    ex, follower = group()
+    where = ex.collective_rpc(_workers.where)
+    assert [w[:4] for w in where] == [(0, 0, 0, 2), (1, 1, 0, 2), (2, 0, 1, 2), (3, 1, 1, 2)]
+    assert [w[4] for w in where] == ex.worker_pids
+    assert ex.collective_rpc("mul", args=(2,)) == [2, 4, 6, 8]
+    assert ex.collective_rpc("mul", args=(1,), unique_reply_rank=3) == 4
+    with pytest.raises(mpx.RPCError) as ei:
+        ex.collective_rpc("fail", kwargs={"ranks": [2]})
+    assert ei.value.ranks == [2]
+    futs = [ex.collective_rpc("ident", args=(i,), non_block=True) for i in range(20)]
+    assert [f.result(timeout=10) for f in futs] == [[i] * 4 for i in range(20)]
+    ex.check_health(timeout=10)
+    remote = ex.worker_pids[2:]
+    ex.shutdown()
+    assert follower.wait(10) == 0
+    assert wait_gone(remote, 5) == []
+
+
+def test_tensor_parallel_mlp_across_nodes(group):
+    torch = pytest.importorskip("torch")
+    from mpx import _demo_mlp
+    ex, _ = group(cls=_demo_mlp.TPWorker)
+    x = torch.randn(4, _demo_mlp.DIM)
+    y, _ = ex.collective_rpc("execute_model", args=(x,), unique_reply_rank=0, timeout=60)
+    assert torch.allclose(y, _demo_mlp.reference(x), atol=1e-4)
+    ex.collective_rpc("close", timeout=30)
+
+
+def test_remote_worker_killed_is_worker_died(group):
+    ex, _ = group()
+    pending = ex.collective_rpc("sleep", args=(30,), kwargs={"ranks": [0, 1, 2]}, non_block=True)
+    os.kill(ex.worker_pids[3], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(mpx.WorkerDiedError) as ei:
+        pending.result(timeout=10)
+    assert time.monotonic() - t0 < 3
+    assert ei.value.rank == 3 and "SIGKILL" in str(ei.value)
+    assert ex.is_failed
+
+
+def test_follower_killed_mid_call_is_node_lost(group):
+    ex, follower = group()
+    remote = ex.worker_pids[2:]
+    pending = ex.collective_rpc("sleep", args=(30,), kwargs={"ranks": [0, 1]}, non_block=True)
+    time.sleep(0.2)
+    follower.kill()
+    t0 = time.monotonic()
+    with pytest.raises(mpx.ExecutorFailed) as ei:
+        pending.result(timeout=15)
+    assert time.monotonic() - t0 < 1.0 + 3  # the heartbeat timeout, plus slack
+    assert isinstance(ei.value, (mpx.NodeLostError, mpx.WorkerDiedError))
+    assert wait_gone(remote, 5) == []  # the follower's workers die with it
+
+
+LEADER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import mpx, _workers
+    ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_port={port}, auth_key={key!r},
+                      heartbeat_s=1.0)
+    print(" ".join(map(str, ex.worker_pids)), flush=True)
+    time.sleep(60)
+""")
+
+
+def test_leader_killed_follower_and_workers_exit():
+    port = free_port()
+    follower = start_follower(port)
+    leader = subprocess.Popen([sys.executable, "-c", LEADER.format(tests=TESTS, port=port,
+                                                                   key=KEY)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in leader.stdout.readline().split()]
+        assert len(pids) == 4
+        leader.kill()
+        leader.wait(5)
+        assert follower.wait(10) == 1  # it noticed the leader's silence
+        assert wait_gone(pids, 5) == []
+    finally:
+        for p in (leader, follower):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        leader.stdout.close()
+
+
+def test_follower_with_wrong_key_never_joins():
+    port = free_port()
+    follower = start_follower(port, key="not-the-key")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(mpx.WorkerStartupError, match=r"follower nodes \[1\] did not join"):
+            mpx.Executor(_workers.Echo, 4, nnodes=2, master_port=port, auth_key=KEY,
+                         startup_timeout_s=2.0, shutdown_grace_s=0.5)
+        assert time.monotonic() - t0 < 10
+    finally:
+        follower.kill()
+        follower.wait()
+
+
+def test_multinode_needs_a_key():
+    with pytest.raises(ValueError, match="auth_key"):
+        mpx.Executor(_workers.Echo, 4, nnodes=2, master_port=free_port(),
+                     config=mpx.Config(auth_key=""))
+    with pytest.raises(ValueError, match="multiple of nnodes"):
+        mpx.Executor(_workers.Echo, 3, nnodes=2, auth_key=KEY)
