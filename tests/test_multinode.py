@@ -186,3 +186,25 @@ def test_multinode_needs_a_key():
                      config=mpx.Config(auth_key=""))
     with pytest.raises(ValueError, match="multiple of nnodes"):
         mpx.Executor(_workers.Echo, 3, nnodes=2, auth_key=KEY)
+
+
+def test_junk_on_the_control_port_changes_nothing(group):
+    import random
+
+    import zmq
+    ex, _ = group()
+    port = ex.config.master_port
+    rnd = random.Random(5)
+    for _ in range(30):
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 300))))
+    for i in range(10):
+        d = zmq.Context.instance().socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.setsockopt(zmq.ROUTING_ID, f"junk{i}".encode())
+        d.connect(f"tcp://127.0.0.1:{port}")
+        d.send(os.urandom(rnd.randrange(1, 100)))
+        d.close(0)
+    time.sleep(0.5)
+    assert ex.collective_rpc("mul", args=(1,)) == [1, 2, 3, 4]
+    assert not ex.is_failed
