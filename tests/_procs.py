@@ -125,3 +125,11 @@ def remote_writer_process(conn):
     q.enqueue("hello")
     conn.send("sent")
     time.sleep(60)
+
+
+def with_key(key, target, *args):
+    """Run ``target(*args)`` with MPX_AUTH_KEY set: a forkserver child inherits the
+    forkserver's environment, not the test's, so the key travels as an argument."""
+    os.environ["MPX_AUTH_KEY"] = key
+    os.environ["MPX_HEARTBEAT_S"] = "1.0"
+    target(*args)

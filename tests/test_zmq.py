@@ -32,8 +32,7 @@ def _start(ctx, target, *args):
     return p, parent
 
 
-def test_local_and_remote_readers_get_everything_in_order(ctx, cfg, monkeypatch):
-    monkeypatch.setenv("MPX_AUTH_KEY", KEY)  # the reader processes read the key from here
+def test_local_and_remote_readers_get_everything_in_order(ctx, cfg):
     rnd = np.random.default_rng(3)
     msgs = [("small", i) for i in range(50)] + \
            [rnd.integers(0, 255, size=int(n), dtype=np.uint8) for n in (0, 10, 5000, 3 << 20)] + \
@@ -42,7 +41,8 @@ def test_local_and_remote_readers_get_everything_in_order(ctx, cfg, monkeypatch)
     with mpx.MessageQueue(3, 2, local_reader_ranks=[0, 2], config=cfg) as q:
         h = q.export_handle()
         assert h.transport["shm_ranks"] == (0, 2) and h.remote["zmq_ranks"] == (1,)
-        procs = [_start(ctx, _procs.checking_reader, h, r, len(msgs), 1) for r in range(3)]
+        procs = [_start(ctx, _procs.with_key, KEY, _procs.checking_reader, h, r, len(msgs), 1)
+                 for r in range(3)]
         q.wait_until_ready(30)
         for m in msgs:
             q.enqueue(m, timeout=30)
@@ -194,10 +194,9 @@ def test_slow_remote_reader_makes_writer_wait_then_raise(cfg):
             r.close()
 
 
-def test_remote_reader_death_is_peer_died(ctx, cfg, monkeypatch):
-    monkeypatch.setenv("MPX_AUTH_KEY", KEY)
+def test_remote_reader_death_is_peer_died(ctx, cfg):
     with mpx.MessageQueue(1, 0, config=cfg) as q:
-        p, conn = _start(ctx, _procs.slow_reader, q.export_handle())
+        p, conn = _start(ctx, _procs.with_key, KEY, _procs.slow_reader, q.export_handle())
         assert conn.recv()[0] == "ready"
         q.wait_until_ready(10)
         os.kill(p.pid, signal.SIGKILL)
@@ -210,11 +209,10 @@ def test_remote_reader_death_is_peer_died(ctx, cfg, monkeypatch):
         assert time.monotonic() - t0 < cfg.heartbeat_s + 2
 
 
-def test_writer_death_is_peer_died_for_remote_reader(ctx, cfg, monkeypatch):
-    monkeypatch.setenv("MPX_AUTH_KEY", KEY)
-    monkeypatch.setenv("MPX_HEARTBEAT_S", "1.0")
+def test_writer_death_is_peer_died_for_remote_reader(ctx, cfg):
     parent, child = ctx.Pipe()
-    w = ctx.Process(target=_procs.remote_writer_process, args=(child,), daemon=True)
+    w = ctx.Process(target=_procs.with_key, args=(KEY, _procs.remote_writer_process, child),
+                    daemon=True)
     w.start()
     h = parent.recv()
     r = mpx.MessageQueue.create_from_handle(h, 0, config=cfg)
