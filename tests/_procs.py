@@ -1,4 +1,5 @@
-"""Functions that run in child processes (module level, so every start method finds them)."""
+"""Functions that run in child processes (module level, so every start method finds them),
+and the helpers tests use to start and watch them."""
 
 from __future__ import annotations
 
@@ -133,3 +134,32 @@ def with_key(key, target, *args):
     os.environ["MPX_AUTH_KEY"] = key
     os.environ["MPX_HEARTBEAT_S"] = "1.0"
     target(*args)
+
+
+def start(ctx, target, *args):
+    """Start ``target(*args, conn)`` in a daemon process; returns (process, our conn)."""
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=target, args=(*args, child), daemon=True)
+    p.start()
+    child.close()
+    return p, parent
+
+
+def running(pid):
+    """Alive and not a zombie (an exited process waits for its parent to reap it)."""
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids, seconds):
+    """The pids still running after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pids = [p for p in pids if running(p)]
+        if not pids:
+            return []
+        time.sleep(0.02)
+    return [p for p in pids if running(p)]

@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 
+import _procs
 import _workers
 import psutil
 import pytest
@@ -288,7 +289,7 @@ def test_workers_exit_when_driver_is_sigkilled(start_method, busy):
         driver.wait(5)
         alive = pids
         while alive and time.monotonic() - killed < 2.0:
-            alive = [p for p in alive if _running(p)]
+            alive = [p for p in alive if _procs.running(p)]
             time.sleep(0.01)
         assert not alive, f"workers outlived the driver by 2 s: {alive}"
     finally:
@@ -297,14 +298,6 @@ def test_workers_exit_when_driver_is_sigkilled(start_method, busy):
         if driver.poll() is None:
             driver.wait(5)
     # /dev/shm is checked by the no_leaks fixture
-
-
-def _running(pid):
-    """Alive and not a zombie (an exited worker waits for its parent to reap it)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_executor_on_pure_python_ring(monkeypatch):

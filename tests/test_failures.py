@@ -73,8 +73,8 @@ def test_reader_sigkilled_while_writer_waits_for_space(ctx):
     q = mpx.MessageQueue(2, 2, max_chunk_bytes=4096, max_chunks=4)
     try:
         h = q.export_handle()
-        slow, sconn = _start(ctx, _procs.slow_reader, h)
-        ok, oconn = _start(ctx, _procs.echo_reader, h, 1)
+        slow, sconn = _procs.start(ctx, _procs.slow_reader, h)
+        ok, oconn = _procs.start(ctx, _procs.echo_reader, h, 1)
         assert sconn.recv()[0] == "ready" and oconn.recv()[0] == "ready"
         q.wait_until_ready(10)
         for i in range(4):
@@ -97,7 +97,7 @@ def test_reader_sigkilled_while_writer_waits_for_space(ctx):
 def test_reader_sigkilled_at_random_point(ctx, seed):
     q = mpx.MessageQueue(1, 1, max_chunk_bytes=4096, max_chunks=4)
     try:
-        p, conn = _start(ctx, _procs.checking_reader, q.export_handle(), 0, 10**9, seed)
+        p, conn = _procs.start(ctx, _procs.checking_reader, q.export_handle(), 0, 10**9, seed)
         q.wait_until_ready(30)
         rnd = random.Random(seed)
         threading.Timer(rnd.random() * 0.5, os.kill, (p.pid, signal.SIGKILL)).start()
@@ -113,7 +113,7 @@ def test_reader_sigkilled_at_random_point(ctx, seed):
 def test_idle_parked_reader_uses_no_cpu(ctx):
     q = mpx.MessageQueue(1, 1)
     try:
-        p, conn = _start(ctx, _procs.idle_reader, q.export_handle())
+        p, conn = _procs.start(ctx, _procs.idle_reader, q.export_handle())
         assert conn.recv()[0] == "ready"
         q.wait_until_ready(10)
         proc = psutil.Process(p.pid)
@@ -150,11 +150,3 @@ def test_new_queue_reaps_stale_segments(ctx):
     w.join(5)
     with mpx.MessageQueue(1, 1):
         assert not os.path.exists("/dev/shm" + name)
-
-
-def _start(ctx, target, *args):
-    parent, child = ctx.Pipe()
-    p = ctx.Process(target=target, args=(*args, child), daemon=True)
-    p.start()
-    child.close()
-    return p, parent

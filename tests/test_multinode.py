@@ -15,8 +15,8 @@ import textwrap
 import time
 
 import _workers
-import psutil
 import pytest
+from _procs import wait_gone
 
 import mpx
 
@@ -36,23 +36,6 @@ def start_follower(port, node_rank=1, nnodes=2, key=KEY, heartbeat="1.0"):
     return subprocess.Popen([sys.executable, "-m", "mpx", "node", "--master-addr", "127.0.0.1",
                              "--master-port", str(port), "--node-rank", str(node_rank),
                              "--nnodes", str(nnodes)], env=env)
-
-
-def _running(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def wait_gone(pids, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        pids = [p for p in pids if _running(p)]
-        if not pids:
-            return []
-        time.sleep(0.02)
-    return pids
 
 
 @pytest.fixture

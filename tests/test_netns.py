@@ -13,7 +13,8 @@ import time
 
 import _workers
 import pytest
-from test_multinode import KEY, TESTS, free_port, wait_gone
+from _procs import wait_gone
+from test_multinode import KEY, TESTS, free_port
 
 import mpx
 

@@ -20,14 +20,6 @@ from mpx import shm
 pytestmark = pytest.mark.usefixtures("impl")
 
 
-def start(ctx, target, *args):
-    parent, child = ctx.Pipe()
-    p = ctx.Process(target=target, args=(*args, child), daemon=True)
-    p.start()
-    child.close()
-    return p, parent
-
-
 def join_all(procs, timeout=20):
     for p in procs:
         p.join(timeout)
@@ -50,7 +42,7 @@ def test_order_and_no_loss_three_readers_random_sizes(ctx):
             msgs.append(("tuple", i, b"x" * rnd.randrange(0, 600)))
     with mpx.MessageQueue(3, 3, max_chunk_bytes=256, max_chunks=2) as q:
         h = q.export_handle()
-        procs = [start(ctx, _procs.checking_reader, h, r, n, 1) for r in range(3)]
+        procs = [_procs.start(ctx, _procs.checking_reader, h, r, n, 1) for r in range(3)]
         q.wait_until_ready(30)
         for m in msgs:
             if rnd.random() < 0.02:
@@ -69,7 +61,7 @@ def test_order_and_no_loss_three_readers_random_sizes(ctx):
 def test_boundaries(ctx, size_delta):
     chunk = 4096
     with mpx.MessageQueue(1, 1, max_chunk_bytes=chunk, max_chunks=4) as q:
-        p, conn = start(ctx, _procs.echo_reader, q.export_handle(), 0)
+        p, conn = _procs.start(ctx, _procs.echo_reader, q.export_handle(), 0)
         q.wait_until_ready(30)
         assert conn.recv()[0] == "ready"
         if size_delta is None:
@@ -89,7 +81,7 @@ def test_larger_than_whole_ring_50mib(ctx):
     big = np.frombuffer(os.urandom(50 << 20), dtype=np.uint8)
     raw = os.urandom(50 << 20)
     with mpx.MessageQueue(1, 1, max_chunk_bytes=1 << 20, max_chunks=4) as q:
-        p, conn = start(ctx, _procs.echo_reader, q.export_handle(), 0)
+        p, conn = _procs.start(ctx, _procs.echo_reader, q.export_handle(), 0)
         q.wait_until_ready(30)
         conn.recv()
         for m in (big, raw):
@@ -103,7 +95,7 @@ def test_larger_than_whole_ring_50mib(ctx):
 def test_received_array_is_owned_while_ring_laps(ctx):
     chunk, nchunks = 4096, 4
     with mpx.MessageQueue(1, 1, max_chunk_bytes=chunk, max_chunks=nchunks) as q:
-        p, conn = start(ctx, _procs.keep_array_reader, q.export_handle(), 3 * chunk * nchunks)
+        p, conn = _procs.start(ctx, _procs.keep_array_reader, q.export_handle(), 3 * chunk * nchunks)
         q.wait_until_ready(30)
         first = np.arange(chunk // 8, dtype=np.int64)
         q.enqueue(first, timeout=10)
@@ -165,7 +157,7 @@ def test_dequeue_timeout_and_cancel_and_shutdown_in_process(ctx):
 def test_writer_shutdown_wakes_parked_reader_process(ctx):
     q = mpx.MessageQueue(1, 1)
     try:
-        p, conn = start(ctx, _procs.idle_reader, q.export_handle())
+        p, conn = _procs.start(ctx, _procs.idle_reader, q.export_handle())
         assert conn.recv()[0] == "ready"
         q.wait_until_ready(10)
         time.sleep(0.5)

@@ -24,14 +24,6 @@ def cfg():
     return mpx.Config(auth_key=KEY, heartbeat_s=1.0)
 
 
-def _start(ctx, target, *args):
-    parent, child = ctx.Pipe()
-    p = ctx.Process(target=target, args=(*args, child), daemon=True)
-    p.start()
-    child.close()
-    return p, parent
-
-
 def test_local_and_remote_readers_get_everything_in_order(ctx, cfg):
     rnd = np.random.default_rng(3)
     msgs = [("small", i) for i in range(50)] + \
@@ -41,7 +33,7 @@ def test_local_and_remote_readers_get_everything_in_order(ctx, cfg):
     with mpx.MessageQueue(3, 2, local_reader_ranks=[0, 2], config=cfg) as q:
         h = q.export_handle()
         assert h.transport["shm_ranks"] == (0, 2) and h.remote["zmq_ranks"] == (1,)
-        procs = [_start(ctx, _procs.with_key, KEY, _procs.checking_reader, h, r, len(msgs), 1)
+        procs = [_procs.start(ctx, _procs.with_key, KEY, _procs.checking_reader, h, r, len(msgs), 1)
                  for r in range(3)]
         q.wait_until_ready(30)
         for m in msgs:
@@ -196,7 +188,7 @@ def test_slow_remote_reader_makes_writer_wait_then_raise(cfg):
 
 def test_remote_reader_death_is_peer_died(ctx, cfg):
     with mpx.MessageQueue(1, 0, config=cfg) as q:
-        p, conn = _start(ctx, _procs.with_key, KEY, _procs.slow_reader, q.export_handle())
+        p, conn = _procs.start(ctx, _procs.with_key, KEY, _procs.slow_reader, q.export_handle())
         assert conn.recv()[0] == "ready"
         q.wait_until_ready(10)
         os.kill(p.pid, signal.SIGKILL)
