@@ -15,7 +15,10 @@ to the follower crosses tcp://127.0.0.1, on the same cores as the driver. Measur
    process whose REP socket echoes it).                       target: <= 1.5x REQ/REP
    The same with unique_reply_rank=1, and a single-node executor with transport="zmq"
    (its one rank reached over ZeroMQ exactly as a remote one is, no shared-memory rank):
-   informational. All are timed in alternating blocks, every process up at once.
+   informational. All are timed in alternating blocks, every process up at once. Then
+   REQ/REP again with every thread of the driver and of the REP child pinned to one CPU,
+   and to two (informational: the baseline is ~40 us on one CPU, ~60-75 us across two on
+   this kind of VM, and the scheduler picks either).
 2. a 64 MiB torch.float32 tensor (numpy float32 without torch) as the argument of a call
    to world_size=4, nnodes=2 (ranks 0, 1 local, ranks 2, 3 on the follower); the method
    returns a tiny tuple. GB/s = bytes delivered to the remote ranks / median call time
@@ -54,6 +57,7 @@ from _report import (
     copy_times,
     finish,
     join,
+    last_cpu,
     parse_args,
     print_header,
     row,
@@ -321,8 +325,13 @@ def bench_noop(iters, warm, blocks=4):
         for b in range(blocks):
             for fn in (fns if b % 2 == 0 else fns[::-1]):
                 out[fn].extend(_timed_loop(fn, per))
+        pinned = {}
+        if len(os.sched_getaffinity(0)) >= 2:
+            pinned = _pinned_reqrep(base, max(500, iters // 4))
         return {"mpx": out[mpx_call], "reqrep": out[base.call], "unique": out[uniq_call],
-                "zmq_only": out[zmq_call]}
+                "zmq_only": out[zmq_call], "pinned": pinned,
+                "cpus": {"driver": last_cpu(os.getpid()), "REP child": last_cpu(base.proc.pid),
+                         "follower worker": last_cpu(group.remote_pids[0])}}
     finally:
         if base is not None:
             base.close()
@@ -330,6 +339,32 @@ def bench_noop(iters, warm, blocks=4):
             zgrp.shutdown()
         if group is not None:
             group.close()
+
+
+def _pinned_reqrep(base, iters):
+    """REQ/REP medians with every thread of the driver on one CPU and every thread of the
+    REP child on the same CPU, or on another: the placement the scheduler picks moves the
+    baseline a lot (no cross-CPU wake-up when both share a CPU)."""
+    pids = (os.getpid(), base.proc.pid)
+    saved = {t.id: os.sched_getaffinity(t.id) for pid in pids
+             for t in psutil.Process(pid).threads()}
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    out = {}
+    try:
+        for place, cpu in (("same CPU", a), ("different CPUs", b)):
+            for pid, c in zip(pids, (a, cpu)):
+                for t in psutil.Process(pid).threads():
+                    os.sched_setaffinity(t.id, {c})
+            for _ in range(iters // 5):
+                base.call()
+            out[place] = stats(_timed_loop(base.call, iters))
+    finally:
+        for tid, cpus in saved.items():
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:
+                pass
+    return out
 
 
 # --------------------------------------------------------------------------- 2. 64 MiB
@@ -408,7 +443,7 @@ def bench_breakdown(tensor, reps):
 # --------------------------------------------------------------------------- main
 
 def main():
-    args = parse_args(__doc__, "fewer repetitions (~40 s instead of ~1.5 min)")
+    args = parse_args(__doc__, "fewer repetitions (~15 s instead of ~35 s)")
     quick = args.quick
     noop_iters, noop_warm = (2000, 200) if quick else (12000, 1000)
     bw_reps, bw_warm = (5, 1) if quick else (15, 2)
@@ -422,6 +457,9 @@ def main():
         "sender and receiver pay their CPU on the same cores",
         torch=torch.__version__ if torch is not None else "not installed",
         pyzmq=zmq.__version__, libzmq=zmq.zmq_version())
+    header["loadavg_start"] = os.getloadavg()
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in header['loadavg_start'])} "
+          "(other busy processes on these cores skew every number)", flush=True)
 
     rows = []
     raw: dict = {}
@@ -437,6 +475,11 @@ def main():
                         "<= 1.50x REQ/REP", ratio <= 1.5,
                         note=("rank 0 local over shared memory, rank 1 on the follower over "
                               "ZeroMQ; baseline: pyzmq REQ/REP of 100 bytes, tcp://127.0.0.1")))
+        for place, pst in r["pinned"].items():
+            rows.append(row(f"  vs REQ/REP pinned, driver and REP child on {place}", "us", m, pst,
+                            m["median"] / pst["median"], "info", None))
+        rows[-1]["note"] = (f"mpx (unpinned) against the baseline with a fixed placement; last "
+                            f"CPUs in the unpinned run: {r['cpus']}")
         rows.append(row("  same, unique_reply_rank=1", "us", u, b, u["median"] / b["median"],
                         "info", None))
         rows.append(row("  1 rank over ZeroMQ only (1 node, transport='zmq')", "us", z, b,
@@ -445,7 +488,8 @@ def main():
                               "this single-node executor reaches its only rank over ZeroMQ as "
                               "a remote one is (driver -> ROUTER/DEALER -> worker -> "
                               "ROUTER/DEALER -> driver, HMAC both ways)")))
-        raw["noop_us"] = {"mpx": m, "reqrep": b, "unique_reply_rank_1": u, "zmq_only_1": z}
+        raw["noop_us"] = {"mpx": m, "reqrep": b, "unique_reply_rank_1": u, "zmq_only_1": z,
+                          "reqrep_pinned": r["pinned"], "last_cpus": r["cpus"]}
 
         # ---- 2. 64 MiB argument
         tensor, tkind = make_tensor()
@@ -506,6 +550,8 @@ def main():
         cleanup_followers()
 
     elapsed = time.perf_counter() - t_start
+    header["loadavg_end"] = os.getloadavg()
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in header['loadavg_end'])}")
     finish(args, header, rows, raw, elapsed,
            timed="call time; the 64MiB row counts 2 x 64 MiB, one per remote rank",
            png_title=(f"mpx multi-node Executor over loopback vs pyzmq (os.cpu_count()="
