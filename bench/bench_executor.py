@@ -30,7 +30,6 @@ It is a benchmark, not a test: the exit code is 0 whatever the results.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import time
@@ -54,6 +53,7 @@ from _report import (
     row,
     start,
     stats,
+    timed_loop,
 )
 
 import mpx
@@ -188,21 +188,6 @@ def new_executor(n):
     return ex
 
 
-def _timed_loop(fn, iters):
-    """``iters`` calls of ``fn``; microseconds each, with the GC off."""
-    out = [0] * iters
-    clock = time.perf_counter_ns
-    gc.disable()
-    try:
-        for i in range(iters):
-            t0 = clock()
-            fn()
-            out[i] = clock() - t0
-    finally:
-        gc.enable()
-    return [x / 1e3 for x in out]
-
-
 # --------------------------------------------------------------------------- a. no-op
 
 def bench_noop(n, iters, warm, blocks=4, pin_iters=0):
@@ -235,7 +220,7 @@ def bench_noop(n, iters, warm, blocks=4, pin_iters=0):
         per = max(1, iters // blocks)
         for b in range(blocks):
             for fn in (fns if b % 2 == 0 else fns[::-1]):
-                out[fn].extend(_timed_loop(fn, per))
+                out[fn].extend(timed_loop(fn, per))
         cpus = {"driver": last_cpu(os.getpid()),
                 "mpx workers": [last_cpu(p) for p in ex.worker_pids],
                 "pipe children": [last_cpu(p) for p in pipe.pids]}
@@ -269,7 +254,7 @@ def _pinned_noop(fns, child_pid, iters):
             for fn in fns:
                 for _ in range(iters // 5):
                     fn()
-                res[fn] = stats(_timed_loop(fn, iters))
+                res[fn] = stats(timed_loop(fn, iters))
             out[place] = res
     finally:
         os.sched_setaffinity(0, mine)

@@ -35,7 +35,6 @@ It is a benchmark, not a test: the exit code is 0 whatever the results.
 
 from __future__ import annotations
 
-import gc
 import os
 import secrets
 import socket
@@ -63,6 +62,7 @@ from _report import (
     row,
     start,
     stats,
+    timed_loop,
 )
 
 import mpx
@@ -257,21 +257,6 @@ class PushPull:
 
 # --------------------------------------------------------------------------- helpers
 
-def _timed_loop(fn, iters):
-    """``iters`` calls of ``fn``; microseconds each, with the GC off."""
-    out = [0] * iters
-    clock = time.perf_counter_ns
-    gc.disable()
-    try:
-        for i in range(iters):
-            t0 = clock()
-            fn()
-            out[i] = clock() - t0
-    finally:
-        gc.enable()
-    return [x / 1e3 for x in out]
-
-
 def lo_bytes():
     c = psutil.net_io_counters(pernic=True).get("lo")
     return None if c is None else c.bytes_sent
@@ -324,7 +309,7 @@ def bench_noop(iters, warm, blocks=4):
         per = max(1, iters // blocks)
         for b in range(blocks):
             for fn in (fns if b % 2 == 0 else fns[::-1]):
-                out[fn].extend(_timed_loop(fn, per))
+                out[fn].extend(timed_loop(fn, per))
         pinned = {}
         if len(os.sched_getaffinity(0)) >= 2:
             pinned = _pinned_reqrep(base, max(500, iters // 4))
@@ -357,7 +342,7 @@ def _pinned_reqrep(base, iters):
                     os.sched_setaffinity(t.id, {c})
             for _ in range(iters // 5):
                 base.call()
-            out[place] = stats(_timed_loop(base.call, iters))
+            out[place] = stats(timed_loop(base.call, iters))
     finally:
         for tid, cpus in saved.items():
             try:
