@@ -32,7 +32,7 @@ _TAG = b"MPXC"
 _POLL_MS = 100
 
 
-def _pack(key: bytes, msg: tuple) -> bytearray:
+def _pack(key: bytes, msg: tuple) -> bytes:
     return seal(key, _TAG, [cloudpickle.dumps(msg)])
 
 

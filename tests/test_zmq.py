@@ -130,7 +130,7 @@ def test_forged_altered_and_replayed_messages_are_dropped(cfg):
             key = KEY.encode()
             good_header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_PICKLE, reader.token, 1)
             forged = zt.seal(b"wrong key", good_header, [body])
-            altered = zt.seal(key, good_header, [body])
+            altered = bytearray(zt.seal(key, good_header, [body]))
             altered[-40] ^= 1
             truncated = zt.seal(key, good_header, [body])[:-1]
             old_header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_PICKLE, reader.token, 0)

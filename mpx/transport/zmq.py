@@ -48,18 +48,13 @@ def digest(key: bytes, data) -> bytes:
     return hmac.new(key, data, hashlib.sha256).digest()
 
 
-def seal(key: bytes, header: bytes, parts) -> bytearray:
+def seal(key: bytes, header: bytes, parts) -> bytes:
     """One frame: header, the parts, and the HMAC of both. (One frame, not a multipart
     message: libzmq 4.3 aborts when a multipart message meets a reader's full pipe.)"""
-    sizes = [memoryview(p).nbytes for p in parts]
-    out = bytearray(len(header) + sum(sizes) + _DIGEST)
-    out[:len(header)] = header
-    off = len(header)
-    for p, n in zip(parts, sizes):
-        out[off:off + n] = memoryview(p).cast("B")
-        off += n
-    out[off:] = digest(key, memoryview(out)[:off])
-    return out
+    h = hmac.new(key, header, hashlib.sha256)
+    for p in parts:
+        h.update(p)
+    return b"".join([header, *parts, h.digest()])
 
 
 def unseal(key: bytes, frame) -> memoryview | None:
@@ -180,7 +175,7 @@ class ZmqWriter:
                 self._send(rank, frame, deadline_ns)
             self._seq += 1
 
-    def _send(self, rank: int, frame: bytearray, deadline_ns: int) -> None:
+    def _send(self, rank: int, frame: bytes, deadline_ns: int) -> None:
         peer = self._peers[rank]
         while True:
             try:
