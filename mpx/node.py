@@ -116,7 +116,10 @@ class Leader:
             if msg is None or node is None:
                 continue
             if msg[0] == "hello":
-                self.send(node, ("spec", {**self._spec, "node_rank": node}))
+                # the key never travels: each follower has its own copy
+                spec = {**self._spec, "node_rank": node,
+                        "config": dataclasses.replace(self._spec["config"], auth_key="")}
+                self.send(node, ("spec", spec))
             elif msg[0] == "ready":
                 _, rank, handle, pid = msg
                 self.handles[rank] = handle

@@ -191,3 +191,23 @@ def test_junk_on_the_control_port_changes_nothing(group):
     time.sleep(0.5)
     assert ex.collective_rpc("mul", args=(1,)) == [1, 2, 3, 4]
     assert not ex.is_failed
+
+
+def test_the_key_never_crosses_the_wire():
+    from mpx import node
+    port = free_port()
+    follower = start_follower(port)
+    try:
+        cfg = mpx.Config(auth_key=KEY, nnodes=2, master_port=port, heartbeat_s=1.0)
+        leader = node.Leader(cfg, 4)
+        sent = []
+        real_send = leader.send
+        leader.send = lambda n, msg: (sent.append(msg), real_send(n, msg))[1]
+        leader.admit(dict(config=cfg, world_size=4, dist="tcp://127.0.0.1:1", handle=None,
+                          worker_cls=b"", worker_kwargs=b""), time.monotonic() + 30)
+        spec = next(m for m in sent if m[0] == "spec")[1]
+        assert spec["config"].auth_key == "" and KEY not in repr(spec)
+        leader.stop()
+    finally:
+        follower.kill()
+        follower.wait()
