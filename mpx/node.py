@@ -5,7 +5,8 @@ follower (``python -m mpx node``) connects, introduces itself, receives the work
 kwargs, config and the broadcast queue's handle, starts its local workers (which read calls
 over ZeroMQ and answer over their own ZeroMQ queues), and reports their handles. Both sides
 then exchange heartbeats; a follower reports its workers' deaths, and exits with its
-workers when the leader goes away. Every control message is an HMAC-sealed pickle.
+workers when the leader goes away. Every control message is an HMAC-sealed pickle, and a
+follower joins only by signing a fresh nonce from the leader, so a replayed hello is useless.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import secrets
 import time
 from typing import Any
 
@@ -63,6 +65,7 @@ class Leader:
         self.pids: dict[int, int] = {}          # global rank -> pid
         self.handles: dict[int, Any] = {}       # global rank -> response-queue handle
         self._spec: dict = {}
+        self._challenges: dict[bytes, tuple[int, bytes]] = {}  # routing id -> (node, nonce)
         self._beat_at = 0.0
         self.lost: set[int] = set()
 
@@ -70,6 +73,8 @@ class Leader:
         return list(range(node * self.local, (node + 1) * self.local))
 
     def _recv(self, timeout_ms: int) -> tuple[int | None, tuple | None]:
+        """(node, message) of the next authenticated message from a joined node. A hello
+        gets a fresh nonce to sign back ("join"): a replayed hello or join joins nothing."""
         if not self.sock.poll(timeout_ms):
             return None, None
         frames = self.sock.recv_multipart()
@@ -77,9 +82,18 @@ class Leader:
         if msg is None:
             logger.warning("mpx: leader dropped an unauthenticated control message")
             return None, None
+        ident = frames[0]
         if msg[0] == "hello":
-            self.nodes[msg[1]] = frames[0]
-        node = next((n for n, ident in self.nodes.items() if ident == frames[0]), None)
+            nonce = secrets.token_bytes(16)
+            self._challenges[ident] = (msg[1], nonce)
+            self.sock.send_multipart([ident, _pack(self.key, ("challenge", nonce))])
+            return None, None
+        if msg[0] == "join":
+            if self._challenges.pop(ident, None) != (msg[1], msg[2]):
+                logger.warning("mpx: leader dropped a join that answers no challenge")
+                return None, None
+            self.nodes[msg[1]] = ident
+        node = next((n for n, i in self.nodes.items() if i == ident), None)
         if node is not None:
             self.last_seen[node] = time.monotonic()
         return node, msg
@@ -115,7 +129,7 @@ class Leader:
             node, msg = self._recv(min(_POLL_MS, int(left * 1000) + 1))
             if msg is None or node is None:
                 continue
-            if msg[0] == "hello":
+            if msg[0] == "join":
                 # the key never travels: each follower has its own copy
                 spec = {**self._spec, "node_rank": node,
                         "config": dataclasses.replace(self._spec["config"], auth_key="")}
@@ -174,7 +188,9 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
             raise SystemExit(f"mpx node {node_rank}: no leader at {master_addr}:{master_port}")
         if sock.poll(_POLL_MS):
             msg = _unpack(key, sock.recv())
-            if msg is not None and msg[0] == "spec":
+            if msg is not None and msg[0] == "challenge":
+                sock.send(_pack(key, ("join", node_rank, msg[1])))
+            elif msg is not None and msg[0] == "spec":
                 spec = msg[1]
     # the leader's settings, with this node's own address and key
     cfg = dataclasses.replace(spec["config"], host=config.host, auth_key=config.auth_key)

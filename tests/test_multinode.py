@@ -211,3 +211,31 @@ def test_the_key_never_crosses_the_wire():
     finally:
         follower.kill()
         follower.wait()
+
+
+def test_replayed_hello_gets_no_spec():
+    import zmq
+
+    from mpx import node
+    port = free_port()
+    cfg = mpx.Config(auth_key=KEY, nnodes=2, master_port=port, heartbeat_s=1.0)
+    leader = node.Leader(cfg, 4)
+    key = KEY.encode()
+    spy = zmq.Context.instance().socket(zmq.DEALER)
+    spy.setsockopt(zmq.LINGER, 0)
+    spy.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        hello = node._pack(key, ("hello", 1, 1234))  # as captured off the wire
+        spy.send(hello)
+        with pytest.raises(mpx.WorkerStartupError, match=r"follower nodes \[1\] did not join"):
+            leader.admit(dict(config=cfg), time.monotonic() + 1.0)
+        # it was challenged; a join with a made-up nonce (or a replayed old one) is refused
+        got = node._unpack(key, spy.recv())
+        assert got[0] == "challenge"
+        spy.send(node._pack(key, ("join", 1, b"0" * 16)))
+        with pytest.raises(mpx.WorkerStartupError):
+            leader.admit(dict(config=cfg), time.monotonic() + 0.5)
+        assert leader.nodes == {}
+    finally:
+        spy.close(0)
+        leader.stop()
