@@ -57,6 +57,7 @@ class Config:
     allow_insecure: bool = _env_field(False, "accept remote traffic without a key")
     host: str = _env_field("127.0.0.1", "address this node's sockets bind to and peers reach")
     heartbeat_s: float = _env_field(3.0, "a remote peer silent this long is lost")
+    curve: bool = _env_field(False, "encrypt remote queue traffic with CURVE (libzmq with curve)")
     # Multi-node: the leader binds master_addr:master_port; followers connect to it.
     nnodes: int = _env_field(1, "nodes in the group (the leader is node 0)")
     master_addr: str = _env_field("127.0.0.1", "the leader's address")

@@ -239,3 +239,29 @@ def _catch(fn, *a):
         fn(*a)
     except Exception as e:
         return e
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+def test_curve_encrypted_queue(cfg):
+    import dataclasses
+    enc = dataclasses.replace(cfg, curve=True)
+    with mpx.MessageQueue(1, 0, config=enc) as q:
+        h = q.export_handle()
+        assert len(h.remote["curve_server_key"]) == 40
+        r = mpx.MessageQueue.create_from_handle(h, 0, config=cfg)
+        try:
+            q.wait_until_ready(10)
+            q.enqueue(np.arange(100))
+            assert (r.dequeue(timeout=5) == np.arange(100)).all()
+        finally:
+            r.close()
+        # a reader that does not speak CURVE never gets through the handshake
+        with mpx.MessageQueue(1, 0, config=enc) as q2:
+            h2 = q2.export_handle()
+            plain = dataclasses.replace(h2, remote={**h2.remote, "curve_server_key": None})
+            r2 = mpx.MessageQueue.create_from_handle(plain, 0, config=cfg)
+            try:
+                with pytest.raises(mpx.QueueTimeout):
+                    q2.wait_until_ready(1.0)
+            finally:
+                r2.close()

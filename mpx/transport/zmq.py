@@ -1,11 +1,13 @@
 """ZeroMQ transport: the writer's ROUTER socket sends each message to every remote reader's
 DEALER over TCP.
 
-Every message carries an HMAC-SHA256 over all of its frames under the deployment's key
+Every message is one frame carrying an HMAC-SHA256 under the deployment's key
 (``Config.auth_key``); a reader checks it, and that the sequence number is the next one,
 before anything is unpickled. Forged, altered, truncated and replayed messages are dropped
 and counted, and the connection keeps working for honest peers. Readers introduce
-themselves with a signed HELLO naming their rank.
+themselves with a signed HELLO naming their rank. With ``Config.curve`` the traffic is also
+encrypted (CURVE; the writer's public key travels in the handle; authentication stays with
+the HMAC).
 
 High-water marks never drop a call: the writer sends with ROUTER_MANDATORY, so a full
 pipe to a slow reader makes it wait (until its deadline, then QueueTimeout naming the rank)
@@ -114,6 +116,13 @@ class ZmqWriter:
         self._sock = self._ctx.socket(zmq.ROUTER)
         _configure(self._sock, config)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._curve_key: bytes | None = None
+        if config.curve:
+            if not zmq.has("curve"):
+                raise ValueError("Config.curve is set but this libzmq has no CURVE support")
+            self._curve_key, secret = zmq.curve_keypair()
+            self._sock.curve_secretkey = secret
+            self._sock.curve_server = True
         self._sock.setsockopt(zmq.SNDHWM, config.max_chunks)
         self._sock.setsockopt(zmq.RCVHWM, 1000)
         port = self._sock.bind_to_random_port(f"tcp://{host}")
@@ -128,7 +137,7 @@ class ZmqWriter:
 
     def handle_info(self) -> dict[str, Any]:
         return dict(endpoint=self.endpoint, token=self.token, zmq_ranks=tuple(self.ranks),
-                    heartbeat_s=self.config.heartbeat_s)
+                    heartbeat_s=self.config.heartbeat_s, curve_server_key=self._curve_key)
 
     def _take_hellos(self, timeout_ms: int) -> None:
         if not self._sock.poll(timeout_ms, zmq.POLLIN):
@@ -223,6 +232,11 @@ class ZmqReader:
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock, config)
         self._sock.setsockopt(zmq.RCVHWM, config.max_chunks)
+        if info.get("curve_server_key"):  # the writer encrypts: so must we
+            public, secret = zmq.curve_keypair()
+            self._sock.curve_serverkey = info["curve_server_key"]
+            self._sock.curve_publickey = public
+            self._sock.curve_secretkey = secret
         self._monitor = self._sock.get_monitor_socket(
             zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._sock.connect(self.endpoint)
