@@ -507,21 +507,22 @@ def main():
                               "shared-memory ring write to ranks 0 and 1 is done")))
         rows.append(row("  64 MiB into a new bytearray: alloc + page faults + copy (driver)",
                         "ms", cm, None, None, "info", None,
-                        note=("seal() does this (and zero-fills first) before its HMAC; each "
-                              "remote reader does it after its HMAC check (bytearray(data)), "
-                              "besides libzmq's own receive buffer")))
+                        note=("each remote reader does this after its HMAC check "
+                              "(bytearray(data)), besides libzmq's own receive buffer")))
         if t["mpx_lo"]:
             lm = stats([x / MiB for x in t["mpx_lo"]])
             lb = stats([x / MiB for x in t["base_lo"]])
             over = lm["median"] * MiB - delivered
             rows.append(row("  loopback bytes per call to the follower", "MiB", lm, lb,
                             lm["median"] / lb["median"], "info", None,
-                            note=(f"relay: not implemented, direct subscription: one copy per "
-                                  f"remote rank, 2 x 64 MiB + {over / 1024:.0f} KiB overhead "
-                                  f"(HMAC frame {frame_len - BIG} B over the tensor, ZMTP, "
-                                  "TCP/IP headers, replies, heartbeats; lo tx counter); a relay "
-                                  "on the follower would cross 64 MiB once; baseline = the "
-                                  "PUSH->2 PULL round")))
+                            note=(("relay (MPX_RELAY=1): the follower takes each call once, "
+                                   f"{over / 1024:.0f} KiB over one 64 MiB copy"
+                                   if mpx.Config.from_env().relay else
+                                   "direct subscription (MPX_RELAY=0): one copy per remote "
+                                   f"rank, 2 x 64 MiB + {over / 1024:.0f} KiB")
+                                  + f" (HMAC frame {frame_len - BIG} B over the tensor, ZMTP, "
+                                  "TCP/IP headers, replies, heartbeats; lo tx counter); "
+                                  "baseline = the PUSH->2 PULL round")))
         raw["tensor"] = {"kind": tkind, "mpx_ms": [x * 1e3 for x in t["mpx_s"]],
                          "pushpull_ms": [x * 1e3 for x in t["base_s"]],
                          "rank_start_ms": t["arrive_ms"], "lo_bytes_mpx": t["mpx_lo"],

@@ -58,6 +58,12 @@ class Config:
     host: str = _env_field("127.0.0.1", "address this node's sockets bind to and peers reach")
     heartbeat_s: float = _env_field(3.0, "a remote peer silent this long is lost")
     curve: bool = _env_field(False, "encrypt remote queue traffic with CURVE (libzmq with curve)")
+    # relay: a follower node takes each call once off the network and relays it to its
+    # workers through its own ring (one network copy per node, not per remote rank). Off by
+    # default: on one 2-core machine (bench/bench_remote.py) direct subscription answered a
+    # small call in 103 us against 123 us relayed, and moved 64 MiB to 2 remote ranks as
+    # fast (0.62 vs 0.63 GB/s) though relay halves the bytes on the wire.
+    relay: bool = _env_field(False, "relay calls on follower nodes (else direct subscription)")
     # Multi-node: the leader binds master_addr:master_port; followers connect to it.
     nnodes: int = _env_field(1, "nodes in the group (the leader is node 0)")
     master_addr: str = _env_field("127.0.0.1", "the leader's address")

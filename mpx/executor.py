@@ -366,7 +366,9 @@ class Executor:
     def _start(self, worker_cls: type, cls_bytes: bytes, kw_bytes: bytes) -> None:
         g, cfg = self._group, self.config
         local = self.world_size // cfg.nnodes
-        g.bq = MessageQueue(self.world_size, local, local_reader_ranks=list(range(local)),
+        # remote readers: one relay per follower node, or every remote rank directly
+        remote = cfg.nnodes - 1 if cfg.relay else self.world_size - local
+        g.bq = MessageQueue(local + remote, local, local_reader_ranks=list(range(local)),
                             connect_ip=cfg.host, config=cfg)
         dist = _free_tcp_address(cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1")
         ctxs = [WorkerContext(rank=rank, local_rank=rank, world_size=self.world_size,

@@ -36,10 +36,13 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 class LocalWorkers:
-    """The processes for ``ctxs`` (one WorkerContext each) on this node."""
+    """The processes for ``ctxs`` (one WorkerContext each) on this node, reading calls from
+    the queue of ``handle`` as their global rank, or as their local rank when
+    ``local_queue`` (a follower's relay ring)."""
 
     def __init__(self, config: Config, ctxs: list[WorkerContext], handle: Any,
-                 cls_bytes: bytes, kw_bytes: bytes, remote_driver: bool = False) -> None:
+                 cls_bytes: bytes, kw_bytes: bytes, remote_driver: bool = False,
+                 local_queue: bool = False) -> None:
         self.config = config
         self.ctxs = ctxs
         self.ranks = [c.rank for c in ctxs]
@@ -56,7 +59,8 @@ class LocalWorkers:
                 if config.start_method == "fork" else []
             spec = dict(ctx=ctx, handle=handle, worker_cls=cls_bytes, worker_kwargs=kw_bytes,
                         parent_pid=os.getpid(), arm_pdeathsig=arm, close_fds=close_fds,
-                        remote_driver=remote_driver)
+                        remote_driver=remote_driver,
+                        bq_rank=ctx.local_rank if local_queue else ctx.rank)
             p = mp.Process(target=W.worker_main, args=(spec, ready_w, death_r),
                            name=f"mpx-worker-{ctx.rank}")
             p.start()

@@ -16,6 +16,7 @@ import logging
 import os
 import pickle
 import secrets
+import threading
 import time
 from typing import Any
 
@@ -23,8 +24,16 @@ import cloudpickle
 import zmq
 
 from mpx.config import Config
-from mpx.errors import NodeLostError, WorkerDiedError, WorkerStartupError
+from mpx.errors import (
+    Cancelled,
+    NodeLostError,
+    PeerDiedError,
+    QueueClosedError,
+    WorkerDiedError,
+    WorkerStartupError,
+)
 from mpx.launch import LocalWorkers, describe_exit
+from mpx.queue import MessageQueue
 from mpx.transport.zmq import seal, unseal
 from mpx.worker import WorkerContext
 
@@ -199,20 +208,64 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
                           local_world_size=local, node_rank=node_rank,
                           distributed_init_method=spec["dist"], config=cfg)
             for i in range(local)]
-    workers = LocalWorkers(cfg, ctxs, spec["handle"], spec["worker_cls"], spec["worker_kwargs"],
-                           remote_driver=True)
+    relay = _Relay(spec["handle"], local + node_rank - 1, local, cfg) if cfg.relay else None
+    handle = relay.handle if relay is not None else spec["handle"]
+    workers = LocalWorkers(cfg, ctxs, handle, spec["worker_cls"], spec["worker_kwargs"],
+                           remote_driver=True, local_queue=relay is not None)
     try:
         try:
             handles = workers.handshake(time.monotonic() + cfg.startup_timeout_s)
         except WorkerStartupError as e:
             sock.send(_pack(key, ("error", str(e), e.ranks, e.remote_traceback)))
             return 1
+        if relay is not None:
+            relay.start()
         for rank, pid in zip(workers.ranks, workers.pids):
             sock.send(_pack(key, ("ready", rank, handles[rank], pid)))
         return _serve_follower(sock, key, workers, cfg)
     finally:
+        if relay is not None:
+            relay.stop()
         workers.stop()
+        if relay is not None:
+            relay.close()
         sock.close(linger=100)
+
+
+class _Relay:
+    """Takes each call once off the network and rebroadcasts it, as it is (no unpickling),
+    through a shared-memory ring to this node's workers."""
+
+    def __init__(self, handle: Any, reader_rank: int, local: int, cfg: Config) -> None:
+        self.up = MessageQueue.create_from_handle(handle, reader_rank, config=cfg)
+        self.down = MessageQueue(local, local, config=dataclasses.replace(cfg, transport="shm"))
+        self.handle = self.down.export_handle()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mpx-relay", daemon=True)
+
+    def start(self) -> None:
+        self.down.wait_until_ready(timeout=30)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                kind, data = self.up.dequeue_raw(cancel=self._stop)
+                self.down.enqueue_raw(kind, data)
+        except (Cancelled, PeerDiedError, QueueClosedError):
+            pass
+        finally:
+            self.down.shutdown()  # the workers drain what was relayed, then stop
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.down.shutdown()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def close(self) -> None:
+        self.up.close()
+        self.down.close()
 
 
 def _serve_follower(sock: zmq.Socket, key: bytes, workers: LocalWorkers, cfg: Config) -> int:

@@ -265,6 +265,15 @@ class MessageQueue:
         kind, data = reader.read(deadline, cancel, not indefinite)
         return serde.decode(kind, data)
 
+    def dequeue_raw(self, timeout: float | None = None,
+                    cancel: threading.Event | None = None) -> tuple[int, Any]:
+        """The next message as ``(kind, data)``, not unpickled: for relays."""
+        return self._need_reader("dequeue_raw").read(_deadline(timeout), cancel, False)
+
+    def enqueue_raw(self, kind: int, data: Any, timeout: float | None = None) -> None:
+        """Broadcast a message that ``dequeue_raw`` returned, as it is."""
+        self._need_writer("enqueue_raw").write(kind, (data,), _deadline(timeout))
+
     def broadcast_object(self, obj: Any = None) -> Any:
         """vLLM's helper: the writer enqueues ``obj`` and returns it, a reader dequeues."""
         if self.is_writer:

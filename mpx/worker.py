@@ -163,7 +163,8 @@ def worker_main(spec: dict, ready_conn, death_conn) -> None:
     threading.Thread(target=_watch_parent, args=(death_conn, on_orphaned),
                      name="mpx-parent-watch", daemon=True).start()
     try:
-        bq = MessageQueue.create_from_handle(spec["handle"], ctx.rank, config=ctx.config)
+        bq = MessageQueue.create_from_handle(spec["handle"], spec.get("bq_rank", ctx.rank),
+                                             config=ctx.config)
         try:
             worker_cls = cloudpickle.loads(spec["worker_cls"])
             kwargs = cloudpickle.loads(spec["worker_kwargs"]) or {}

@@ -239,3 +239,17 @@ def test_replayed_hello_gets_no_spec():
     finally:
         spy.close(0)
         leader.stop()
+
+
+def test_relay_on_the_follower(group):
+    ex, follower = group(relay=True)
+    assert ex.config.relay
+    assert ex.collective_rpc("mul", args=(2,)) == [2, 4, 6, 8]
+    big = bytes(range(256)) * 8192
+    assert ex.collective_rpc("ident", args=(big,), unique_reply_rank=3) == big
+    futs = [ex.collective_rpc("ident", args=(i,), non_block=True) for i in range(20)]
+    assert [f.result(timeout=10) for f in futs] == [[i] * 4 for i in range(20)]
+    remote = ex.worker_pids[2:]
+    ex.shutdown()
+    assert follower.wait(10) == 0
+    assert wait_gone(remote, 5) == []
