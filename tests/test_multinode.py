@@ -253,3 +253,23 @@ def test_relay_on_the_follower(group):
     ex.shutdown()
     assert follower.wait(10) == 0
     assert wait_gone(remote, 5) == []
+
+
+def test_timeouts_errors_and_late_replies_across_nodes(group):
+    ex, _ = group()
+    with pytest.raises(mpx.RPCTimeoutError) as ei:
+        ex.collective_rpc("sleep", args=(1.0,), kwargs={"ranks": [3]}, timeout=0.3)
+    assert ei.value.ranks == [3]
+    # the late reply from node 1 is dropped, never handed to this call
+    assert ex.collective_rpc("ident", args=("fresh",)) == ["fresh"] * 4
+    with pytest.raises(mpx.RPCError) as ei:
+        ex.collective_rpc("fail", kwargs={"ranks": [2]}, unique_reply_rank=0)
+    assert ei.value.ranks == [2]
+    with pytest.raises(mpx.RPCError) as ei:
+        ex.collective_rpc("unpicklable_result")
+    assert ei.value.exc_type == "SerializationError" and ei.value.ranks == [0, 1, 2, 3]
+    with pytest.raises(mpx.SerializationError):
+        import threading
+        ex.collective_rpc("ident", args=(threading.Lock(),))
+    assert ex.collective_rpc("rank") == [0, 1, 2, 3]
+    assert not ex.is_failed
