@@ -272,3 +272,21 @@ def timed_loop(fn, iters):
     finally:
         gc.enable()
     return [x / 1e3 for x in out]
+
+
+def interleaved(fns, warm, iters, blocks, settle_s):
+    """{fn: microseconds per call}: every fn ``warm`` times and for ``settle_s`` first (the
+    first round trips after a spawn are slow until the scheduler spreads the processes),
+    then ``iters`` timed calls each, in ``blocks`` alternating in order so drift hits all."""
+    end = time.perf_counter() + settle_s
+    i = 0
+    while i < warm or time.perf_counter() < end:
+        for fn in fns:
+            fn()
+        i += 1
+    out: dict = {fn: [] for fn in fns}
+    per = max(1, iters // blocks)
+    for b in range(blocks):
+        for fn in (fns if b % 2 == 0 else fns[::-1]):
+            out[fn].extend(timed_loop(fn, per))
+    return out

@@ -45,6 +45,7 @@ from _report import (
     cleanup_procs,
     copy_times,
     finish,
+    interleaved,
     join,
     last_cpu,
     parse_args,
@@ -210,17 +211,7 @@ def bench_noop(n, iters, warm, blocks=4, pin_iters=0):
         fns = [mpx_call, pipe_call] + ([mq_call] if mq is not None else [])
         # At least `warm` calls each and SETTLE_S of calls: the first few hundred round
         # trips after a spawn are slower until the scheduler has spread the processes.
-        end = time.perf_counter() + SETTLE_S
-        i = 0
-        while i < warm or time.perf_counter() < end:
-            for fn in fns:
-                fn()
-            i += 1
-        out: dict = {fn: [] for fn in fns}
-        per = max(1, iters // blocks)
-        for b in range(blocks):
-            for fn in (fns if b % 2 == 0 else fns[::-1]):
-                out[fn].extend(timed_loop(fn, per))
+        out = interleaved(fns, warm, iters, blocks, SETTLE_S)
         cpus = {"driver": last_cpu(os.getpid()),
                 "mpx workers": [last_cpu(p) for p in ex.worker_pids],
                 "pipe children": [last_cpu(p) for p in pipe.pids]}

@@ -55,6 +55,7 @@ from _report import (
     cleanup_procs,
     copy_times,
     finish,
+    interleaved,
     join,
     last_cpu,
     parse_args,
@@ -299,17 +300,7 @@ def bench_noop(iters, warm, blocks=4):
         if ex.collective_rpc("noop") != [None, None] or zex.collective_rpc("noop") != [None]:
             raise RuntimeError("no-op call returned something else than None")
         fns = [mpx_call, base.call, uniq_call, zmq_call]
-        end = time.perf_counter() + SETTLE_S
-        i = 0
-        while i < warm or time.perf_counter() < end:
-            for fn in fns:
-                fn()
-            i += 1
-        out: dict = {fn: [] for fn in fns}
-        per = max(1, iters // blocks)
-        for b in range(blocks):
-            for fn in (fns if b % 2 == 0 else fns[::-1]):
-                out[fn].extend(timed_loop(fn, per))
+        out = interleaved(fns, warm, iters, blocks, SETTLE_S)
         pinned = {}
         if len(os.sched_getaffinity(0)) >= 2:
             pinned = _pinned_reqrep(base, max(500, iters // 4))
