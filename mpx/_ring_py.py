@@ -16,7 +16,6 @@ import errno
 import os
 import platform
 import select
-import threading
 import time
 
 from mpx import layout as L
@@ -31,14 +30,6 @@ _libc.syscall.restype = ctypes.c_long
 
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-_fence_lock = threading.Lock()
-
-
-def _fence() -> None:
-    with _fence_lock:
-        pass
 
 
 def _pidfd_open(pid: int) -> int:
@@ -167,14 +158,14 @@ class Ring:
     def set_state(self, bits: int) -> None:
         self._live()
         self._set32(L.OFF_STATE, self._w32(L.OFF_STATE) | bits)
-        _fence()
+        L.fence()
         self._bump32(L.OFF_DATA_FUTEX)
         self._futex_wake(L.OFF_DATA_FUTEX)
 
     def mark_reader_closed(self) -> None:
         self._live()
         self._set32(self._rb + L.RB_CLOSED, 1)
-        _fence()
+        L.fence()
         self._bump32(L.OFF_SPACE_FUTEX)
         self._futex_wake(L.OFF_SPACE_FUTEX)
 
@@ -242,7 +233,7 @@ class Ring:
                 until = deadline
             v = self._w32(L.OFF_SPACE_FUTEX)
             self._set32(L.OFF_WRITER_PARKED, 1)
-            _fence()
+            L.fence()
             if self._has_space():
                 self._set32(L.OFF_WRITER_PARKED, 0)
                 return L.OK
@@ -264,7 +255,7 @@ class Ring:
         q[(s + L.SH_TOTAL) >> 3] = total
         self.seq += 1
         q[L.OFF_WRITE_SEQ >> 3] = self.seq
-        _fence()
+        L.fence()
         for r in range(self.n_readers):
             if i32[(L.reader_block(r) + L.RB_PARKED) >> 2]:
                 self._bump32(L.OFF_DATA_FUTEX)
@@ -357,7 +348,7 @@ class Ring:
                 until = slice_end
             v = self._w32(L.OFF_DATA_FUTEX)
             self._set32(parked, 1)
-            _fence()
+            L.fence()
             if q[wseq] > self.seq:
                 self._set32(parked, 0)
                 return L.OK
@@ -373,7 +364,7 @@ class Ring:
     def _ack(self) -> None:
         self.seq += 1
         self._q[(self._rb + L.RB_READ_SEQ) >> 3] = self.seq
-        _fence()
+        L.fence()
         if self._w32(L.OFF_WRITER_PARKED):
             self._bump32(L.OFF_SPACE_FUTEX)
             self._futex_wake(L.OFF_SPACE_FUTEX)

@@ -24,6 +24,7 @@ header (+0 length u64, +8 flags u32, +12 kind u32, +16 total u64) and the payloa
 from __future__ import annotations
 
 import struct
+import threading
 
 MAGIC = int.from_bytes(b"MPXRING\x00", "little")
 VERSION = 1
@@ -142,3 +143,13 @@ def put_u32(buf, off: int, value: int) -> None:
 
 def put_u64(buf, off: int, value: int) -> None:
     buf[off:off + 8] = value.to_bytes(8, "little")
+
+
+_fence_lock = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier for Python code that orders its own stores and loads on the
+    segment (a lock round trip is an atomic read-modify-write in the C library)."""
+    with _fence_lock:
+        pass

@@ -27,15 +27,6 @@ CANCEL_POLL_NS = 20_000_000
 # A reader that waits without `indefinite` logs who it waits for this often.
 WAIT_WARNING_NS = 60_000_000_000
 
-_fence_lock = threading.Lock()
-
-
-def _fence() -> None:
-    """A full memory barrier (an atomic read-modify-write inside the lock)."""
-    with _fence_lock:
-        pass
-
-
 def _ring_args(config: Config) -> dict:
     return dict(spin_ns=config.spin_us * 1000, yield_ns=config.yield_us * 1000,
                 poll_ns=config.liveness_poll_ms * 1_000_000)
@@ -117,12 +108,14 @@ class ShmWriter:
         return PeerDiedError(f"reader rank {rank} (pid {pid}) {what} while the writer {waiting_for}",
                              role="reader", rank=rank, pid=pid)
 
+    def _read_seqs(self) -> list[int]:
+        return [L.u64(self._mm, L.reader_block(i) + L.RB_READ_SEQ)
+                for i in range(len(self.ranks))]
+
     def free_slots(self) -> int:
         """Slots the writer can fill now without waiting for any reader."""
         seq = self._ring.seq_number
-        oldest = min((L.u64(self._mm, L.reader_block(i) + L.RB_READ_SEQ)
-                      for i in range(len(self.ranks))), default=seq)
-        return self.config.max_chunks - (seq - oldest)
+        return self.config.max_chunks - (seq - min(self._read_seqs(), default=seq))
 
     def slots_needed(self, parts: tuple) -> int:
         """Slots a message of ``parts`` takes, capped at the ring's size (it streams)."""
@@ -142,10 +135,10 @@ class ShmWriter:
                 return
             if st == L.TIMEOUT:
                 seq = self._ring.seq_number
-                behind = [f"rank {self.ranks[i]} (pid {pid})" for i, (pid, _, _) in
-                          enumerate(_reader_pids(self._mm, len(self.ranks)))
-                          if seq - L.u64(self._mm, L.reader_block(i) + L.RB_READ_SEQ)
-                          >= self.config.max_chunks]
+                behind = [f"rank {rank} (pid {pid})" for rank, (pid, _, _), read in
+                          zip(self.ranks, _reader_pids(self._mm, len(self.ranks)),
+                              self._read_seqs())
+                          if seq - read >= self.config.max_chunks]
                 raise QueueTimeout("enqueue timed out waiting for ring space; readers that "
                                    f"have not consumed older messages: {', '.join(behind) or 'none'}")
             if st == L.INTERRUPTED:
@@ -191,7 +184,7 @@ class ShmReader:
                 raise HandleError(f"reader rank {rank} is already attached to this queue")
             L.put_u64(self._mm, blk + L.RB_PID, os.getpid())
             L.put_u32(self._mm, blk + L.RB_ATTACHED, 1)
-            _fence()
+            L.fence()
             n = L.u64(self._mm, L.OFF_N_READERS)
             if _all_attached(self._mm, n):
                 shm.unlink(name)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import struct
 import threading
@@ -325,8 +324,3 @@ class ZmqReader:
             self._sock.disable_monitor()
             self._monitor.close(linger=0)
             self._sock.close(linger=0)
-
-
-def default_host() -> str:
-    """The address remote readers reach this node at: MPX_HOST, else loopback."""
-    return os.environ.get("MPX_HOST", "127.0.0.1")
