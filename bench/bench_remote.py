@@ -67,8 +67,9 @@ from _report import (
 )
 
 import mpx
+import mpx._impl
 from mpx import serde
-from mpx.transport.zmq import _HEADER, MAGIC, VERSION, digest, seal
+from mpx.transport.zmq import _HEADER, MAGIC, VERSION, digest, seal, split
 
 try:
     import torch
@@ -397,22 +398,33 @@ def bench_tensor(tensor, reps, warm):
 
 
 def bench_breakdown(tensor, reps):
-    """In the driver: HMAC-SHA256 of 64 MiB under the key (as mpx.transport.zmq.digest), and
-    seal() of the call's whole message (what ZmqWriter.write does once per call), and the
-    size of that frame; and a copy of 64 MiB into a new bytearray (what each remote reader
-    does after checking the HMAC, ZmqReader._receive)."""
+    """In the driver: HMAC-SHA256 of 64 MiB under the key (as mpx.transport.zmq.digest);
+    seal() of every chunk of the call's message (what ZmqWriter.write does once per call),
+    and the bytes of those frames; and the reassembly of 64 MiB from 1 MiB chunks into a
+    fresh buffer (what each remote reader does after checking each chunk's HMAC)."""
     key = KEY.encode()
     msg = (0, 0, "take", (tensor,), None, None)  # the executor's CALL tuple
     kind, parts = serde.encode(msg)
-    header = _HEADER.pack(MAGIC, VERSION, kind, 0, 0)
+    size = mpx.Config.from_env().max_chunk_bytes
+    total = sum(memoryview(p).nbytes for p in parts)
+    count = -(-total // size)
     payload = memoryview(tensor.numpy() if torch is not None else tensor).cast("B")
     hmac_ts = copy_times(lambda: digest(key, payload), reps)
     frame_len = [0]
 
     def do_seal():
-        frame_len[0] = len(seal(key, header, parts))
+        frame_len[0] = sum(len(seal(key, _HEADER.pack(MAGIC, VERSION, kind, 0, 0, i, count,
+                                                       total), chunk))
+                           for i, chunk in enumerate(split(parts, size)))
     seal_ts = copy_times(do_seal, reps)
-    copy_ts = copy_times(lambda: bytearray(payload), reps)
+    ring = mpx._impl.ring_module()
+
+    def reassemble():
+        out = ring.Assembler(kind, BIG)
+        for i in range(0, BIG, size):
+            out.add(payload[i:i + size])
+        return out.result()
+    copy_ts = copy_times(reassemble, reps)
     return hmac_ts, seal_ts, copy_ts, frame_len[0]
 
 
@@ -491,27 +503,29 @@ def main():
                         note=(f"{BIG / hm['median'] * 1e3 / 1e9:.2f} GB/s; mpx runs it on every "
                               "message: once in seal() on the driver, once in each remote "
                               "reader's unseal() (the 2 remote readers share the cores)")))
-        rows.append(row("  seal() of the call message: new frame + copy + HMAC (driver)", "ms",
+        rows.append(row("  seal() of every chunk of the call message (driver)", "ms",
                         sm, None, None, "info", None,
-                        note=(f"one {frame_len / MiB:.4f} MiB frame per call, sent (zero-copy) "
-                              "to each remote rank; ZmqWriter.write runs it after the "
-                              "shared-memory ring write to ranks 0 and 1 is done")))
-        rows.append(row("  64 MiB into a new bytearray: alloc + page faults + copy (driver)",
+                        note=(f"{frame_len / MiB:.4f} MiB of frames per call (chunks of "
+                              "max_chunk_bytes, each copied into a frame and HMACed), each "
+                              "frame sent (zero-copy) to every remote rank")))
+        rows.append(row("  reassembly of 64 MiB from 1 MiB chunks into a new buffer (driver)",
                         "ms", cm, None, None, "info", None,
-                        note=("each remote reader does this after its HMAC check "
-                              "(bytearray(data)), besides libzmq's own receive buffer")))
+                        note=("each remote reader copies every checked chunk into the "
+                              "message's buffer (huge-page advice with the compiled ring), "
+                              "besides libzmq's own receive buffer")))
         if t["mpx_lo"]:
             lm = stats([x / MiB for x in t["mpx_lo"]])
             lb = stats([x / MiB for x in t["base_lo"]])
             over = lm["median"] * MiB - delivered
             rows.append(row("  loopback bytes per call to the follower", "MiB", lm, lb,
                             lm["median"] / lb["median"], "info", None,
-                            note=(("relay (MPX_RELAY=1): the follower takes each call once, "
-                                   f"{over / 1024:.0f} KiB over one 64 MiB copy"
-                                   if mpx.Config.from_env().relay else
-                                   "direct subscription (MPX_RELAY=0): one copy per remote "
+                            note=(("relay (MPX_RELAY=auto with 2 ranks per node, or on): the "
+                                   f"follower takes each call once, {over / 1024:.0f} KiB over "
+                                   "one 64 MiB copy"
+                                   if mpx.Config.from_env().relays(2) else
+                                   "direct subscription (MPX_RELAY=off): one copy per remote "
                                    f"rank, 2 x 64 MiB + {over / 1024:.0f} KiB")
-                                  + f" (HMAC frame {frame_len - BIG} B over the tensor, ZMTP, "
+                                  + f" (chunk headers and HMACs {frame_len - BIG} B over the tensor, ZMTP, "
                                   "TCP/IP headers, replies, heartbeats; lo tx counter); "
                                   "baseline = the PUSH->2 PULL round")))
         raw["tensor"] = {"kind": tkind, "mpx_ms": [x * 1e3 for x in t["mpx_s"]],

@@ -536,3 +536,47 @@ cdef class Ring:
         self.dest_off = 0
         self.dest_total = total
 
+
+
+cdef class Assembler:
+    """Builds one message of ``total`` bytes from consecutive pieces (the ZeroMQ reader's
+    chunks) in memory the caller will own: bytes for K_PICKLE/K_BYTES, a bytearray
+    otherwise, with huge-page advice when large, as the ring's reader does."""
+
+    cdef object dest
+    cdef char* ptr
+    cdef uint64_t off, total
+
+    def __init__(self, uint32_t kind, uint64_t total):
+        if kind == K_PICKLE or kind == K_BYTES:
+            self.dest = PyBytes_FromStringAndSize(NULL, total)
+            self.ptr = PyBytes_AS_STRING(self.dest)
+        else:
+            self.dest = PyByteArray_FromStringAndSize(NULL, total)
+            self.ptr = PyByteArray_AS_STRING(self.dest)
+        if total >= HUGE_ADVICE_MIN:
+            mpx_advise_huge(self.ptr, total)
+        self.off = 0
+        self.total = total
+
+    def add(self, const unsigned char[::1] piece):
+        """Append ``piece``; ValueError if it would overrun the message."""
+        cdef size_t n = piece.shape[0]
+        if n > self.total - self.off:
+            raise ValueError(f"a piece of {n} bytes overruns the message "
+                             f"({self.off} of {self.total} bytes filled)")
+        if n:
+            with nogil:
+                memcpy(self.ptr + self.off, &piece[0], n)
+        self.off += n
+
+    @property
+    def complete(self):
+        return self.off == self.total
+
+    def result(self):
+        """The message; ValueError unless every byte was added."""
+        if self.off != self.total:
+            raise ValueError(f"message incomplete: {self.off} of {self.total} bytes")
+        d, self.dest = self.dest, None
+        return d

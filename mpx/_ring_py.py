@@ -414,3 +414,33 @@ class Ring:
                 kind = self._dest_kind
                 out = dest if kind == L.K_PICKLE_OOB else bytes(dest)
                 return (L.OK, kind, out)
+
+
+class Assembler:
+    """Builds one message of ``total`` bytes from consecutive pieces (the ZeroMQ reader's
+    chunks) in memory the caller will own: bytes for K_PICKLE/K_BYTES, a bytearray
+    otherwise."""
+
+    def __init__(self, kind: int, total: int) -> None:
+        self._kind = kind
+        self._dest = bytearray(total)
+        self._off = 0
+
+    def add(self, piece) -> None:
+        """Append ``piece``; ValueError if it would overrun the message."""
+        n = memoryview(piece).nbytes
+        if n > len(self._dest) - self._off:
+            raise ValueError(f"a piece of {n} bytes overruns the message "
+                             f"({self._off} of {len(self._dest)} bytes filled)")
+        self._dest[self._off:self._off + n] = piece
+        self._off += n
+
+    @property
+    def complete(self) -> bool:
+        return self._off == len(self._dest)
+
+    def result(self):
+        """The message; ValueError unless every byte was added."""
+        if not self.complete:
+            raise ValueError(f"message incomplete: {self._off} of {len(self._dest)} bytes")
+        return self._dest if self._kind == L.K_PICKLE_OOB else bytes(self._dest)

@@ -59,11 +59,12 @@ class Config:
     heartbeat_s: float = _env_field(3.0, "a remote peer silent this long is lost")
     curve: bool = _env_field(False, "encrypt remote queue traffic with CURVE (libzmq with curve)")
     # relay: a follower node takes each call once off the network and relays it to its
-    # workers through its own ring (one network copy per node, not per remote rank). Off by
-    # default: on one 2-core machine (bench/bench_remote.py) direct subscription answered a
-    # small call in 103 us against 123 us relayed, and moved 64 MiB to 2 remote ranks as
-    # fast (0.62 vs 0.63 GB/s) though relay halves the bytes on the wire.
-    relay: bool = _env_field(False, "relay calls on follower nodes (else direct subscription)")
+    # workers through its own ring (one network copy and one HMAC check per node, not per
+    # remote rank). auto relays where a follower has 2 or more ranks: on one 2-core machine
+    # (bench/bench_remote.py, 2 nodes x 2 ranks) relay answered a no-op in 217-238 us
+    # against 236-252 us direct and moved 64 MiB to the 2 remote ranks in 91 ms against
+    # 135 ms; with 1 rank per node it is only an extra hop (158 us against 118 us).
+    relay: str = _env_field("auto", "auto, on or off: relay calls on follower nodes")
     # Multi-node: the leader binds master_addr:master_port; followers connect to it.
     nnodes: int = _env_field(1, "nodes in the group (the leader is node 0)")
     master_addr: str = _env_field("127.0.0.1", "the leader's address")
@@ -86,12 +87,21 @@ class Config:
                 raise ValueError(f"mpx.Config.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.transport not in ("auto", "zmq", "shm"):
             raise ValueError(f"mpx.Config.transport must be auto, zmq or shm, got {self.transport!r}")
+        relay = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
+                 "no": "off"}.get(str(self.relay).strip().lower(), str(self.relay).strip().lower())
+        if relay not in ("auto", "on", "off"):
+            raise ValueError(f"mpx.Config.relay must be auto, on or off, got {self.relay!r}")
+        object.__setattr__(self, "relay", relay)
         if self.heartbeat_s <= 0:
             raise ValueError(f"mpx.Config.heartbeat_s must be > 0, got {self.heartbeat_s!r}")
         if self.worker_threads < 0:
             raise ValueError(f"mpx.Config.worker_threads must be >= 0, got {self.worker_threads!r}")
         if self.max_chunk_bytes % 64:
             raise ValueError("mpx.Config.max_chunk_bytes must be a multiple of 64")
+
+    def relays(self, local_world_size: int) -> bool:
+        """Whether follower nodes with ``local_world_size`` ranks relay calls."""
+        return self.relay == "on" or self.relay == "auto" and local_world_size > 1
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Config:

@@ -367,7 +367,7 @@ class Executor:
         g, cfg = self._group, self.config
         local = self.world_size // cfg.nnodes
         # remote readers: one relay per follower node, or every remote rank directly
-        remote = cfg.nnodes - 1 if cfg.relay else self.world_size - local
+        remote = cfg.nnodes - 1 if cfg.relays(local) else self.world_size - local
         g.bq = MessageQueue(local + remote, local, local_reader_ranks=list(range(local)),
                             connect_ip=cfg.host, config=cfg)
         dist = _free_tcp_address(cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1")

@@ -208,7 +208,8 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
                           local_world_size=local, node_rank=node_rank,
                           distributed_init_method=spec["dist"], config=cfg)
             for i in range(local)]
-    relay = _Relay(spec["handle"], local + node_rank - 1, local, cfg) if cfg.relay else None
+    relay = _Relay(spec["handle"], local + node_rank - 1, local, cfg) \
+        if cfg.relays(local) else None
     handle = relay.handle if relay is not None else spec["handle"]
     workers = LocalWorkers(cfg, ctxs, handle, spec["worker_cls"], spec["worker_kwargs"],
                            remote_driver=True, local_queue=relay is not None)

@@ -241,9 +241,18 @@ def test_replayed_hello_gets_no_spec():
         leader.stop()
 
 
-def test_relay_on_the_follower(group):
-    ex, follower = group(relay=True)
-    assert ex.config.relay
+def test_relay_default_depends_on_ranks_per_node():
+    cfg = mpx.Config()
+    assert cfg.relay == "auto" and cfg.relays(2) and not cfg.relays(1)
+    assert mpx.Config(relay="1").relay == "on" and mpx.Config(relay=False).relay == "off"
+    with pytest.raises(ValueError, match="relay"):
+        mpx.Config(relay="sometimes")
+
+
+@pytest.mark.parametrize("relay", ["on", "off"])
+def test_relayed_and_direct_followers(group, relay):
+    ex, follower = group(relay=relay)
+    assert ex.config.relay == relay
     assert ex.collective_rpc("mul", args=(2,)) == [2, 4, 6, 8]
     big = bytes(range(256)) * 8192
     assert ex.collective_rpc("ident", args=(big,), unique_reply_rank=3) == big

@@ -128,12 +128,14 @@ def test_forged_altered_and_replayed_messages_are_dropped(cfg):
             from mpx.layout import K_PICKLE
             body = pickle.dumps("evil")
             key = KEY.encode()
-            good_header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_PICKLE, reader.token, 1)
+            good_header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_PICKLE, reader.token, 1, 0,
+                                          1, len(body))
             forged = zt.seal(b"wrong key", good_header, [body])
             altered = bytearray(zt.seal(key, good_header, [body]))
             altered[-40] ^= 1
             truncated = zt.seal(key, good_header, [body])[:-1]
-            old_header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_PICKLE, reader.token, 0)
+            old_header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_PICKLE, reader.token, 0, 0,
+                                         1, len(body))
             replay = zt.seal(key, old_header, [body])  # the sequence number of "first"
             for frames in ([forged], [altered], [truncated], [replay], [b"garbage"],
                            [os.urandom(40), os.urandom(32)]):
@@ -145,6 +147,82 @@ def test_forged_altered_and_replayed_messages_are_dropped(cfg):
             q.enqueue("second")  # the honest writer still gets through
             assert r.dequeue(timeout=5) == "second"
             evil.close(0)
+        finally:
+            r.close()
+
+
+def _chunk(key, token, seq, index, count, total, data, kind=None):
+    from mpx.layout import K_BYTES
+    header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_BYTES if kind is None else kind, token,
+                             seq, index, count, total)
+    return zt.seal(key, header, [data])
+
+
+def test_chunks_reassemble_in_order_and_replays_or_gaps_are_dropped(cfg):
+    """Feeds a reader signed chunks by hand: a replayed or out-of-order chunk is dropped
+    and the message still completes; a message the writer gave up on part way (its next
+    message starts) is discarded, not delivered."""
+    with mpx.MessageQueue(1, 0, config=cfg) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
+        evil = None
+        try:
+            q.wait_until_ready(10)
+            q.enqueue("first")
+            assert r.dequeue(timeout=5) == "first"
+            reader = r._reader
+            evil = zmq.Context.instance().socket(zmq.ROUTER)
+            evil.setsockopt(zmq.LINGER, 0)
+            port = evil.bind_to_random_port("tcp://127.0.0.1")
+            reader._sock.connect(f"tcp://127.0.0.1:{port}")
+            for _ in range(20):
+                reader._sock.send_multipart([b"x"])
+                if evil.poll(200):
+                    break
+            ident = evil.recv_multipart()[0]
+            key, tok = KEY.encode(), reader.token
+            parts = [b"a" * 10, b"b" * 10, b"c" * 5]
+            for frame in (_chunk(key, tok, 1, 0, 3, 25, parts[0]),
+                          _chunk(key, tok, 1, 0, 3, 25, parts[0]),   # replayed
+                          _chunk(key, tok, 1, 2, 3, 25, parts[2]),   # out of order
+                          _chunk(key, tok, 1, 1, 3, 25, parts[1]),
+                          _chunk(key, tok, 1, 2, 3, 25, parts[2])):
+                evil.send_multipart([ident, frame])
+            assert r.dequeue(timeout=5) == b"".join(parts)
+            assert reader.drops.count == 2
+            for frame in (_chunk(key, tok, 2, 0, 2, 20, parts[0]),  # given up part way
+                          _chunk(key, tok, 4, 0, 1, 5, parts[2]),
+                          _chunk(key, tok, 2, 1, 2, 20, parts[1])):  # too late: dropped
+                evil.send_multipart([ident, frame])
+            assert r.dequeue(timeout=5) == parts[2]
+            with pytest.raises(mpx.QueueTimeout):
+                r.dequeue(timeout=0.3)
+            assert reader.drops.count == 3
+        finally:
+            if evil is not None:
+                evil.close(0)
+            r.close()
+
+
+@pytest.mark.parametrize("chunk", [4096, 65536])
+def test_large_messages_stream_in_chunks(cfg, chunk):
+    import dataclasses
+    small = dataclasses.replace(cfg, max_chunk_bytes=chunk, max_chunks=4)
+    arr = np.arange(300_000, dtype=np.float32)
+    raw = os.urandom(3 * chunk)  # an exact multiple of the chunk size
+    with mpx.MessageQueue(1, 0, config=small) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=small)
+        try:
+            q.wait_until_ready(10)
+            out = []
+            t = threading.Thread(target=lambda: out.extend(r.dequeue(timeout=10)
+                                                            for _ in range(4)))
+            t.start()
+            for obj in (arr, raw, b"", {"a": arr[:10]}):
+                q.enqueue(obj, timeout=10)
+            t.join(20)
+            assert np.array_equal(out[0], arr) and out[0].flags.writeable
+            assert out[1] == raw and out[2] == b""
+            assert np.array_equal(out[3]["a"], arr[:10])
         finally:
             r.close()
 

@@ -1,10 +1,14 @@
 """ZeroMQ transport: the writer's ROUTER socket sends each message to every remote reader's
 DEALER over TCP.
 
-Every message is one frame carrying an HMAC-SHA256 under the deployment's key
-(``Config.auth_key``); a reader checks it, and that the sequence number is the next one,
-before anything is unpickled. Forged, altered, truncated and replayed messages are dropped
-and counted, and the connection keeps working for honest peers. Readers introduce
+A message travels as chunks of at most ``Config.max_chunk_bytes``, so that a large one is
+signed, sent, checked and copied out in a pipeline. Every chunk is one frame carrying an
+HMAC-SHA256 under the deployment's key (``Config.auth_key``) over its header (queue token,
+message sequence number, chunk index and count, message length) and its bytes; a reader
+checks it, and that the chunk is the next one, before anything is unpickled. Forged,
+altered, truncated and replayed chunks are dropped and counted, and the connection keeps
+working for honest peers. A message the writer gave up on part way (a reader too slow for
+its deadline) is discarded by the readers that got its start. Readers introduce
 themselves with a signed HELLO naming their rank. With ``Config.curve`` the traffic is also
 encrypted (CURVE; the writer's public key travels in the handle; authentication stays with
 the HMAC).
@@ -28,15 +32,16 @@ from typing import Any
 import zmq
 import zmq.utils.monitor
 
+from mpx._impl import ring_module
 from mpx.config import Config
 from mpx.errors import Cancelled, PeerDiedError, QueueTimeout
-from mpx.layout import K_PICKLE_OOB
 
 logger = logging.getLogger("mpx")
 
 MAGIC = b"MPXZ"
-VERSION = 1
-_HEADER = struct.Struct("<4sHHQQ")  # magic, version, kind, token, seq
+VERSION = 2
+# magic, version, kind, token, seq, chunk index, chunk count, message length
+_HEADER = struct.Struct("<4sHHQQIIQ")
 _HELLO = struct.Struct("<4sHHQI")   # magic, version, 0, token, rank
 _DIGEST = hashlib.sha256().digest_size
 # How long a writer or reader sleeps between tries while a peer is not ready.
@@ -65,6 +70,26 @@ def unseal(key: bytes, frame) -> memoryview | None:
         return None
     body = mv[:-_DIGEST]
     return body if hmac.compare_digest(digest(key, body), mv[-_DIGEST:]) else None
+
+
+def split(parts, size: int):
+    """The message ``parts`` as consecutive chunks of ``size`` bytes (the last one shorter;
+    one empty chunk for an empty message), each a list of memoryviews into the parts."""
+    chunk: list = []
+    room = size
+    sent = False
+    for p in parts:
+        v = memoryview(p).cast("B")
+        while v.nbytes:
+            take = v[:room]
+            chunk.append(take)
+            v = v[take.nbytes:]
+            room -= take.nbytes
+            if not room:
+                yield chunk
+                chunk, room, sent = [], size, True
+    if chunk or not sent:
+        yield chunk
 
 
 def _configure(sock: zmq.Socket, config: Config) -> None:
@@ -175,13 +200,21 @@ class ZmqWriter:
         with self._lock:
             if self._closed or self._shut:
                 raise Cancelled("the queue was shut down" if self._shut else "the queue is closed")
-            self._take_hellos(0)
-            self.wait_ready(deadline_ns)
-            header = _HEADER.pack(MAGIC, VERSION, kind, self.token, self._seq)
-            frame = seal(self.key, header, parts)
-            for rank in self.ranks:
-                self._send(rank, frame, deadline_ns)
-            self._seq += 1
+            if len(self._peers) < len(self.ranks):
+                self._take_hellos(0)
+                self.wait_ready(deadline_ns)
+            size = self.config.max_chunk_bytes
+            total = sum(memoryview(p).nbytes for p in parts)
+            count = max(1, -(-total // size))
+            try:
+                for index, chunk in enumerate(split(parts, size)):
+                    header = _HEADER.pack(MAGIC, VERSION, kind, self.token, self._seq, index,
+                                          count, total)
+                    frame = seal(self.key, header, chunk)
+                    for rank in self.ranks:
+                        self._send(rank, frame, deadline_ns)
+            finally:
+                self._seq += 1  # also when given up part way: readers drop the partial message
 
     def _send(self, rank: int, frame: bytes, deadline_ns: int) -> None:
         peer = self._peers[rank]
@@ -231,6 +264,7 @@ class ZmqReader:
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock, config)
         self._sock.setsockopt(zmq.RCVHWM, config.max_chunks)
+        self._sock.setsockopt(zmq.RCVTIMEO, _POLL_MS)
         if info.get("curve_server_key"):  # the writer encrypts: so must we
             public, secret = zmq.curve_keypair()
             self._sock.curve_serverkey = info["curve_server_key"]
@@ -240,7 +274,9 @@ class ZmqReader:
             zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._sock.connect(self.endpoint)
         self._sock.send(seal(self.key, _HELLO.pack(MAGIC, VERSION, 0, self.token, rank), ()))
-        self._seq = 0
+        self._seq = 0          # the lowest sequence number a new message may have
+        self._ring = ring_module()
+        self._partial: tuple[int, int, Any] | None = None  # (seq, next index, Assembler)
         self._connected = False
         self._lost_since: float | None = time.monotonic()
         self._lock = threading.Lock()
@@ -279,8 +315,11 @@ class ZmqReader:
                                     "shut down")
                 if cancel is not None and cancel.is_set():
                     raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
-                if self._sock.poll(_POLL_MS, zmq.POLLIN):
+                try:  # blocks up to RCVTIMEO = _POLL_MS
                     msg = self._receive()
+                except zmq.Again:
+                    pass
+                else:
                     if msg is not None:
                         return msg
                     continue
@@ -296,21 +335,55 @@ class ZmqReader:
                                        f"nothing from the writer at {self.endpoint}")
 
     def _receive(self) -> tuple[int, Any] | None:
+        """Take one chunk; the message once its last chunk is in, else None."""
         frames = self._sock.recv_multipart(copy=False)
         body = unseal(self.key, frames[0].buffer) if len(frames) == 1 else None
         if body is None or body.nbytes < _HEADER.size:
             self.drops.drop(self.endpoint, "malformed or unsigned message (wrong key, altered?)")
             return None
-        magic, version, kind, token, seq = _HEADER.unpack(body[:_HEADER.size])
+        magic, version, kind, token, seq, index, count, total = \
+            _HEADER.unpack(body[:_HEADER.size])
         if magic != MAGIC or version != VERSION or token != self.token:
             self.drops.drop(self.endpoint, "message of another queue or version")
             return None
-        if seq != self._seq:
-            self.drops.drop(self.endpoint, f"sequence {seq}, expected {self._seq} (replayed?)")
-            return None
-        self._seq += 1
         data = body[_HEADER.size:]
-        return kind, bytearray(data) if kind == K_PICKLE_OOB else bytes(data)
+        if index == 0:
+            if seq < self._seq:
+                self.drops.drop(self.endpoint, f"sequence {seq}, expected {self._seq} or "
+                                "later (replayed?)")
+                return None
+            # a later sequence number than expected: the writer gave up on the messages
+            # between (and on the one in progress here, if any)
+            self._seq = seq + 1
+            self._partial = None
+            if count == 1:
+                if data.nbytes != total:
+                    self.drops.drop(self.endpoint, "chunk length disagrees with the header")
+                    return None
+                out = self._ring.Assembler(kind, total)
+                out.add(data)
+                return kind, out.result()
+            self._partial = (seq, 0, self._ring.Assembler(kind, total))
+        partial = self._partial
+        if partial is None or partial[0] != seq or partial[1] != index:
+            self.drops.drop(self.endpoint, f"chunk {index} of message {seq} out of order "
+                            "(replayed?)")
+            return None
+        out = partial[2]
+        try:
+            out.add(data)
+        except ValueError as e:
+            self._partial = None
+            self.drops.drop(self.endpoint, f"message {seq}: {e}")
+            return None
+        if index + 1 < count:
+            self._partial = (seq, index + 1, out)
+            return None
+        self._partial = None
+        if not out.complete:
+            self.drops.drop(self.endpoint, f"message {seq} is shorter than its header says")
+            return None
+        return kind, out.result()
 
     def shutdown(self) -> None:
         self._shut.set()
