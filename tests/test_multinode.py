@@ -1,7 +1,8 @@
 """Multi-node executors over loopback: a leader (this process) and `python -m mpx node`
 followers in subprocesses, talking over TCP on 127.0.0.1.
 
-(Network namespaces joined by veth pairs, and cutting a link, are not covered yet.)
+(Network namespaces and link cuts: test_netns.py; the executor suite on 2 nodes:
+test_executor_topologies.py.)
 """
 
 from __future__ import annotations
@@ -16,26 +17,10 @@ import time
 
 import _workers
 import pytest
+from _nodes import KEY, TESTS, free_port, start_follower, stop_follower
 from _procs import wait_gone
 
 import mpx
-
-KEY = "multinode-test-key-0123456789abcdef"
-TESTS = os.path.dirname(__file__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_follower(port, node_rank=1, nnodes=2, key=KEY, heartbeat="1.0"):
-    env = dict(os.environ, MPX_AUTH_KEY=key, MPX_HEARTBEAT_S=heartbeat,
-               PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-m", "mpx", "node", "--master-addr", "127.0.0.1",
-                             "--master-port", str(port), "--node-rank", str(node_rank),
-                             "--nnodes", str(nnodes)], env=env)
 
 
 @pytest.fixture
@@ -54,12 +39,7 @@ def group():
     yield make
     for ex, follower in made:
         ex.shutdown()
-        try:
-            follower.wait(10)
-        finally:
-            if follower.poll() is None:
-                follower.kill()
-                follower.wait()
+        stop_follower(follower)
 
 
 def test_two_nodes_two_ranks_each(group):
