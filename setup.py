@@ -2,7 +2,8 @@
 
 Without a C compiler or the Python headers the build warns and installs mpx without the
 extension: it then runs on the pure-Python ring (slower). Set MPX_REQUIRE_EXTENSION=1 to make
-that a build error instead, and MPX_DEBUG=1 for an unoptimised build with C assertions.
+that a build error instead, and MPX_DEBUG=1 for an unoptimised build with C assertions and
+the debug counters of mpx._debug (live segments, rings and threads) switched on.
 """
 
 import os
@@ -45,7 +46,8 @@ ext = Extension(
     ["mpx/_ring.pyx"],
     include_dirs=["mpx"],
     extra_compile_args=["-O0", "-g"] if debug else ["-O3"],
-    define_macros=[] if debug else [("NDEBUG", "1")],
+    # MPX_DEBUG: mpx._ring.DEBUG, which turns on mpx._debug's live-resource counters
+    define_macros=[("MPX_DEBUG", "1")] if debug else [("NDEBUG", "1")],
 )
 
 setup(

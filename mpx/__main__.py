@@ -1,4 +1,4 @@
-"""``python -m mpx <command>``: cleanup, info, demo."""
+"""``python -m mpx <command>``: doctor, cleanup, info, demo, node, bench."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     if not removed:
         print("no stale mpx segments")
     return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from mpx import doctor
+
+    return doctor.main(import_torch=not args.no_torch)
 
 
 def _human(n: int) -> str:
@@ -80,6 +86,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     stale = shm.stale_segments()
     rows.append(("stale mpx segments", ", ".join(stale) if stale else "none"))
+    from mpx import _debug
+    rows.append(("debug counters", ", ".join(f"{k}={v}" for k, v in _debug.counts().items())
+                 if _debug.ENABLED else "off (build with MPX_DEBUG=1, or set it for the pure ring)"))
 
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -119,6 +128,7 @@ def _cmd_node(args: argparse.Namespace) -> int:
         print(f"mpx node: missing {', '.join(missing)} (or MASTER_ADDR, MASTER_PORT, NODE_RANK "
               "/ SLURM_NODEID, NNODES / SLURM_NNODES)", file=sys.stderr)
         return 2
+    assert addr is not None and port is not None and rank is not None and nnodes is not None
     config = mpx.Config.from_env(host=args.host)
     return node.run_follower(addr, port, rank, nnodes, config)
 
@@ -131,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     sub.add_parser("cleanup", help="remove /dev/shm segments left by dead mpx processes"
                    ).set_defaults(func=_cmd_cleanup)
+    doctor = sub.add_parser("doctor", help="check that an executor can start here (exit 1 "
+                            "if not): ring, /dev/shm, start method, pyzmq, torch, stale segments")
+    doctor.add_argument("--no-torch", action="store_true",
+                        help="do not import torch (faster; CUDA is then not checked)")
+    doctor.set_defaults(func=_cmd_doctor)
     sub.add_parser("info", help="print versions, the ring implementation, /dev/shm space "
                    "and stale segments").set_defaults(func=_cmd_info)
     demo = sub.add_parser("demo", help="serve a tensor-parallel torch MLP on 2 workers "

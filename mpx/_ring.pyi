@@ -1,5 +1,6 @@
 # Type stub of the compiled ring (mpx/_ring.pyx); mpx/_ring_py.py has the same API.
 IMPLEMENTATION: str
+DEBUG: bool
 
 class Ring:
     index: int

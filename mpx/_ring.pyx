@@ -74,6 +74,17 @@ DEF MAX_STACK_PARTS = 16
 
 IMPLEMENTATION = "cython"
 
+cdef extern from *:
+    """
+    #ifndef MPX_DEBUG
+    #define MPX_DEBUG 0
+    #endif
+    """
+    int MPX_DEBUG_BUILD "MPX_DEBUG"
+
+# True when built with MPX_DEBUG=1: mpx._debug then keeps its counters (see there).
+DEBUG = bool(MPX_DEBUG_BUILD)
+
 
 cdef class Ring:
     """One process's end of a ring segment: the writer (``index == -1``) or reader ``index``.

@@ -35,6 +35,33 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+def describe_stall(pid: int | None) -> str:
+    """How a process that has not answered looks from outside: 'alive but stopped
+    (SIGSTOP)', 'alive, running (state R)', 'gone'... (from /proc/<pid>/stat on Linux)."""
+    if pid is None:
+        return "in an unknown state"
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "gone"
+        except PermissionError:
+            pass
+        return "alive"
+    if state == "T":
+        return "alive but stopped (SIGSTOP or a job-control signal); SIGCONT resumes it"
+    if state == "t":
+        return "alive but stopped by a debugger (tracing stop)"
+    if state in ("Z", "X"):
+        return "dead (exit not yet reported)"
+    if state == "D":
+        return "alive, in uninterruptible sleep (state D: blocked in the kernel, e.g. on I/O)"
+    return f"alive (state {state}) but still busy with the call or an earlier one"
+
+
 class LocalWorkers:
     """The processes for ``ctxs`` (one WorkerContext each) on this node, reading calls from
     the queue of ``handle`` as their global rank, or as their local rank when

@@ -13,6 +13,7 @@ import secrets
 
 import posix_ipc
 
+from mpx import _debug
 from mpx.errors import ShmError
 
 PREFIX = "mpx-"
@@ -36,7 +37,10 @@ def create(size: int, shm_dir: str = "/dev/shm") -> tuple[str, mmap.mmap]:
     The pages are reserved up front (``posix_fallocate``), so a full /dev/shm is an
     ``ShmError`` here and never a SIGBUS later.
     """
-    free = free_bytes(shm_dir)
+    try:
+        free = free_bytes(shm_dir)
+    except OSError as e:
+        raise ShmError(f"cannot check the free space of {shm_dir}: {e}") from e
     if size > free:
         raise ShmError(
             f"mpx needs {size} bytes of shared memory for a ring but {shm_dir} has only "
@@ -60,6 +64,7 @@ def create(size: int, shm_dir: str = "/dev/shm") -> tuple[str, mmap.mmap]:
         raise
     finally:
         seg.close_fd()
+    _debug.inc("segments")
     return name, mm
 
 
@@ -74,9 +79,17 @@ def attach(name: str) -> mmap.mmap:
     except (posix_ipc.Error, OSError) as e:
         raise ShmError(f"cannot open shared-memory segment {name}: {e}") from e
     try:
-        return mmap.mmap(seg.fd, seg.size)
+        mm = mmap.mmap(seg.fd, seg.size)
     finally:
         seg.close_fd()
+    _debug.inc("segments")
+    return mm
+
+
+def close(mm: mmap.mmap) -> None:
+    """Unmap a segment that :func:`create` or :func:`attach` mapped."""
+    mm.close()
+    _debug.dec("segments")
 
 
 def unlink(name: str) -> bool:

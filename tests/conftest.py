@@ -3,7 +3,9 @@
 - ``impl``: runs a test against the compiled ring and the pure-Python twin (restrict with
   ``MPX_TEST_IMPL=cython|python``).
 - ``ctx``: the multiprocessing context (``MPX_TEST_START_METHOD``, default spawn).
-- an autouse check that a test leaves no /dev/shm segment, child process or thread behind.
+- an autouse check that a test leaves no /dev/shm segment, child process or thread behind,
+  and, when mpx's debug counters are on (built with MPX_DEBUG=1, or MPX_DEBUG=1 set), no
+  segment mapping, ring or mpx thread open in this process.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 import psutil
 import pytest
 
-from mpx import shm
+from mpx import _debug, shm
 
 IMPLS = [i for i in ("cython", "python")
          if os.environ.get("MPX_TEST_IMPL", i) == i]
@@ -67,6 +69,7 @@ def no_leaks():
     """Fail a test that leaves an mpx segment, a child process or a thread behind."""
     segs = _mpx_segments()
     threads = set(threading.enumerate())
+    counts = _debug.counts()
     yield
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
@@ -76,7 +79,8 @@ def no_leaks():
         new_threads = [t for t in threading.enumerate() if t not in threads and t.is_alive()
                        and type(t).__name__ != "GarbageCollectorThread"]
         new_segs = _mpx_segments() - segs
-        if not kids and not new_threads and not new_segs:
+        held = {k: v - counts[k] for k, v in _debug.counts().items() if v != counts[k]}
+        if not kids and not new_threads and not new_segs and not held:
             break
         time.sleep(0.05)
     for k in kids:
@@ -86,3 +90,4 @@ def no_leaks():
     assert not new_segs, f"test left shared-memory segments behind: {sorted(new_segs)}"
     assert not kids, f"test left child processes behind: {kids}"
     assert not new_threads, f"test left threads behind: {new_threads}"
+    assert not held, f"test left mpx resources open (debug counters): {held}"

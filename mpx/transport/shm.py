@@ -14,8 +14,8 @@ import time
 import weakref
 from typing import Any
 
+from mpx import _debug, shm
 from mpx import layout as L
-from mpx import shm
 from mpx._impl import ring_module
 from mpx.config import Config
 from mpx.errors import Cancelled, HandleError, PeerDiedError, QueueTimeout
@@ -71,6 +71,7 @@ class ShmWriter:
         mod = ring_module()
         self.implementation = mod.IMPLEMENTATION
         self._ring = mod.Ring(self._mm, -1, **_ring_args(config))
+        _debug.inc("rings")
         self._lock = threading.Lock()
         self._closed = False
         self._shut = False
@@ -164,7 +165,8 @@ class ShmWriter:
             self._ring.set_state(L.S_CLOSED)
             self._unlink()
             self._ring.release()
-            self._mm.close()
+            _debug.dec("rings")
+            shm.close(self._mm)
         self._finalizer.detach()
 
 
@@ -192,8 +194,9 @@ class ShmReader:
             mod = ring_module()
             self.implementation = mod.IMPLEMENTATION
             self._ring = mod.Ring(self._mm, index, **_ring_args(config))
+            _debug.inc("rings")
         except BaseException:
-            self._mm.close()
+            shm.close(self._mm)
             raise
         self._lock = threading.Lock()
         self._closed = False
@@ -276,5 +279,6 @@ class ShmReader:
         with self._lock:
             self._ring.mark_reader_closed()
             self._ring.release()
-            self._mm.close()
+            _debug.dec("rings")
+            shm.close(self._mm)
 

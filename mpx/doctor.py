@@ -1,0 +1,188 @@
+"""``python -m mpx doctor``: can an executor start here, and how will it run?
+
+Each check is a line ``[ OK ]``, ``[WARN]`` or ``[FAIL] name: detail``. FAIL means an
+executor with the effective configuration (``mpx.Config.from_env()``) would not start;
+WARN means it would, but slower or with something to clean up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import multiprocessing
+import os
+from importlib import metadata
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+
+
+@dataclasses.dataclass
+class Check:
+    """One line of the report."""
+
+    status: str
+    name: str
+    detail: str
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_config() -> tuple[list[Check], object | None]:
+    """The effective Config, or FAIL when an MPX_* variable is invalid."""
+    from mpx.config import Config
+    try:
+        cfg = Config.from_env()
+    except (ValueError, TypeError) as e:
+        return [Check(FAIL, "config", f"MPX_* environment is invalid: {e}")], None
+    return [Check(OK, "config", f"transport={cfg.transport}, start_method={cfg.start_method}, "
+                                f"ring {cfg.max_chunks} x {_human(cfg.max_chunk_bytes)}")], cfg
+
+
+def check_ring() -> list[Check]:
+    from mpx import _debug
+    from mpx._impl import _pure_requested
+    from mpx._impl import ring_implementation as impl
+    name = impl()
+    out = []
+    if name == "cython":
+        out.append(Check(OK, "ring implementation", "cython (compiled mpx._ring)"))
+    elif _pure_requested():
+        out.append(Check(OK, "ring implementation", "python (MPX_PURE_PYTHON=1)"))
+    else:
+        out.append(Check(WARN, "ring implementation",
+                         "python: the compiled mpx._ring is missing, calls are several times "
+                         "slower; reinstall with a C compiler and the Python headers"))
+    if _debug.ENABLED:
+        counts = ", ".join(f"{k}={v}" for k, v in _debug.counts().items())
+        out.append(Check(OK, "debug counters", f"on ({counts})"))
+    return out
+
+
+def check_shm(cfg) -> list[Check]:
+    """/dev/shm (and Config.shm_dir, where free space is checked): present, big enough for
+    one ring, and usable (a one-page segment is created and removed)."""
+    from mpx import layout, shm
+    from mpx.errors import ShmError
+    out = []
+    need = layout.segment_size(cfg.max_chunk_bytes, cfg.max_chunks, 1)
+    # too little shared memory stops a 'shm' executor; 'auto' falls back to ZeroMQ
+    short = FAIL if cfg.transport == "shm" else WARN
+    fallback = "" if cfg.transport == "shm" else " (transport 'auto' will use ZeroMQ instead)"
+    if cfg.transport == "zmq":
+        return [Check(OK, "shared memory", "not used (transport 'zmq')")]
+    dirs = [shm.SHM_ROOT] + ([cfg.shm_dir] if cfg.shm_dir != shm.SHM_ROOT else [])
+    for d in dirs:
+        try:
+            st = os.statvfs(d)
+        except OSError as e:
+            out.append(Check(short, d, f"unusable: {e}{fallback}"))
+            continue
+        size, free = st.f_blocks * st.f_frsize, shm.free_bytes(d)
+        text = f"size {_human(size)}, free {_human(free)}; one ring needs {_human(need)}"
+        out.append(Check(OK, d, text) if free >= need else
+                   Check(short, d, f"{text}: too small{fallback}; enlarge it (docker "
+                                   "--shm-size) or lower MPX_MAX_CHUNKS / MPX_MAX_CHUNK_BYTES"))
+    if all(c.status == OK for c in out):
+        try:
+            name, mm = shm.create(4096, cfg.shm_dir)
+        except (ShmError, OSError) as e:
+            out.append(Check(short, "shared-memory segment", f"cannot create one: {e}{fallback}"))
+        else:
+            shm.close(mm)
+            shm.unlink(name)
+            out.append(Check(OK, "shared-memory segment", "created and removed a test segment"))
+    return out
+
+
+def check_start_method(cfg) -> list[Check]:
+    methods = multiprocessing.get_all_start_methods()
+    if cfg.start_method not in methods:
+        return [Check(FAIL, "start method", f"{cfg.start_method!r} is not available here "
+                                            f"(available: {', '.join(methods)})")]
+    return [Check(OK, "start method", f"{cfg.start_method} (available: {', '.join(methods)})")]
+
+
+def check_zmq(cfg) -> list[Check]:
+    try:
+        import zmq
+    except ImportError as e:
+        return [Check(FAIL, "pyzmq", f"not importable: {e}")]
+    out = [Check(OK, "pyzmq", f"{zmq.__version__} (libzmq {zmq.zmq_version()})")]
+    curve = bool(zmq.has("curve"))
+    if curve:
+        out.append(Check(OK, "CURVE encryption", "supported by libzmq"))
+    elif cfg.curve:
+        out.append(Check(FAIL, "CURVE encryption", "MPX_CURVE is on but this libzmq has no "
+                                                   "CURVE support"))
+    else:
+        out.append(Check(WARN, "CURVE encryption", "not supported by this libzmq (only "
+                                                   "needed with MPX_CURVE=1)"))
+    return out
+
+
+def check_torch(import_torch: bool = True) -> list[Check]:
+    if importlib.util.find_spec("torch") is None:
+        return [Check(OK, "torch", "not installed (optional)")]
+    if not import_torch:
+        return [Check(OK, "torch", f"installed ({_version('torch') or 'version unknown'})")]
+    try:
+        import torch
+    except Exception as e:  # a broken install raises anything
+        return [Check(WARN, "torch", f"installed but import fails: {e}")]
+    cuda = torch.version.cuda
+    if cuda is None:
+        gpu = "CPU-only build"
+    elif torch.cuda.is_available():
+        gpu = f"CUDA {cuda}, {torch.cuda.device_count()} GPU(s)"
+    else:
+        gpu = f"CUDA {cuda} build, no GPU visible"
+    return [Check(OK, "torch", f"{torch.__version__}; {gpu}")]
+
+
+def check_stale() -> list[Check]:
+    from mpx import shm
+    stale = shm.stale_segments()
+    if not stale:
+        return [Check(OK, "stale mpx segments", "none")]
+    return [Check(WARN, "stale mpx segments",
+                  f"{len(stale)} left by dead processes: {', '.join(stale)} "
+                  "(remove them with `python -m mpx cleanup`)")]
+
+
+def run_checks(import_torch: bool = True) -> list[Check]:
+    """Every check, in report order."""
+    checks, cfg = check_config()
+    checks += check_ring()
+    if cfg is not None:
+        checks += check_shm(cfg) + check_start_method(cfg) + check_zmq(cfg)
+    checks += check_torch(import_torch) + check_stale()
+    return checks
+
+
+def main(import_torch: bool = True) -> int:
+    """Print the report; 1 if any check failed, else 0."""
+    import mpx
+    print(f"mpx {mpx.__version__} ({os.path.dirname(mpx.__file__)})")
+    checks = run_checks(import_torch)
+    for c in checks:
+        print(f"[{c.status:^4}] {c.name}: {c.detail}")
+    failed = [c.name for c in checks if c.status == FAIL]
+    warned = [c.name for c in checks if c.status == WARN]
+    if failed:
+        print(f"FAIL: an executor cannot start here ({', '.join(failed)})")
+        return 1
+    print(f"OK: an executor can start here{' (with warnings)' if warned else ''}")
+    return 0
