@@ -124,3 +124,15 @@ class WorkerStartupError(MpxError, RuntimeError):
         super().__init__(message)
         self.ranks = list(ranks or [])
         self.remote_traceback = remote_traceback
+
+
+class SharedTensorGoneError(DeserializationError):
+    """A tensor sent with ``mpx.share`` arrived after its segment was unlinked: the sender
+    freed the tensor or exited first. ``name`` is the segment's name."""
+
+    def __init__(self, message: str, name: str = "") -> None:
+        super().__init__(message)
+        self.name = name
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.name))

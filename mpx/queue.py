@@ -14,8 +14,8 @@ import time
 import warnings
 from typing import Any, Callable
 
+from mpx import _debug, serde
 from mpx import layout as L
-from mpx import serde
 from mpx.config import Config
 from mpx.errors import HandleError, QueueClosedError, QueueTimeout, RoleError, ShmError
 from mpx.transport.shm import ShmReader, ShmWriter
@@ -92,7 +92,8 @@ class _Broadcast:
             except BaseException as e:
                 failed.append(e)
 
-        remote = threading.Thread(target=send_remote, name="mpx-zmq-send", daemon=True)
+        remote = threading.Thread(target=_debug.counted_thread(send_remote),
+                                  name="mpx-zmq-send", daemon=True)
         remote.start()
         try:
             self.shm.write(kind, parts, deadline_ns)
@@ -267,7 +268,7 @@ class MessageQueue:
         """
         writer = self._need_writer("enqueue")
         deadline = _deadline(timeout)
-        kind, parts = serde.encode(obj)
+        kind, parts = serde.encode(obj, local_only=writer.zmq is None)
         if while_full is not None:
             need = writer.slots_needed(parts)
             while writer.free_slots() < need:
