@@ -232,8 +232,10 @@ def finish(args, header, rows, raw, elapsed, *, timed, png_title, png_pad, reap_
     this run's children still alive (shown with the others, sorted; not in the JSON).
     """
     print()
-    print("values: median (p90) over repetitions; latency in microseconds; bandwidth = 64 MiB /"
-          f" {timed} (p90 = bandwidth at the p90 time); ratio = mpx / baseline")
+    measure = ("latency in microseconds; bandwidth = 64 MiB / "
+               f"{timed} (p90 = bandwidth at the p90 time)" if timed is not None else
+               "rates: p90 = the 90th percentile of the rates")
+    print(f"values: median (p90) over repetitions; {measure}; ratio = mpx / baseline")
     print()
     print_table(rows)
     print()

@@ -1,4 +1,5 @@
-"""mpx: collective RPC to worker processes over a shared-memory ring (and, later, ZeroMQ).
+"""mpx: collective RPC to worker processes over a shared-memory ring (local ranks) and
+ZeroMQ (remote ranks).
 
 The public API::
 
@@ -7,10 +8,15 @@ The public API::
     mpx.MessageQueue      one writer, n readers, broadcast of Python objects
     mpx.Config            every tunable, defaults from MPX_* environment variables
     mpx.ring_implementation()   "cython" or "python"
+    mpx.watchdog          feed() and paused() for long calls inside a worker
+    mpx.share(tensor)     a CPU tensor in shared memory, sent by reference (mpx/sharing.py)
     errors: mpx.MpxError, Cancelled, QueueTimeout, PeerDiedError, ShmError, HandleError,
-            QueueClosedError, RoleError, SerializationError, DeserializationError
+            QueueClosedError, RoleError, SerializationError, DeserializationError,
+            SharedTensorGoneError, RPCError, RPCTimeoutError, WorkerStalledError,
+            ExecutorFailed, WorkerDiedError, NodeLostError, WorkerStartupError
 """
 
+from mpx import watchdog
 from mpx._impl import ring_implementation
 from mpx.config import Config
 from mpx.errors import (
@@ -27,13 +33,16 @@ from mpx.errors import (
     RPCError,
     RPCTimeoutError,
     SerializationError,
+    SharedTensorGoneError,
     ShmError,
     WorkerDiedError,
+    WorkerStalledError,
     WorkerStartupError,
 )
 from mpx.executor import Executor
 from mpx.futures import RPCFuture
 from mpx.queue import Handle, MessageQueue
+from mpx.sharing import share
 from mpx.worker import WorkerContext
 
 __version__ = "0.1.0"
@@ -42,6 +51,7 @@ __all__ = [
     "Cancelled", "Config", "DeserializationError", "Executor", "ExecutorFailed", "Handle",
     "HandleError", "MessageQueue", "MpxError", "NodeLostError", "PeerDiedError", "QueueClosedError",
     "QueueTimeout", "RPCError", "RPCFuture", "RPCTimeoutError", "RoleError",
-    "SerializationError", "ShmError", "WorkerContext", "WorkerDiedError", "WorkerStartupError",
-    "ring_implementation", "__version__",
+    "SerializationError", "SharedTensorGoneError", "ShmError", "WorkerContext", "WorkerDiedError",
+    "WorkerStalledError", "WorkerStartupError", "ring_implementation", "share", "watchdog",
+    "__version__",
 ]

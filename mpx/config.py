@@ -50,6 +50,13 @@ class Config:
     shutdown_grace_s: float = _env_field(5.0, "wait for workers to exit before SIGTERM")
     terminate_grace_s: float = _env_field(2.0, "wait after SIGTERM before SIGKILL")
     worker_threads: int = _env_field(0, "OMP/torch threads per worker; 0: cores / local workers")
+    # A call that makes no progress (mpx.watchdog.feed) for this long is a stall: its
+    # worker dumps every thread's stack and reports it. 0 turns the watchdog off.
+    watchdog_timeout_s: float = _env_field(300.0, "seconds without progress before a call "
+                                           "counts as stalled; 0: no watchdog")
+    dump_dir: str = _env_field("", "where workers write stack dumps; '': <tmp>/mpx-dumps")
+    async_output: bool = _env_field(False, "send replies from a background thread so the "
+                                    "next call starts at once")
     # Transports. auto: shared memory inside a node, ZeroMQ across; zmq: ZeroMQ for every
     # rank (containers whose /dev/shm is tiny or not shared); shm: one node only.
     transport: str = _env_field("auto", "auto, zmq or shm")
@@ -82,7 +89,8 @@ class Config:
         if self.start_method not in ("fork", "spawn", "forkserver"):
             raise ValueError(f"mpx.Config.start_method must be fork, spawn or forkserver, "
                              f"got {self.start_method!r}")
-        for name in ("startup_timeout_s", "shutdown_grace_s", "terminate_grace_s"):
+        for name in ("startup_timeout_s", "shutdown_grace_s", "terminate_grace_s",
+                     "watchdog_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"mpx.Config.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.transport not in ("auto", "zmq", "shm"):

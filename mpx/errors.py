@@ -92,6 +92,16 @@ class RPCTimeoutError(MpxError, TimeoutError):
         self.ranks = list(ranks)
 
 
+class WorkerStalledError(RPCTimeoutError):
+    """A call timed out (or ``check_health`` found) ranks alive but stalled: stuck in a
+    call past the watchdog timeout, or stopped (SIGSTOP). ``stalls`` maps each stalled
+    rank to what is known: method, seconds, top frames (``stack``), pid, dump file."""
+
+    def __init__(self, message: str, ranks: list[int], stalls: dict[int, dict]) -> None:
+        super().__init__(message, ranks)
+        self.stalls = stalls
+
+
 class ExecutorFailed(MpxError, RuntimeError):
     """The executor can no longer serve calls (a worker or node was lost)."""
 

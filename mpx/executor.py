@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from mpx import _debug, watchdog
 from mpx import worker as W
 from mpx.config import Config
 from mpx.errors import (
@@ -35,14 +36,19 @@ from mpx.errors import (
     RPCTimeoutError,
     SerializationError,
     WorkerDiedError,
+    WorkerStalledError,
 )
 from mpx.futures import RPCFuture
-from mpx.launch import LocalWorkers, describe_exit
+from mpx.launch import LocalWorkers, describe_exit, describe_stall
 from mpx.node import Leader
 from mpx.queue import MessageQueue
 from mpx.worker import WorkerContext
 
 logger = logging.getLogger("mpx")
+
+# How long the monitor waits for the reply-reading lock to collect a dead worker's last
+# replies before it fails the executor anyway (within the 1 s bound on reporting a death).
+LAST_REPLIES_WAIT_S = 0.1
 
 
 def _free_tcp_address(host: str = "127.0.0.1") -> str:
@@ -55,7 +61,7 @@ class _Call:
     """One call in flight: the replies gathered so far and, once done, its outcome."""
 
     __slots__ = ("seq", "method", "ranks", "reply_rank", "aggregator", "deadline", "future",
-                 "results", "errors", "done", "value", "error")
+                 "results", "errors", "done", "value", "error", "started")
 
     def __init__(self, seq: int, method: str, ranks: int, reply_rank: int | None,
                  aggregator: Callable | None, deadline: float | None) -> None:
@@ -65,6 +71,7 @@ class _Call:
         self.reply_rank = reply_rank
         self.aggregator = aggregator
         self.deadline = deadline
+        self.started = time.monotonic()
         self.future: RPCFuture | None = None  # only for non_block calls
         self.results: dict[int, Any] = {}
         self.errors: dict[int, Any] = {}
@@ -111,6 +118,7 @@ class _Group:
         self.pending: dict[int, _Call] = {}
         self.next_seq = 0
         self.next_reply = [0] * world_size
+        self.stalls: dict[int, dict] = {}  # rank -> its watchdog's report of the current stall
         self.failure: ExecutorFailed | None = None
         self.callbacks: list[Callable[[], None]] = []
         self.closing = False
@@ -154,6 +162,50 @@ class _Group:
         return WorkerDiedError(f"worker rank {rank} (pid {p.pid}) died: {describe_exit(p.exitcode)}",
                                rank=rank, pid=p.pid, exitcode=p.exitcode)
 
+    def dump_file(self, rank: int) -> str:
+        return watchdog.dump_path(watchdog.dump_dir(self.config.dump_dir), rank,
+                                  self.pids[rank])
+
+    def describe_missing(self, ranks: list[int], since: float) -> tuple[str, dict[int, dict]]:
+        """How each of ``ranks`` (not answering a call started at monotonic ``since``) looks
+        for a timeout message: stalled (its watchdog's report, or a dump its watchdog's C
+        thread wrote while the worker held the GIL), stopped (SIGSTOP), dead, or busy; and
+        the details of the stalled ones."""
+        pids = self.pids
+        parts, stalled = [], {}
+        for r in ranks:
+            pid = pids[r] if r < len(pids) else None
+            local = r < len(self.procs)
+            state = describe_stall(pid) if local else "on a follower node, alive"
+            info = self.stalls.get(r)
+            if info is None and local:
+                info = self._dumped_stall(r, time.time() - (time.monotonic() - since))
+            if info is not None:
+                stalled[r] = info
+                parts.append(watchdog.describe(info))
+            elif local and "stopped" in state:
+                stalled[r] = dict(rank=r, pid=pid, state=state)
+                parts.append(f"rank {r} (pid {pid}) is stalled: {state}")
+            else:
+                parts.append(f"rank {r} (pid {pid}) is {state}")
+        return "; ".join(parts), stalled
+
+    def _dumped_stall(self, rank: int, since_wall: float) -> dict | None:
+        path = self.dump_file(rank)
+        try:
+            if os.stat(path).st_mtime < since_wall:
+                return None
+        except OSError:
+            return None
+        text = watchdog.read_dump(path)
+        cut = text.rfind("Timeout (")
+        if cut < 0:
+            return None
+        top = watchdog.top_of_dump(text[cut:])
+        return dict(rank=rank, pid=self.pids[rank], method=watchdog.method_of_dump(top),
+                    seconds=self.config.watchdog_timeout_s, stack=top, dump_file=path,
+                    reported=False)
+
     def watch(self) -> None:
         """Monitor thread: a worker's sentinel becomes ready when it exits."""
         sentinels = {p.sentinel: rank for rank, p in enumerate(self.procs)}
@@ -163,7 +215,29 @@ class _Group:
                 return
             for s in ready:
                 rank = sentinels.pop(s)  # type: ignore[arg-type]
+                self.take_last_replies(rank)
                 self.fail(self.died_error(rank))
+
+    def take_last_replies(self, rank: int) -> None:
+        """Read what a worker sent before it died, so that a call it had answered gets its
+        result, not the failure. Skipped when another thread holds the reading lock for
+        LAST_REPLIES_WAIT_S: it reads them itself, or it waits on another rank and would
+        hold up the failure."""
+        if rank >= len(self.resp):
+            return
+        q = self.resp[rank]
+        # a ring (unlike a zmq socket) may be polled beside its reader: nothing unread, no wait
+        if q.ring_implementation != "zmq" and not q.poll():
+            return
+        if not self.pump_lock.acquire(timeout=LAST_REPLIES_WAIT_S):
+            return
+        try:
+            while q.poll():
+                self.read_reply(rank, 1.0)
+        except (ExecutorFailed, QueueTimeout):
+            pass  # it died mid-message: the failure follows
+        finally:
+            self.pump_lock.release()
 
     def watch_nodes(self) -> None:
         """Node-monitor thread: the only user of the leader's control socket after startup."""
@@ -200,6 +274,15 @@ class _Group:
         call.settle(value)
 
     def record(self, rank: int, seq: int, status: int, payload: Any) -> None:
+        if status == W.STALL:
+            if payload["seq"] < self.next_reply[rank]:
+                return  # that call has been answered since
+            payload["since"] = time.monotonic() - payload["seconds"]
+            logger.warning("mpx: %s", watchdog.describe(payload))
+            self.stalls[rank] = payload
+            return
+        if self.stalls and rank in self.stalls and seq >= self.stalls[rank]["seq"]:
+            del self.stalls[rank]
         self.next_reply[rank] = seq + 1
         with self.lock:
             call = self.pending.get(seq)
@@ -223,12 +306,20 @@ class _Group:
                                       f"the driver could not unpickle the result: {e}", "")
         except PeerDiedError:
             self.fail(self.died_error(rank))
-            raise self.failure from None  # type: ignore[misc]
+            if self.failure is None:  # shutdown() stopped the workers under this reader
+                raise ExecutorFailed("the executor was shut down") from None
+            raise self.failure from None
         except Cancelled:
             if self.failure is not None:
                 raise self.failure from None
             raise ExecutorFailed("the executor was shut down") from None
         self.record(rank, seq, status, payload)
+
+    def take_available(self) -> None:
+        """Read every reply already waiting (the caller holds ``pump_lock``)."""
+        for rank, q in enumerate(self.resp):
+            while q.poll():
+                self.read_reply(rank, None)
 
     def drain(self) -> None:
         """Read the replies that are there already, so that workers blocked on a full
@@ -236,9 +327,7 @@ class _Group:
         if not self.pump_lock.acquire(timeout=0.001):
             return  # another thread is reading replies
         try:
-            for rank, q in enumerate(self.resp):
-                while q.poll():
-                    self.read_reply(rank, None)
+            self.take_available()
         finally:
             self.pump_lock.release()
         time.sleep(0.0002)
@@ -259,9 +348,11 @@ class _Group:
                 while not call.done:
                     left = None if until is None else max(0.0, until - time.monotonic())
                     try:
-                        self.read_reply(call.missing()[0], left)
-                    except QueueTimeout:
-                        self._timed_out(call, wait_until)
+                        try:
+                            self.read_reply(call.missing()[0], left)
+                        except QueueTimeout:
+                            self.take_available()  # stall reports of the other ranks
+                            self._timed_out(call, wait_until)
                     except ExecutorFailed as e:
                         call.settle(error=e)
             finally:
@@ -269,13 +360,17 @@ class _Group:
 
     def _timed_out(self, call: _Call, wait_until: float | None) -> None:
         now = time.monotonic()
+        if call.done:
+            return
         if call.deadline is not None and now >= call.deadline:
             with self.lock:
                 self.pending.pop(call.seq, None)
             missing = call.missing()
-            call.settle(error=RPCTimeoutError(
-                f"collective_rpc {call.method!r} timed out; ranks {missing} have not answered",
-                missing))
+            text, stalled = self.describe_missing(missing, call.started)
+            message = (f"collective_rpc {call.method!r} timed out after "
+                       f"{now - call.started:.1f} s; ranks {missing} have not answered: {text}")
+            call.settle(error=WorkerStalledError(message, missing, stalled) if stalled else
+                        RPCTimeoutError(message, missing))
         elif wait_until is not None and now >= wait_until:
             raise TimeoutError(f"result() timed out; call {call.method!r} is still running")
 
@@ -311,6 +406,16 @@ class _Group:
         os.close(self.wake_r)
         os.close(self.wake_w)
         self.closed = True
+
+
+def _shutdown_before_thread_join(finalizer: Callable[[], Any]) -> None:
+    """Run ``finalizer`` as the interpreter starts to exit, before it joins non-daemon
+    threads (concurrent.futures does the same): a thread blocked in a call then gets
+    ExecutorFailed instead of holding the exit up for as long as the workers take."""
+    try:
+        threading._register_atexit(finalizer)  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):
+        pass  # no such hook in this Python, or the interpreter is already exiting
 
 
 def _run_callback(cb: Callable[[], None]) -> None:
@@ -357,6 +462,7 @@ class Executor:
                     getattr(worker_cls, "__qualname__", worker_cls), cfg.describe())
         g = self._group = _Group(cfg, world_size)
         self._finalizer = weakref.finalize(self, g.shutdown)
+        _shutdown_before_thread_join(self._finalizer)
         try:
             self._start(worker_cls, cls_bytes, kw_bytes)
         except BaseException:
@@ -388,10 +494,12 @@ class Executor:
         g.resp = [MessageQueue.create_from_handle(handles[r], 0, config=cfg)
                   for r in range(self.world_size)]
         g.bq.wait_until_ready(timeout=max(1.0, deadline - time.monotonic()))
-        g.monitor = threading.Thread(target=g.watch, name="mpx-executor-monitor", daemon=True)
+        g.monitor = threading.Thread(target=_debug.counted_thread(g.watch),
+                                     name="mpx-executor-monitor", daemon=True)
         g.monitor.start()
         if g.leader is not None:
-            g.node_watch = threading.Thread(target=g.watch_nodes, name="mpx-node-monitor",
+            g.node_watch = threading.Thread(target=_debug.counted_thread(g.watch_nodes),
+                                            name="mpx-node-monitor",
                                             daemon=True)
             g.node_watch.start()
 
@@ -454,11 +562,39 @@ class Executor:
         return call.outcome()
 
     def check_health(self, timeout: float = 10.0) -> None:
-        """Raise unless every worker answers a ping within ``timeout`` seconds."""
+        """Raise unless every worker answers a ping within ``timeout`` seconds:
+        WorkerStalledError at once for ranks whose watchdog reported a stall (naming the
+        method, for how long, and the top frames), RPCTimeoutError or WorkerStalledError
+        when the ping times out, ExecutorFailed when a worker is dead."""
+        g = self._group
+        self._check_usable()
+        if g.pump_lock.acquire(timeout=timeout):  # else another thread reads replies
+            try:
+                g.take_available()
+            finally:
+                g.pump_lock.release()
+        if g.stalls:
+            ranks = sorted(g.stalls)
+            stalls = {r: g.stalls[r] for r in ranks}
+            raise WorkerStalledError(
+                f"ranks {ranks} are stalled: "
+                + "; ".join(watchdog.describe(i) for i in stalls.values()), ranks, stalls)
         pids = self.collective_rpc(W.PING, timeout=timeout)
         expected = self._group.pids
         if pids != expected:
             raise ExecutorFailed(f"workers answered with pids {pids}, expected {expected}")
+
+    def dump_stacks(self, timeout: float = 5.0) -> dict[int, str]:
+        """Every worker's current stacks (all threads, faulthandler format) by rank, taken
+        on demand even while workers are busy or stuck in C code. A worker that cannot
+        dump within ``timeout`` seconds gets a line saying why (stopped, dead...)."""
+        g = self._group
+        deadline = time.monotonic() + timeout
+        out = watchdog.dump_all({r: (p.pid, g.dump_file(r)) for r, p in enumerate(g.procs)},
+                                timeout, describe_stall)
+        if g.leader is not None:
+            out.update(g.leader.stacks(max(0.0, deadline - time.monotonic())))
+        return out
 
     def register_failure_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback()`` once when the executor fails (at once if it already has)."""

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import queue
 import secrets
 import threading
 import time
@@ -23,6 +24,7 @@ from typing import Any
 import cloudpickle
 import zmq
 
+from mpx import _debug, watchdog
 from mpx.config import Config
 from mpx.errors import (
     Cancelled,
@@ -32,7 +34,7 @@ from mpx.errors import (
     WorkerDiedError,
     WorkerStartupError,
 )
-from mpx.launch import LocalWorkers, describe_exit
+from mpx.launch import LocalWorkers, describe_exit, describe_stall
 from mpx.queue import MessageQueue
 from mpx.transport.zmq import seal, unseal
 from mpx.worker import WorkerContext
@@ -77,6 +79,11 @@ class Leader:
         self._challenges: dict[bytes, tuple[int, bytes]] = {}  # routing id -> (node, nonce)
         self._beat_at = 0.0
         self.lost: set[int] = set()
+        # Executor.dump_stacks: a request for the watch thread to send, and the answers
+        self._dumps = threading.Condition()
+        self._dump_token = 0
+        self._dump_asks: list[tuple] = []
+        self._dump_answers: dict[int, dict[int, str]] = {}
 
     def node_ranks(self, node: int) -> list[int]:
         return list(range(node * self.local, (node + 1) * self.local))
@@ -157,7 +164,17 @@ class Leader:
             self._beat_at = now + self.config.heartbeat_s / 3
             for n in self.nodes:
                 self.send(n, ("beat",))
+        with self._dumps:
+            asks, self._dump_asks = self._dump_asks, []
+        for ask in asks:
+            for n in self.nodes:
+                self.send(n, ask)
         node, msg = self._recv(_POLL_MS)
+        if msg is not None and msg[0] == "stacks" and node is not None:
+            with self._dumps:
+                if msg[1] == self._dump_token:
+                    self._dump_answers[node] = msg[2]
+                    self._dumps.notify_all()
         if msg is not None and msg[0] == "dead":
             rank, pid, exitcode = msg[1], msg[2], msg[3]
             return WorkerDiedError(f"worker rank {rank} (pid {pid}) on node {node} died: "
@@ -170,6 +187,25 @@ class Leader:
                                      f"{self.config.heartbeat_s} s: it died or its link was cut",
                                      n, self.node_ranks(n))
         return None
+
+    def stacks(self, timeout: float) -> dict[int, str]:
+        """Every follower worker's stacks by rank (see Executor.dump_stacks); ranks of a
+        node that does not answer within ``timeout`` get a line saying so."""
+        deadline = time.monotonic() + timeout
+        with self._dumps:
+            self._dump_token += 1
+            self._dump_answers = {}
+            self._dump_asks.append(("dump", self._dump_token, timeout))
+            nodes = list(self.nodes)
+            self._dumps.wait_for(lambda: len(self._dump_answers) == len(nodes),
+                                 max(0.0, deadline - time.monotonic()))
+            answers = dict(self._dump_answers)
+        out: dict[int, str] = {}
+        for n in nodes:
+            out.update(answers.get(n) or {r: f"<no stacks from rank {r}: node {n} did not "
+                                           f"answer within {timeout} s>"
+                                           for r in self.node_ranks(n)})
+        return out
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -242,7 +278,8 @@ class _Relay:
         self.down = MessageQueue(local, local, config=dataclasses.replace(cfg, transport="shm"))
         self.handle = self.down.export_handle()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="mpx-relay", daemon=True)
+        self._thread = threading.Thread(target=_debug.counted_thread(self._run),
+                                        name="mpx-relay", daemon=True)
 
     def start(self) -> None:
         self.down.wait_until_ready(timeout=30)
@@ -269,10 +306,25 @@ class _Relay:
         self.down.close()
 
 
+def _dump_in_background(workers: LocalWorkers, cfg: Config, token: int, timeout: float,
+                        answers: queue.SimpleQueue) -> None:
+    """Take this node's workers' stacks in a thread (the control loop keeps beating) and
+    leave the answer in ``answers`` for the loop to send."""
+    where = watchdog.dump_dir(cfg.dump_dir)
+    targets = {rank: (p.pid, watchdog.dump_path(where, rank, p.pid))
+               for rank, p in zip(workers.ranks, workers.procs)}
+
+    def run() -> None:
+        answers.put(("stacks", token, watchdog.dump_all(targets, timeout, describe_stall)))
+
+    threading.Thread(target=_debug.counted_thread(run), name="mpx-dump", daemon=True).start()
+
+
 def _serve_follower(sock: zmq.Socket, key: bytes, workers: LocalWorkers, cfg: Config) -> int:
     last_seen = time.monotonic()
     beat_at = 0.0
     reported: set[int] = set()
+    dumps: queue.SimpleQueue = queue.SimpleQueue()  # answers to "dump", from their threads
     while True:
         now = time.monotonic()
         if now >= beat_at:
@@ -284,6 +336,10 @@ def _serve_follower(sock: zmq.Socket, key: bytes, workers: LocalWorkers, cfg: Co
                 last_seen = time.monotonic()
                 if msg[0] == "stop":
                     return 0
+                if msg[0] == "dump":
+                    _dump_in_background(workers, cfg, msg[1], msg[2], dumps)
+        while not dumps.empty():
+            sock.send(_pack(key, dumps.get()))
         if time.monotonic() - last_seen > cfg.heartbeat_s:
             logger.error("mpx node: the leader sent nothing for %.1f s; stopping", cfg.heartbeat_s)
             return 1

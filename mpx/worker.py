@@ -15,23 +15,24 @@ import os
 import signal
 import sys
 import threading
-import traceback
 from typing import Any
 
 import cloudpickle
 
+from mpx import _debug, watchdog
 from mpx.config import Config
-from mpx.errors import Cancelled, DeserializationError, PeerDiedError, SerializationError
+from mpx.errors import Cancelled, DeserializationError, PeerDiedError
+from mpx.output import ERR, OK, STALL, AsyncOutput, InlineOutput, Replies, error_payload
 from mpx.queue import MessageQueue
+from mpx.watchdog import Watchdog
 
 logger = logging.getLogger("mpx")
 
 # broadcast message tags
 CALL = 0
 STOP = 1
-# reply status
-OK = 0
-ERR = 1
+# How long the watchdog waits for room in the response queue to report a stall.
+STALL_REPORT_TIMEOUT_S = 1.0
 
 PING = "mpx.ping"  # built-in method: answers the worker's pid
 
@@ -129,11 +130,6 @@ def _exit_on_signal(signum, frame):
     raise SystemExit(0)
 
 
-def _error_payload(exc: BaseException) -> tuple[str, str, str]:
-    return type(exc).__qualname__, str(exc), "".join(
-        traceback.format_exception(type(exc), exc, exc.__traceback__))
-
-
 def worker_main(spec: dict, ready_conn, death_conn) -> None:
     """Entry point of a worker process (see module docstring)."""
     for fd in spec.get("close_fds", ()):  # fork: the driver's ends of other workers' pipes
@@ -150,6 +146,8 @@ def worker_main(spec: dict, ready_conn, death_conn) -> None:
     _set_threads(ctx)
 
     bq = resp = None
+    out: InlineOutput | AsyncOutput | None = None
+    wd: Watchdog | None = None
     orphaned = threading.Event()
 
     def on_orphaned() -> None:
@@ -160,7 +158,7 @@ def worker_main(spec: dict, ready_conn, death_conn) -> None:
         timer.daemon = True
         timer.start()
 
-    threading.Thread(target=_watch_parent, args=(death_conn, on_orphaned),
+    threading.Thread(target=_debug.counted_thread(_watch_parent), args=(death_conn, on_orphaned),
                      name="mpx-parent-watch", daemon=True).start()
     try:
         bq = MessageQueue.create_from_handle(spec["handle"], spec.get("bq_rank", ctx.rank),
@@ -170,31 +168,57 @@ def worker_main(spec: dict, ready_conn, death_conn) -> None:
             kwargs = cloudpickle.loads(spec["worker_kwargs"]) or {}
             worker = worker_cls(ctx, **kwargs)
         except BaseException as e:
-            ready_conn.send(("error",) + _error_payload(e))
+            ready_conn.send(("error",) + error_payload(e))
             return
         if spec.get("remote_driver"):  # the driver is on another node: answer over zmq
             resp = MessageQueue(1, 0, connect_ip=ctx.config.host, config=ctx.config)
         else:
             resp = MessageQueue(1, 1, config=ctx.config)
+        replies = Replies(resp)
+        wd = Watchdog(ctx.rank, ctx.config.watchdog_timeout_s,
+                      watchdog.dump_dir(ctx.config.dump_dir),
+                      lambda info: replies.send(info["seq"], STALL, info,
+                                                timeout=STALL_REPORT_TIMEOUT_S))
+        wd.start()
+        out = (AsyncOutput if ctx.config.async_output else InlineOutput)(replies, worker)
         ready_conn.send(("ready", resp.export_handle(), os.getpid()))
         ready_conn.close()
-        _serve(worker, ctx.rank, bq, resp)
+        _serve(worker, ctx.rank, bq, out, wd)
     except (Cancelled, PeerDiedError):
         pass  # the driver shut down or died
     finally:
+        if out is not None:
+            try:
+                out.close()
+            except (Cancelled, PeerDiedError):
+                pass
+        if wd is not None:
+            wd.stop()
         if resp is not None:
             resp.close()
         if bq is not None:
             bq.close()
 
 
-def _serve(worker: Any, rank: int, bq: MessageQueue, resp: MessageQueue) -> None:
+def _call(worker: Any, method: Any, args: tuple, kwargs: dict | None) -> Any:
+    if not isinstance(method, str):
+        return functools.partial(method, worker)(*args, **(kwargs or {}))
+    if method == PING:
+        return os.getpid()
+    fn = getattr(worker, method, None)
+    if fn is None or not callable(fn):
+        raise AttributeError(f"{type(worker).__name__} has no method {method!r}")
+    return fn(*args, **(kwargs or {}))
+
+
+def _serve(worker: Any, rank: int, bq: MessageQueue, out: InlineOutput | AsyncOutput,
+           wd: Watchdog) -> None:
     expected = 0  # seq of the next broadcast message: names a call whose args won't unpickle
     while True:
         try:
             msg = bq.dequeue(indefinite=True)
         except DeserializationError as e:
-            resp.enqueue((expected, ERR, _error_payload(e)))
+            out.put(expected, ERR, error_payload(e), True)
             expected += 1
             continue
         tag, seq = msg[0], msg[1]
@@ -202,22 +226,17 @@ def _serve(worker: Any, rank: int, bq: MessageQueue, resp: MessageQueue) -> None
         if tag == STOP:
             return
         _, _, method, args, kwargs, reply_rank = msg
+        wd.begin(method if isinstance(method, str) else
+                 getattr(method, "__name__", "<callable>"), seq)
         try:
-            if isinstance(method, str):
-                if method == PING:
-                    result: Any = os.getpid()
-                else:
-                    fn = getattr(worker, method, None)
-                    if fn is None or not callable(fn):
-                        raise AttributeError(
-                            f"{type(worker).__name__} has no method {method!r}")
-                    result = fn(*args, **(kwargs or {}))
-            else:
-                result = functools.partial(method, worker)(*args, **(kwargs or {}))
-            reply = (seq, OK, result if reply_rank is None or reply_rank == rank else None)
+            status, result = OK, _call(worker, method, args, kwargs)
         except Exception as e:
-            reply = (seq, ERR, _error_payload(e))
-        try:
-            resp.enqueue(reply)
-        except SerializationError as e:
-            resp.enqueue((seq, ERR, _error_payload(e)))
+            status, result = ERR, error_payload(e)
+        finally:
+            wd.end()
+        out.put(seq, status, result, reply_rank is None or reply_rank == rank)
+        # Let go of this call's arguments and result now, not when the next call comes:
+        # a large result would stay in memory while the worker idles, and a __del__ that
+        # crashes would take down an unrelated later call.
+        del msg, method, args, kwargs
+        result = None

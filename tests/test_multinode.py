@@ -262,3 +262,14 @@ def test_timeouts_errors_and_late_replies_across_nodes(group):
         ex.collective_rpc("ident", args=(threading.Lock(),))
     assert ex.collective_rpc("rank") == [0, 1, 2, 3]
     assert not ex.is_failed
+
+
+def test_dump_stacks_reaches_the_follower_workers(group):
+    ex, _ = group()
+    pending = ex.collective_rpc("sleep", args=(1.5,), kwargs={"ranks": [3]}, non_block=True)
+    time.sleep(0.3)
+    stacks = ex.dump_stacks(timeout=5)
+    assert sorted(stacks) == [0, 1, 2, 3]
+    assert all("most recent call first" in s and "_serve" in s for s in stacks.values())
+    assert "in sleep" in stacks[3] and "in sleep" not in stacks[2]
+    assert pending.result(timeout=10) == [0, 1, 2, 3]

@@ -1,0 +1,131 @@
+"""How a worker's replies leave it: inline, or from a background thread (``async_output``).
+
+A reply ``(seq, status, payload)`` goes on the worker's response queue. A result with a
+``get_output()`` method (e.g. one that waits on a CUDA event after a non-blocking copy to
+the host) is resolved first, in whichever thread sends it; an exception there fails that
+call only. With ``Config.async_output`` a single thread sends, so the RPC loop can start
+the next call at once and replies keep their order.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sys
+import threading
+import traceback
+from typing import Any
+
+from mpx import _debug
+from mpx.errors import Cancelled, PeerDiedError, SerializationError
+
+logger = logging.getLogger("mpx")
+
+# reply status
+OK = 0
+ERR = 1
+STALL = 2  # a watchdog report; the call's real reply still follows
+
+# Calls whose replies may wait in the async output thread's queue: 2 lets call N's output
+# be resolved while call N+1 computes, and bounds what waits in memory.
+ASYNC_DEPTH = 2
+
+
+def error_payload(exc: BaseException) -> tuple[str, str, str]:
+    """(type name, message, traceback text) of ``exc``, as an ERR reply carries it."""
+    return type(exc).__qualname__, str(exc), "".join(
+        traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+class Replies:
+    """The response queue, shared by the sender of replies and the watchdog."""
+
+    def __init__(self, resp: Any) -> None:
+        self.resp = resp
+        self.lock = threading.Lock()
+
+    def send(self, seq: int, status: int, payload: Any, timeout: float | None = None) -> None:
+        with self.lock:
+            try:
+                self.resp.enqueue((seq, status, payload), timeout=timeout)
+            except SerializationError as e:
+                self.resp.enqueue((seq, ERR, error_payload(e)), timeout=timeout)
+
+
+def _bind_device(worker: Any) -> None:
+    """Make the worker's torch device current in this thread, when it has one."""
+    device = getattr(worker, "device", None)
+    torch = sys.modules.get("torch")
+    if torch is None or device is None or getattr(device, "type", None) != "cuda":
+        return
+    torch.cuda.set_device(device)
+
+
+def resolve(status: int, payload: Any, keep: bool) -> tuple[int, Any]:
+    """The reply's (status, payload) once ``get_output()`` (if any) ran; the result itself
+    only if ``keep`` (this rank was asked to reply)."""
+    if status == OK:
+        get_output = getattr(payload, "get_output", None)
+        if callable(get_output):
+            try:
+                payload = get_output()
+            except Exception as e:
+                return ERR, error_payload(e)
+        if not keep:
+            payload = None
+    return status, payload
+
+
+class InlineOutput:
+    """Sends each reply from the RPC loop itself."""
+
+    def __init__(self, replies: Replies, worker: Any) -> None:
+        self.replies = replies
+        _bind_device(worker)
+
+    def put(self, seq: int, status: int, payload: Any, keep: bool) -> None:
+        status, payload = resolve(status, payload, keep)
+        self.replies.send(seq, status, payload)
+
+    def close(self) -> None:
+        pass
+
+
+class AsyncOutput:
+    """Sends replies from one background thread, in order."""
+
+    def __init__(self, replies: Replies, worker: Any) -> None:
+        self.replies = replies
+        self.worker = worker
+        self.q: queue.Queue = queue.Queue(maxsize=ASYNC_DEPTH)
+        self.failed: BaseException | None = None
+        self.thread = threading.Thread(target=_debug.counted_thread(self._run), name="mpx-output",
+                                       daemon=True)
+        self.thread.start()
+
+    def put(self, seq: int, status: int, payload: Any, keep: bool) -> None:
+        if self.failed is not None:
+            raise self.failed
+        self.q.put((seq, status, payload, keep))
+
+    def _run(self) -> None:
+        _bind_device(self.worker)
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            seq, status, payload, keep = item
+            del item
+            status, payload = resolve(status, payload, keep)
+            try:
+                self.replies.send(seq, status, payload)
+            except (Cancelled, PeerDiedError) as e:
+                self.failed = e  # the driver is gone: the RPC loop stops at its next put
+                return
+            del payload
+
+    def close(self) -> None:
+        """Send what is queued, then stop the thread."""
+        if self.thread.is_alive():
+            self.q.put(None)
+            self.thread.join()

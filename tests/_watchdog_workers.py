@@ -1,0 +1,68 @@
+"""Worker classes for the watchdog and async-output tests (module level for every start
+method)."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+import mpx
+from mpx import watchdog
+
+
+class Sleeper:
+    def __init__(self, ctx: mpx.WorkerContext) -> None:
+        self.ctx = ctx
+
+    def rank(self):
+        return self.ctx.rank
+
+    def nap(self, seconds, ranks=None):
+        if ranks is None or self.ctx.rank in ranks:
+            time.sleep(seconds)
+        return self.ctx.rank
+
+    def hold_gil(self, seconds, ranks=None):
+        """Sleep in C without releasing the GIL (ctypes.PyDLL keeps it)."""
+        if ranks is None or self.ctx.rank in ranks:
+            ctypes.PyDLL(None).usleep(int(seconds * 1e6))
+        return self.ctx.rank
+
+    def fed(self, seconds, step):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(step)
+            watchdog.feed()
+        return "fed"
+
+    def quiet(self, seconds):
+        with watchdog.paused():
+            time.sleep(seconds)
+        return "paused"
+
+
+class Deferred:
+    """A result whose value is ready only after get_output() (as after a device copy)."""
+
+    def __init__(self, value, delay=0.0, fail=False):
+        self.value, self.delay, self.fail = value, delay, fail
+        self.lock = threading.Lock()  # not picklable: only what get_output returns travels
+
+    def get_output(self):
+        time.sleep(self.delay)
+        if self.fail:
+            raise RuntimeError(f"copy of {self.value!r} failed")
+        return self.value, threading.current_thread().name
+
+
+class Outputs:
+    def __init__(self, ctx: mpx.WorkerContext) -> None:
+        self.ctx = ctx
+
+    def deferred(self, value, compute=0.0, delay=0.0, fail_ranks=()):
+        time.sleep(compute)
+        return Deferred(value, delay, self.ctx.rank in fail_ranks)
+
+    def plain(self, value):
+        return value

@@ -1,0 +1,141 @@
+"""The watchdog across real worker processes: stalls in Python, in C holding the GIL, feeds
+and pauses, no false alarms while idle, and stacks on demand."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import _watchdog_workers as WW
+import psutil
+import pytest
+
+import mpx
+from mpx import watchdog
+
+TIMEOUT = 0.5  # watchdog timeout of these tests
+
+
+@pytest.fixture
+def make(tmp_path):
+    made = []
+
+    def make_(n=2, **kw):
+        kw.setdefault("start_method", os.environ.get("MPX_TEST_START_METHOD", "spawn"))
+        kw.setdefault("watchdog_timeout_s", TIMEOUT)
+        ex = mpx.Executor(WW.Sleeper, n, dump_dir=str(tmp_path), **kw)
+        made.append(ex)
+        return ex
+
+    yield make_
+    for ex in made:
+        ex.shutdown()
+
+
+def dump_file(tmp_path, ex, rank):
+    return watchdog.dump_path(str(tmp_path), rank, ex.worker_pids[rank])
+
+
+def test_call_sleeping_past_the_timeout_is_reported_stalled(make, tmp_path):
+    ex = make()
+    t0 = time.monotonic()
+    with pytest.raises(mpx.WorkerStalledError) as ei:
+        ex.collective_rpc("nap", args=(3.0,), kwargs={"ranks": [1]}, timeout=1.5)
+    assert time.monotonic() - t0 < 2.5
+    err = ei.value
+    assert isinstance(err, mpx.RPCTimeoutError) and err.ranks == [1]
+    info = err.stalls[1]
+    assert info["method"] == "nap" and info["pid"] == ex.worker_pids[1]
+    assert info["seconds"] >= TIMEOUT
+    assert "in nap" in info["stack"] and "time.sleep(seconds)" in info["stack"]
+    assert "rank 1" in str(err) and "'nap'" in str(err) and "in nap" in str(err)
+    dumped = watchdog.read_dump(dump_file(tmp_path, ex, 1))
+    assert "without progress" in dumped and "most recent call first" in dumped
+    assert "nap" in dumped
+    assert not os.path.getsize(dump_file(tmp_path, ex, 0))  # rank 0 never stalled
+    # the stalled call's late reply is dropped; the executor goes on
+    assert ex.collective_rpc("rank", timeout=10) == [0, 1]
+    assert not ex.is_failed
+
+
+def test_stall_in_c_holding_the_gil_is_dumped_by_the_c_thread(make, tmp_path):
+    ex = make()
+    with pytest.raises(mpx.WorkerStalledError) as ei:
+        ex.collective_rpc("hold_gil", args=(3.0,), kwargs={"ranks": [0]}, timeout=1.5)
+    err = ei.value
+    assert err.ranks == [0]
+    assert "holds the GIL" in str(err) and "in 'hold_gil'" in str(err)
+    assert "hold_gil" in err.stalls[0]["stack"] and err.stalls[0]["method"] == "hold_gil"
+    assert "Timeout (" in watchdog.read_dump(dump_file(tmp_path, ex, 0))
+    assert ex.collective_rpc("rank", timeout=10) == [0, 1]
+
+
+def test_check_health_names_the_stalled_rank(make):
+    ex = make()
+    pending = ex.collective_rpc("nap", args=(4.0,), kwargs={"ranks": [0]}, non_block=True)
+    time.sleep(TIMEOUT + 0.2)
+    deadline = time.monotonic() + 3
+    while True:  # until the report is in (a loaded machine may delay it)
+        try:
+            ex.check_health(timeout=0.3)
+        except mpx.WorkerStalledError as e:
+            err = e
+            break
+        except mpx.RPCTimeoutError:
+            assert time.monotonic() < deadline, "no stall report within 3 s"
+    assert err.ranks == [0] and err.stalls[0]["method"] == "nap"
+    assert "'nap'" in str(err) and "time.sleep(seconds)" in str(err)
+    assert pending.result(timeout=10) == [0, 1]
+    ex.check_health(timeout=10)  # the stall is over
+
+
+def test_feeding_and_pausing_prevent_false_alarms(make, tmp_path):
+    ex = make()
+    assert ex.collective_rpc("fed", args=(4 * TIMEOUT, TIMEOUT / 5), timeout=30) == ["fed"] * 2
+    assert ex.collective_rpc("quiet", args=(3 * TIMEOUT,), timeout=30) == ["paused"] * 2
+    for rank in (0, 1):
+        assert os.path.getsize(dump_file(tmp_path, ex, rank)) == 0
+    ex.check_health(timeout=10)
+
+
+def test_no_false_alarm_while_idle_for_ten_seconds(make, tmp_path):
+    ex = make()
+    ex.collective_rpc("rank")
+    procs = [psutil.Process(p) for p in ex.worker_pids]
+    cpu0 = [p.cpu_times() for p in procs]
+    time.sleep(10)
+    used = [sum(p.cpu_times()[:2]) - sum(c[:2]) for p, c in zip(procs, cpu0)]
+    for rank in (0, 1):
+        assert os.path.getsize(dump_file(tmp_path, ex, rank)) == 0
+    assert max(used) < 0.2  # seconds of CPU over 10 s: the watchdog's wakes are cheap
+    ex.check_health(timeout=10)
+
+
+def test_dump_stacks_on_demand_even_while_holding_the_gil(make):
+    ex = make(watchdog_timeout_s=60)
+    pending = ex.collective_rpc("hold_gil", args=(2.0,), kwargs={"ranks": [1]}, non_block=True)
+    time.sleep(0.3)
+    stacks = ex.dump_stacks(timeout=5)
+    assert sorted(stacks) == [0, 1]
+    assert "hold_gil" in stacks[1]
+    assert "_serve" in stacks[0] and "hold_gil" not in stacks[0]
+    assert all("most recent call first" in s for s in stacks.values())
+    assert pending.result(timeout=10) == [0, 1]
+
+
+def test_dump_files_are_removed_at_shutdown_when_empty(make, tmp_path):
+    ex = make()
+    ex.collective_rpc("rank")
+    files = [dump_file(tmp_path, ex, r) for r in (0, 1)]
+    assert all(os.path.exists(f) for f in files)
+    ex.shutdown()
+    assert not any(os.path.exists(f) for f in files)
+
+
+def test_watchdog_off(make, tmp_path):
+    ex = make(watchdog_timeout_s=0)
+    with pytest.raises(mpx.RPCTimeoutError) as ei:
+        ex.collective_rpc("nap", args=(1.5,), kwargs={"ranks": [1]}, timeout=0.8)
+    assert not isinstance(ei.value, mpx.WorkerStalledError)
+    assert "busy" in str(ei.value)
+    assert "_serve" in ex.dump_stacks(timeout=5)[0]  # stacks on demand still work
