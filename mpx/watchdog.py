@@ -135,7 +135,7 @@ class Watchdog:
 
     def _run(self) -> None:
         tick = self.timeout_s / 4
-        switch_at = float("inf")
+        armed_at = 0  # the dump file's size when the switch was last set
         while not self._stop:
             now = time.monotonic()
             idle_progress = now if not self.busy or self.pauses else self.progress
@@ -145,14 +145,14 @@ class Watchdog:
                 key = (self.seq, self.progress)
                 if self._reported_for != key:
                     self._reported_for = key
-                    fired = now >= switch_at  # the C thread dumped while we could not run
+                    # (cancelling waits for a dump in progress to finish)
                     faulthandler.cancel_dump_traceback_later()
-                    switch_at = float("inf")
+                    fired = "Timeout (" in read_dump(self.path, armed_at)
                     self._on_stall(stalled, fired)
             if left > 0:
                 # the dead man's switch: fires only if this thread cannot push it again
+                armed_at = os.fstat(self._file.fileno()).st_size
                 faulthandler.dump_traceback_later(left + tick, file=self._file)
-                switch_at = now + left + tick
                 wait = tick
             else:
                 wait = min(tick, self.timeout_s - stalled)
@@ -171,10 +171,11 @@ class Watchdog:
         head = (f"mpx watchdog: worker rank {self.rank} (pid {os.getpid()}) has been in "
                 f"{method!r} (call {seq}) for {seconds:.1f} s without progress; stacks of "
                 "every thread follow\n")
-        if c_dumped:
+        if c_dumped:  # (this thread could not run in time: the C thread's dump is the one)
             text = read_dump(self.path)
             cut = text.rfind("Timeout (")
             dumped = text[cut:] if cut >= 0 else text
+            self._file.write(head.replace("follow", "are above (the C thread's dump)").encode())
         else:
             self._file.write(head.encode())
             faulthandler.dump_traceback(file=self._file, all_threads=True)
