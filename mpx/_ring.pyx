@@ -70,7 +70,6 @@ cdef int _propagate() except -1:
 # Copies at least this big run without the GIL; below it the release costs more than it gives.
 DEF NOGIL_COPY = 65536
 DEF SPIN_BATCH = 64
-DEF MAX_STACK_PARTS = 16
 
 IMPLEMENTATION = "cython"
 
@@ -319,56 +318,60 @@ cdef class Ring:
                 mpx_futex_wake(self._u32(OFF_DATA_FUTEX))
                 break
 
-    def write(self, uint32_t kind, parts, int64_t deadline_ns=-1):
+    def write(self, uint32_t kind, parts, int64_t deadline_ns=-1, int64_t total=-1):
         """Publish one message made of ``parts`` (buffers, concatenated) as ``kind``.
 
         Streams across as many slots as it needs, waiting for space up to ``deadline_ns``
-        (CLOCK_MONOTONIC ns; -1: none). Returns a status (SLICE: a signal interrupted a
-        wait, so Python can run its handler; write again); on anything but OK a message
-        already begun is aborted in front of the next write.
+        (CLOCK_MONOTONIC ns; -1: none). Returns a status; on anything but OK a message
+        already begun is aborted in front of the next write. Given ``total`` (the message's
+        length), ``parts`` may be any iterable, taken one piece at a time while the message
+        streams (a relay forwards chunks as they arrive); pieces that do not add up to
+        ``total`` raise ValueError, and so abort the message, like an exception from the
+        iterable.
         """
         self._live()
         if self.index >= 0:
             raise ValueError("write() on a reader ring")
-        cdef Py_buffer stack_bufs[MAX_STACK_PARTS]
-        cdef Py_buffer* bufs = stack_bufs
-        cdef Py_ssize_t n = len(parts), got = 0, j
-        cdef uint64_t total = 0, off = 0, c, rem
+        cdef Py_buffer buf
+        cdef uint64_t length = 0, written = 0, off = 0, c, rem
         cdef char* src
         cdef char* payload
         cdef bint first = True
         cdef int st
-        if n > MAX_STACK_PARTS:
-            bufs = <Py_buffer*>malloc(sizeof(Py_buffer) * n)
-            if bufs == NULL:
-                raise MemoryError()
-        try:
-            for j in range(n):
-                PyObject_GetBuffer(parts[j], &bufs[j], PyBUF_SIMPLE)
-                got += 1
-                total += <uint64_t>bufs[j].len
-            if self.partial:
-                with nogil:
-                    st = self._wait_space(deadline_ns)
-                if st == ST_SIGNAL:
-                    _propagate()
-                if st != ST_OK:
-                    return st
-                self._publish(0, F_ABORT, 0, 0)
-                self.partial = False
+        if total < 0:
+            for part in parts:
+                PyObject_GetBuffer(part, &buf, PyBUF_SIMPLE)
+                length += <uint64_t>buf.len
+                PyBuffer_Release(&buf)
+        else:
+            length = <uint64_t>total
+        if self.partial:
             with nogil:
                 st = self._wait_space(deadline_ns)
             if st == ST_SIGNAL:
                 _propagate()
             if st != ST_OK:
                 return st
-            payload = self._slot(self.seq) + SLOT_HEADER
-            for j in range(n):
-                src = <char*>bufs[j].buf
-                rem = <uint64_t>bufs[j].len
+            self._publish(0, F_ABORT, 0, 0)
+            self.partial = False
+        with nogil:
+            st = self._wait_space(deadline_ns)
+        if st == ST_SIGNAL:
+            _propagate()
+        if st != ST_OK:
+            return st
+        payload = self._slot(self.seq) + SLOT_HEADER
+        for part in parts:
+            PyObject_GetBuffer(part, &buf, PyBUF_SIMPLE)
+            try:
+                src = <char*>buf.buf
+                rem = <uint64_t>buf.len
+                if rem > length - written:
+                    raise ValueError(f"the message's pieces exceed its length {length}")
+                written += rem
                 while rem > 0:
                     if off == self.chunk_bytes:
-                        self._publish(<uint32_t>off, F_BEGIN if first else 0, kind, total)
+                        self._publish(<uint32_t>off, F_BEGIN if first else 0, kind, length)
                         first = False
                         self.partial = True
                         off = 0
@@ -390,14 +393,13 @@ cdef class Ring:
                     off += c
                     src += c
                     rem -= c
-            self._publish(<uint32_t>off, (F_BEGIN if first else 0) | F_END, kind, total)
-            self.partial = False
-            return ST_OK
-        finally:
-            for j in range(got):
-                PyBuffer_Release(&bufs[j])
-            if bufs != stack_bufs:
-                free(bufs)
+            finally:
+                PyBuffer_Release(&buf)
+        if written != length:
+            raise ValueError(f"the message's pieces add up to {written} bytes, not {length}")
+        self._publish(<uint32_t>off, (F_BEGIN if first else 0) | F_END, kind, length)
+        self.partial = False
+        return ST_OK
 
     # ---------------------------------------------------------------- reader
 

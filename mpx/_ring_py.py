@@ -262,12 +262,11 @@ class Ring:
                 self._futex_wake(L.OFF_DATA_FUTEX)
                 break
 
-    def write(self, kind: int, parts, deadline_ns: int = -1) -> int:
+    def write(self, kind: int, parts, deadline_ns: int = -1, total: int = -1) -> int:
         self._live()
         if self.index >= 0:
             raise ValueError("write() on a reader ring")
-        views = [memoryview(p).cast("B") for p in parts]
-        total = sum(v.nbytes for v in views)
+        length = sum(memoryview(p).nbytes for p in parts) if total < 0 else total
         if self.partial:
             st = self._wait_space(deadline_ns)
             if st != L.OK:
@@ -279,14 +278,18 @@ class Ring:
             return st
         chunk = self.chunk_bytes
         payload = self._slot(self.seq) + L.SLOT_HEADER
-        off = 0
+        off = written = 0
         first = True
         mv = self._mv
-        for v in views:
+        for part in parts:
+            v = memoryview(part).cast("B")
             pos, rem = 0, v.nbytes
+            if rem > length - written:
+                raise ValueError(f"the message's pieces exceed its length {length}")
+            written += rem
             while rem:
                 if off == chunk:
-                    self._publish(off, L.F_BEGIN if first else 0, kind, total)
+                    self._publish(off, L.F_BEGIN if first else 0, kind, length)
                     first = False
                     self.partial = True
                     off = 0
@@ -299,7 +302,9 @@ class Ring:
                 off += c
                 pos += c
                 rem -= c
-        self._publish(off, (L.F_BEGIN if first else 0) | L.F_END, kind, total)
+        if written != length:
+            raise ValueError(f"the message's pieces add up to {written} bytes, not {length}")
+        self._publish(off, (L.F_BEGIN if first else 0) | L.F_END, kind, length)
         self.partial = False
         return L.OK
 

@@ -36,7 +36,7 @@ from mpx.errors import (
 )
 from mpx.launch import LocalWorkers, describe_exit, describe_stall
 from mpx.queue import MessageQueue
-from mpx.transport.zmq import seal, unseal
+from mpx.transport.zmq import MessageAborted, seal, unseal
 from mpx.worker import WorkerContext
 
 logger = logging.getLogger("mpx")
@@ -271,7 +271,7 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
 
 class _Relay:
     """Takes each call once off the network and rebroadcasts it, as it is (no unpickling),
-    through a shared-memory ring to this node's workers."""
+    through a shared-memory ring to this node's workers, chunk by chunk as it arrives."""
 
     def __init__(self, handle: Any, reader_rank: int, local: int, cfg: Config) -> None:
         self.up = MessageQueue.create_from_handle(handle, reader_rank, config=cfg)
@@ -287,9 +287,12 @@ class _Relay:
 
     def _run(self) -> None:
         try:
-            while True:
-                kind, data = self.up.dequeue_raw(cancel=self._stop)
-                self.down.enqueue_raw(kind, data)
+            while True:  # each chunk goes on as soon as it has arrived and been checked
+                kind, total, pieces = self.up.dequeue_stream(cancel=self._stop)
+                try:
+                    self.down.enqueue_stream(kind, total, pieces)
+                except MessageAborted:
+                    pass  # the driver gave up on it part way; the workers never see it
         except (Cancelled, PeerDiedError, QueueClosedError):
             pass
         finally:

@@ -47,9 +47,9 @@ class Replies:
     def send(self, seq: int, status: int, payload: Any, timeout: float | None = None) -> None:
         with self.lock:
             try:
-                self.resp.enqueue((seq, status, payload), timeout=timeout)
+                self.resp.enqueue((seq, status, payload), timeout)
             except SerializationError as e:
-                self.resp.enqueue((seq, ERR, error_payload(e)), timeout=timeout)
+                self.resp.enqueue((seq, ERR, error_payload(e)), timeout)
 
 
 def _bind_device(worker: Any) -> None:
@@ -84,7 +84,8 @@ class InlineOutput:
         _bind_device(worker)
 
     def put(self, seq: int, status: int, payload: Any, keep: bool) -> None:
-        status, payload = resolve(status, payload, keep)
+        if status != OK or not keep or payload is not None and hasattr(payload, "get_output"):
+            status, payload = resolve(status, payload, keep)
         self.replies.send(seq, status, payload)
 
     def close(self) -> None:

@@ -292,14 +292,29 @@ class MessageQueue:
         kind, data = reader.read(deadline, cancel, not indefinite)
         return serde.decode(kind, data)
 
-    def dequeue_raw(self, timeout: float | None = None,
-                    cancel: threading.Event | None = None) -> tuple[int, Any]:
-        """The next message as ``(kind, data)``, not unpickled: for relays."""
-        return self._need_reader("dequeue_raw").read(_deadline(timeout), cancel, False)
+    def dequeue_stream(self, timeout: float | None = None,
+                       cancel: threading.Event | None = None) -> tuple[int, int, Any]:
+        """The next message as ``(kind, total, pieces)``, not unpickled: ``pieces`` yields
+        its bytes as they arrive (a remote reader streams chunks; a local one yields the
+        whole message). For relays, with :meth:`enqueue_stream`."""
+        reader = self._need_reader("dequeue_stream")
+        deadline = _deadline(timeout)
+        if isinstance(reader, ZmqReader):
+            return reader.read_stream(deadline, cancel)
+        kind, data = reader.read(deadline, cancel, False)
+        return kind, memoryview(data).nbytes, (data,)
 
-    def enqueue_raw(self, kind: int, data: Any, timeout: float | None = None) -> None:
-        """Broadcast a message that ``dequeue_raw`` returned, as it is."""
-        self._need_writer("enqueue_raw").write(kind, (data,), _deadline(timeout))
+    def enqueue_stream(self, kind: int, total: int, pieces: Any,
+                       timeout: float | None = None) -> None:
+        """Broadcast a message of ``total`` bytes from the iterable ``pieces`` as they come
+        (to readers over shared memory; ZeroMQ readers get it once it is whole). An
+        exception from ``pieces`` propagates, and readers never see the message."""
+        writer = self._need_writer("enqueue_stream")
+        deadline = _deadline(timeout)
+        if writer.zmq is not None or writer.shm is None:
+            writer.write(kind, tuple(pieces), deadline)
+        else:
+            writer.shm.write(kind, pieces, deadline, total)
 
     def broadcast_object(self, obj: Any = None) -> Any:
         """vLLM's helper: the writer enqueues ``obj`` and returns it, a reader dequeues."""

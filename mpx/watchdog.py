@@ -45,6 +45,7 @@ DUMP_SIGNAL = signal.SIGUSR1
 TOP_FRAMES = 8
 
 _current: Watchdog | None = None
+_monotonic = time.monotonic
 
 
 def dump_dir(configured: str) -> str:
@@ -97,7 +98,7 @@ class Watchdog:
         self.busy = False
         self.method: str | None = None
         self.seq = -1
-        self.started = self.progress = time.monotonic()
+        self.progress = time.monotonic()
         self.pauses = 0
         self._reported_for: tuple[int, float] | None = None
         self._stop = False
@@ -119,8 +120,9 @@ class Watchdog:
     # ------------------------------------------------------------ the RPC loop's marks
 
     def begin(self, method: str, seq: int) -> None:
-        self.method, self.seq = method, seq
-        self.started = self.progress = time.monotonic()
+        self.method = method
+        self.seq = seq
+        self.progress = _monotonic()
         self.busy = True
 
     def end(self) -> None:

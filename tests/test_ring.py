@@ -234,3 +234,30 @@ def test_reader_index_out_of_range(impl):
     with pytest.raises(ValueError):
         mod.Ring(mm, 1)
     mm.close()
+
+
+def test_streamed_write_takes_pieces_as_they_come(ring):
+    """With ``total``, parts may be a generator: a relay forwards chunks as they arrive.
+    Pieces that overrun or fall short of ``total``, or an exception from the generator,
+    abort the message (after some of its slots were published): readers never see it."""
+    w, (r,) = ring(chunk=256, nchunks=4)
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(read_ok(r, 5_000_000_000)
+                                                        for _ in range(3)))
+    reader.start()
+    pieces = [bytes([i]) * 100 for i in range(10)]  # 1000 bytes over 4 slots of 256
+    assert w.write(L.K_BYTES, (p for p in pieces), in_s(5), 1000) == L.OK
+
+    def broken():
+        yield b"x" * 600  # past two slots: published before the failure
+        raise RuntimeError("the network stream broke")
+    with pytest.raises(RuntimeError, match="broke"):
+        w.write(L.K_BYTES, broken(), in_s(5), 1000)
+    with pytest.raises(ValueError, match="exceed"):
+        w.write(L.K_BYTES, iter([b"y" * 600, b"y" * 600]), in_s(5), 1000)
+    with pytest.raises(ValueError, match="add up to 600"):
+        w.write(L.K_BYTES, iter([b"z" * 600]), in_s(5), 1000)
+    assert w.write(L.K_BYTES, iter([b"after"]), in_s(5), 5) == L.OK
+    assert w.write(L.K_BYTES, [b"a", b"b"], in_s(5)) == L.OK  # total from the parts
+    reader.join(10)
+    assert got == [(L.K_BYTES, b"".join(pieces)), (L.K_BYTES, b"after"), (L.K_BYTES, b"ab")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -48,7 +49,6 @@ def test_local_and_remote_readers_get_everything_in_order(ctx, cfg):
 
 
 def test_transport_zmq_for_local_readers(cfg):
-    import dataclasses
     z = dataclasses.replace(cfg, transport="zmq")
     with mpx.MessageQueue(1, 1, config=z) as q:
         h = q.export_handle()
@@ -80,7 +80,6 @@ def test_no_key_refuses_unless_insecure_allowed():
 
 
 def test_wrong_key_reader_is_refused_and_honest_one_works(cfg):
-    import dataclasses
     with mpx.MessageQueue(2, 0, config=cfg) as q:
         h = q.export_handle()
         bad = mpx.MessageQueue.create_from_handle(h, 1, config=dataclasses.replace(cfg, auth_key="wrong"))
@@ -103,6 +102,22 @@ def _forge(endpoint, frames, identity=b"attacker"):
     return s
 
 
+def _feeder(reader):
+    """(a ROUTER, the reader's identity on it): a writer-side socket that pushes messages
+    at the reader is impossible (the reader connects out), so its receive path is fed
+    through a ROUTER of our own that it connects to as well."""
+    evil = zmq.Context.instance().socket(zmq.ROUTER)
+    evil.setsockopt(zmq.LINGER, 0)
+    port = evil.bind_to_random_port("tcp://127.0.0.1")
+    reader._sock.connect(f"tcp://127.0.0.1:{port}")
+    # the DEALER deals round-robin: send until the ROUTER has learnt its identity
+    for _ in range(20):
+        reader._sock.send_multipart([b"x"])
+        if evil.poll(200):
+            break
+    return evil, evil.recv_multipart()[0]
+
+
 def test_forged_altered_and_replayed_messages_are_dropped(cfg):
     with mpx.MessageQueue(1, 0, config=cfg) as q:
         r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
@@ -111,18 +126,7 @@ def test_forged_altered_and_replayed_messages_are_dropped(cfg):
             q.enqueue("first")
             assert r.dequeue(timeout=5) == "first"
             reader = r._reader
-            # a writer-side socket that pushes messages at the reader is impossible (the
-            # reader connects out), so feed its receive path through a ROUTER of our own
-            evil = zmq.Context.instance().socket(zmq.ROUTER)
-            evil.setsockopt(zmq.LINGER, 0)
-            port = evil.bind_to_random_port("tcp://127.0.0.1")
-            reader._sock.connect(f"tcp://127.0.0.1:{port}")
-            # the DEALER deals round-robin: send until the evil ROUTER has learnt its identity
-            for _ in range(20):
-                reader._sock.send_multipart([b"x"])
-                if evil.poll(200):
-                    break
-            ident = evil.recv_multipart()[0]
+            evil, ident = _feeder(reader)
             import pickle
 
             from mpx.layout import K_PICKLE
@@ -170,15 +174,7 @@ def test_chunks_reassemble_in_order_and_replays_or_gaps_are_dropped(cfg):
             q.enqueue("first")
             assert r.dequeue(timeout=5) == "first"
             reader = r._reader
-            evil = zmq.Context.instance().socket(zmq.ROUTER)
-            evil.setsockopt(zmq.LINGER, 0)
-            port = evil.bind_to_random_port("tcp://127.0.0.1")
-            reader._sock.connect(f"tcp://127.0.0.1:{port}")
-            for _ in range(20):
-                reader._sock.send_multipart([b"x"])
-                if evil.poll(200):
-                    break
-            ident = evil.recv_multipart()[0]
+            evil, ident = _feeder(reader)
             key, tok = KEY.encode(), reader.token
             parts = [b"a" * 10, b"b" * 10, b"c" * 5]
             for frame in (_chunk(key, tok, 1, 0, 3, 25, parts[0]),
@@ -203,9 +199,51 @@ def test_chunks_reassemble_in_order_and_replays_or_gaps_are_dropped(cfg):
             r.close()
 
 
+def test_relay_streams_chunks_on_and_drops_a_message_given_up(cfg):
+    """dequeue_stream -> enqueue_stream, as a follower's relay does: a message crosses
+    chunk by chunk into a local ring; one the writer gave up on part way never reaches
+    the ring's reader, and the next message does."""
+    up = mpx.MessageQueue(1, 0, config=cfg)
+    r = mpx.MessageQueue.create_from_handle(up.export_handle(), 0, config=cfg)
+    down = mpx.MessageQueue(1, 1, config=dataclasses.replace(cfg, max_chunk_bytes=64,
+                                                             max_chunks=2))
+    local = mpx.MessageQueue.create_from_handle(down.export_handle(), 0)
+    evil = None
+    try:
+        up.wait_until_ready(10)
+        down.wait_until_ready(10)
+        up.enqueue(bytes(range(200)))  # one chunk
+        kind, total, pieces = r.dequeue_stream(timeout=5)
+        got: list = []
+        t = threading.Thread(target=lambda: got.extend(local.dequeue(timeout=10)
+                                                        for _ in range(3)))
+        t.start()
+        down.enqueue_stream(kind, total, pieces, timeout=5)
+        evil, ident = _feeder(r._reader)
+        key, tok = KEY.encode(), r._reader.token
+        for frame in (_chunk(key, tok, 1, 0, 3, 300, b"p" * 100),
+                      _chunk(key, tok, 1, 1, 3, 300, b"q" * 100),
+                      _chunk(key, tok, 2, 0, 2, 150, b"r" * 100),  # message 1 given up
+                      _chunk(key, tok, 2, 1, 2, 150, b"s" * 50),
+                      _chunk(key, tok, 3, 0, 1, 5, b"t" * 5)):
+            evil.send_multipart([ident, frame])
+        kind, total, pieces = r.dequeue_stream(timeout=5)
+        assert total == 300
+        with pytest.raises(zt.MessageAborted):
+            down.enqueue_stream(kind, total, pieces, timeout=5)  # 2 of its 3 slots went out
+        for _ in range(2):
+            down.enqueue_stream(*r.dequeue_stream(timeout=5), timeout=5)
+        t.join(15)
+        assert got == [bytes(range(200)), b"r" * 100 + b"s" * 50, b"t" * 5]
+    finally:
+        if evil is not None:
+            evil.close(0)
+        for q in (local, down, r, up):
+            q.close()
+
+
 @pytest.mark.parametrize("chunk", [4096, 65536])
 def test_large_messages_stream_in_chunks(cfg, chunk):
-    import dataclasses
     small = dataclasses.replace(cfg, max_chunk_bytes=chunk, max_chunks=4)
     arr = np.arange(300_000, dtype=np.float32)
     raw = os.urandom(3 * chunk)  # an exact multiple of the chunk size
@@ -250,7 +288,6 @@ def test_random_bytes_on_the_port_change_nothing(cfg):
 
 
 def test_slow_remote_reader_makes_writer_wait_then_raise(cfg):
-    import dataclasses
     small = dataclasses.replace(cfg, max_chunks=2)
     with mpx.MessageQueue(1, 0, config=small) as q:
         r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=small)
@@ -321,7 +358,6 @@ def _catch(fn, *a):
 
 @pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
 def test_curve_encrypted_queue(cfg):
-    import dataclasses
     enc = dataclasses.replace(cfg, curve=True)
     with mpx.MessageQueue(1, 0, config=enc) as q:
         h = q.export_handle()

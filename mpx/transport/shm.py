@@ -123,15 +123,15 @@ class ShmWriter:
         size = sum(memoryview(p).nbytes for p in parts)
         return min(self.config.max_chunks, max(1, -(-size // self.config.max_chunk_bytes)))
 
-    def write(self, kind: int, parts: tuple, deadline_ns: int) -> None:
+    def write(self, kind: int, parts, deadline_ns: int, total: int = -1) -> None:
+        """Write the message ``parts``; given its length ``total``, ``parts`` may be any
+        iterable of buffers, taken as the message streams (see Ring.write)."""
         with self._lock:
             if self._closed:
                 raise Cancelled("the queue is closed")
             if self._shut:
                 raise Cancelled("the queue was shut down")
-            st = self._ring.write(kind, parts, deadline_ns)
-            while st == L.SLICE:  # a signal: its Python handler runs here, then write again
-                st = self._ring.write(kind, parts, deadline_ns)
+            st = self._ring.write(kind, parts, deadline_ns, total)
             if st == L.OK:
                 return
             if st == L.TIMEOUT:

@@ -20,6 +20,7 @@ and a reader that disconnected makes it raise PeerDiedError.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -249,6 +250,20 @@ class ZmqWriter:
             self._sock.close(linger=0)
 
 
+class MessageAborted(Exception):
+    """The writer gave up on the message being streamed (``ZmqReader.read_stream``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chunk:
+    kind: int
+    seq: int
+    index: int
+    count: int
+    total: int
+    data: memoryview
+
+
 class ZmqReader:
     """Remote reader ``rank``: a DEALER connected to the writer's ROUTER."""
 
@@ -276,7 +291,7 @@ class ZmqReader:
         self._sock.send(seal(self.key, _HELLO.pack(MAGIC, VERSION, 0, self.token, rank), ()))
         self._seq = 0          # the lowest sequence number a new message may have
         self._ring = ring_module()
-        self._partial: tuple[int, int, Any] | None = None  # (seq, next index, Assembler)
+        self._stash: _Chunk | None = None  # a chunk read ahead: the start of a message
         self._connected = False
         self._lost_since: float | None = time.monotonic()
         self._lock = threading.Lock()
@@ -307,36 +322,101 @@ class ZmqReader:
 
     def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool):
         with self._lock:
-            if self._closed:
-                raise Cancelled("the queue is closed")
             while True:
-                if self._shut.is_set():
-                    raise Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was "
-                                    "shut down")
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
-                try:  # blocks up to RCVTIMEO = _POLL_MS
-                    msg = self._receive()
-                except zmq.Again:
-                    pass
-                else:
-                    if msg is not None:
-                        return msg
+                first = self._next_start(deadline_ns, cancel)
+                out = self._ring.Assembler(first.kind, first.total)
+                try:
+                    for piece in self._pieces(first, deadline_ns, cancel, locked=True):
+                        out.add(piece)
+                except MessageAborted:
                     continue
-                self._watch_link()
-                if self._lost_since is not None and \
-                        time.monotonic() - self._lost_since > self._heartbeat_s:
-                    raise PeerDiedError(
-                        f"reader rank {self.rank} lost the writer at {self.endpoint} for more "
-                        f"than {self._heartbeat_s} s (it died, or the link was cut)",
-                        role="writer")
-                if 0 <= deadline_ns <= time.monotonic_ns():
-                    raise QueueTimeout(f"dequeue on remote reader rank {self.rank} timed out: "
-                                       f"nothing from the writer at {self.endpoint}")
+                except ValueError as e:  # more bytes than the header says
+                    self.drops.drop(self.endpoint, f"message {first.seq}: {e}")
+                    continue
+                if not out.complete:
+                    self.drops.drop(self.endpoint,
+                                    f"message {first.seq} is shorter than its header says")
+                    continue
+                return first.kind, out.result()
 
-    def _receive(self) -> tuple[int, Any] | None:
-        """Take one chunk; the message once its last chunk is in, else None."""
-        frames = self._sock.recv_multipart(copy=False)
+    def read_stream(self, deadline_ns: int, cancel: threading.Event | None):
+        """``(kind, total, pieces)`` of the next message without gathering it: ``pieces``
+        yields each checked chunk as it arrives (a relay writes them on at once). It raises
+        MessageAborted if the writer gave up on the message part way; one consumer only."""
+        with self._lock:
+            first = self._next_start(deadline_ns, cancel)
+        return first.kind, first.total, self._pieces(first, deadline_ns, cancel, locked=False)
+
+    def _next_start(self, deadline_ns: int, cancel: threading.Event | None) -> _Chunk:
+        """The first chunk of the next message; stray continuations are dropped."""
+        while True:
+            c = self._next_chunk(deadline_ns, cancel)
+            if c.index != 0:
+                self.drops.drop(self.endpoint, f"chunk {c.index} of message {c.seq} out of "
+                                "order (replayed?)")
+            elif c.seq < self._seq:
+                self.drops.drop(self.endpoint, f"sequence {c.seq}, expected {self._seq} or "
+                                "later (replayed?)")
+            else:
+                # a later sequence number than expected: the writer gave up on those between
+                self._seq = c.seq + 1
+                return c
+
+    def _pieces(self, first: _Chunk, deadline_ns: int, cancel: threading.Event | None,
+                locked: bool):
+        yield first.data
+        for index in range(1, first.count):
+            while True:
+                if locked:
+                    c = self._next_chunk(deadline_ns, cancel)
+                else:
+                    with self._lock:
+                        c = self._next_chunk(deadline_ns, cancel)
+                if c.index == 0 and c.seq > first.seq:  # the writer gave up on this one
+                    self._stash = c
+                    raise MessageAborted(f"the writer gave up on message {first.seq} part way")
+                if c.seq == first.seq and c.index == index:
+                    break
+                self.drops.drop(self.endpoint, f"chunk {c.index} of message {c.seq} out of "
+                                "order (replayed?)")
+            yield c.data
+
+    def _next_chunk(self, deadline_ns: int, cancel: threading.Event | None) -> _Chunk:
+        """The next authentic chunk, waiting with every exit: shutdown, ``cancel``, the
+        writer lost for longer than the heartbeat timeout, the deadline."""
+        stashed = self._stash
+        if stashed is not None:
+            self._stash = None
+            return stashed
+        if self._closed:
+            raise Cancelled("the queue is closed")
+        while True:
+            if self._shut.is_set():
+                raise Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was "
+                                "shut down")
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
+            try:  # blocks up to RCVTIMEO = _POLL_MS
+                frames = self._sock.recv_multipart(copy=False)
+            except zmq.Again:
+                pass
+            else:
+                c = self._parse(frames)
+                if c is not None:
+                    return c
+                continue
+            self._watch_link()
+            if self._lost_since is not None and \
+                    time.monotonic() - self._lost_since > self._heartbeat_s:
+                raise PeerDiedError(
+                    f"reader rank {self.rank} lost the writer at {self.endpoint} for more "
+                    f"than {self._heartbeat_s} s (it died, or the link was cut)",
+                    role="writer")
+            if 0 <= deadline_ns <= time.monotonic_ns():
+                raise QueueTimeout(f"dequeue on remote reader rank {self.rank} timed out: "
+                                   f"nothing from the writer at {self.endpoint}")
+
+    def _parse(self, frames: list) -> _Chunk | None:
         body = unseal(self.key, frames[0].buffer) if len(frames) == 1 else None
         if body is None or body.nbytes < _HEADER.size:
             self.drops.drop(self.endpoint, "malformed or unsigned message (wrong key, altered?)")
@@ -346,44 +426,7 @@ class ZmqReader:
         if magic != MAGIC or version != VERSION or token != self.token:
             self.drops.drop(self.endpoint, "message of another queue or version")
             return None
-        data = body[_HEADER.size:]
-        if index == 0:
-            if seq < self._seq:
-                self.drops.drop(self.endpoint, f"sequence {seq}, expected {self._seq} or "
-                                "later (replayed?)")
-                return None
-            # a later sequence number than expected: the writer gave up on the messages
-            # between (and on the one in progress here, if any)
-            self._seq = seq + 1
-            self._partial = None
-            if count == 1:
-                if data.nbytes != total:
-                    self.drops.drop(self.endpoint, "chunk length disagrees with the header")
-                    return None
-                out = self._ring.Assembler(kind, total)
-                out.add(data)
-                return kind, out.result()
-            self._partial = (seq, 0, self._ring.Assembler(kind, total))
-        partial = self._partial
-        if partial is None or partial[0] != seq or partial[1] != index:
-            self.drops.drop(self.endpoint, f"chunk {index} of message {seq} out of order "
-                            "(replayed?)")
-            return None
-        out = partial[2]
-        try:
-            out.add(data)
-        except ValueError as e:
-            self._partial = None
-            self.drops.drop(self.endpoint, f"message {seq}: {e}")
-            return None
-        if index + 1 < count:
-            self._partial = (seq, index + 1, out)
-            return None
-        self._partial = None
-        if not out.complete:
-            self.drops.drop(self.endpoint, f"message {seq} is shorter than its header says")
-            return None
-        return kind, out.result()
+        return _Chunk(kind, seq, index, count, total, body[_HEADER.size:])
 
     def shutdown(self) -> None:
         self._shut.set()
