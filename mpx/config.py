@@ -67,10 +67,11 @@ class Config:
     curve: bool = _env_field(False, "encrypt remote queue traffic with CURVE (libzmq with curve)")
     # relay: a follower node takes each call once off the network and relays it to its
     # workers through its own ring (one network copy and one HMAC check per node, not per
-    # remote rank). auto relays where a follower has 2 or more ranks: on one 2-core machine
-    # (bench/bench_remote.py, 2 nodes x 2 ranks) relay answered a no-op in 217-238 us
-    # against 236-252 us direct and moved 64 MiB to the 2 remote ranks in 91 ms against
-    # 135 ms; with 1 rank per node it is only an extra hop (158 us against 118 us).
+    # remote rank), streaming each chunk on as it arrives. auto relays where a follower has
+    # 2 or more ranks: on one 2-core machine (bench/bench_remote.py, 2 nodes x 2 ranks)
+    # relay answered a no-op in 170-180 us against 201-234 us direct and moved 64 MiB to
+    # the 2 remote ranks in 77-90 ms against 100 ms; with 1 rank per node it is only an
+    # extra hop (158 us against 118 us).
     relay: str = _env_field("auto", "auto, on or off: relay calls on follower nodes")
     # Multi-node: the leader binds master_addr:master_port; followers connect to it.
     nnodes: int = _env_field(1, "nodes in the group (the leader is node 0)")
