@@ -360,6 +360,8 @@ def test_a_stalled_worker_times_out_as_alive(ex, record, stall):
         assert ei.value.ranks == [1] and f"rank 1 (pid {pid}) is " in msg, msg
         assert "alive" in msg and "died" not in msg and "dead" not in msg, msg
         assert ("stopped (SIGSTOP" in msg) == (stall == "sigstop"), msg
+        # stopped counts as stalled; busy (well within the watchdog timeout) does not
+        assert isinstance(ei.value, mpx.WorkerStalledError) == (stall == "sigstop")
         time.sleep(0.3)
         assert not e.is_failed  # stalled is not dead
     finally:
