@@ -107,14 +107,15 @@ class Watchdog:
         self.path = dump_path(directory, rank, os.getpid())
         self._file = open(self.path, "a+b", buffering=0)  # noqa: SIM115 (closed in stop)
         faulthandler.register(DUMP_SIGNAL, file=self._file, all_threads=True, chain=False)
-        self._thread = threading.Thread(target=_debug.counted_thread(self._run), name="mpx-watchdog",
-                                        daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Start watching (unless the timeout is 0: then only on-demand dumps work)."""
         global _current
         if self.timeout_s > 0:
             _current = self
+            self._thread = threading.Thread(target=_debug.counted_thread(self._run),
+                                            name="mpx-watchdog", daemon=True)
             self._thread.start()
 
     # ------------------------------------------------------------ the RPC loop's marks
@@ -204,7 +205,7 @@ class Watchdog:
         global _current
         self._stop = True
         self.wake.set()
-        if self._thread.is_alive():
+        if self._thread is not None:
             self._thread.join(5)
         faulthandler.cancel_dump_traceback_later()
         faulthandler.unregister(DUMP_SIGNAL)
