@@ -9,7 +9,6 @@ the next call at once and replies keep their order.
 
 from __future__ import annotations
 
-import logging
 import queue
 import sys
 import threading
@@ -17,9 +16,7 @@ import traceback
 from typing import Any
 
 from mpx import _debug
-from mpx.errors import Cancelled, PeerDiedError, SerializationError
-
-logger = logging.getLogger("mpx")
+from mpx.errors import SerializationError
 
 # reply status
 OK = 0
@@ -29,6 +26,8 @@ STALL = 2  # a watchdog report; the call's real reply still follows
 # Calls whose replies may wait in the async output thread's queue: 2 lets call N's output
 # be resolved while call N+1 computes, and bounds what waits in memory.
 ASYNC_DEPTH = 2
+# How often a put into the full output queue checks that the output thread still runs.
+_PUT_POLL_S = 0.1
 
 
 def error_payload(exc: BaseException) -> tuple[str, str, str]:
@@ -105,9 +104,19 @@ class AsyncOutput:
         self.thread.start()
 
     def put(self, seq: int, status: int, payload: Any, keep: bool) -> None:
-        if self.failed is not None:
-            raise self.failed
-        self.q.put((seq, status, payload, keep))
+        self._put((seq, status, payload, keep))
+
+    def _put(self, item: tuple | None) -> None:
+        """Queue ``item``, unless the thread stopped (the driver is gone): then raise why."""
+        while True:
+            if self.failed is not None:
+                raise self.failed
+            try:
+                self.q.put(item, timeout=_PUT_POLL_S)
+                return
+            except queue.Full:
+                if not self.thread.is_alive() and self.failed is None:
+                    raise RuntimeError("mpx: the output thread stopped") from None
 
     def _run(self) -> None:
         _bind_device(self.worker)
@@ -120,13 +129,13 @@ class AsyncOutput:
             status, payload = resolve(status, payload, keep)
             try:
                 self.replies.send(seq, status, payload)
-            except (Cancelled, PeerDiedError) as e:
-                self.failed = e  # the driver is gone: the RPC loop stops at its next put
+            except Exception as e:  # e.g. the driver is gone: the RPC loop stops at its next put
+                self.failed = e
                 return
             del payload
 
     def close(self) -> None:
         """Send what is queued, then stop the thread."""
         if self.thread.is_alive():
-            self.q.put(None)
+            self._put(None)
             self.thread.join()
