@@ -4,7 +4,8 @@ A call flows once down and back: ``collective_rpc`` encodes ``(CALL, seq, method
 kwargs, reply_rank)`` onto the broadcast queue; every worker answers ``(seq, status,
 payload)`` on its response queue, in order; the thread that waits for a result reads the
 replies (see :mod:`mpx.futures`). A monitor thread watches the processes and fails the
-executor within a second of a worker's death.
+executor within a second of a worker's death. A call that times out names each missing
+rank's state: stalled (its watchdog's report, or a stack dump), stopped, busy or dead.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 The executor starts one process per rank with :func:`worker_main`. The worker attaches to
 the broadcast queue, builds the user's worker object, creates its response queue, and
-answers every call on it exactly once, in order, with ``(seq, status, payload)``.
+answers every call on it exactly once, in order, with ``(seq, status, payload)``: from the
+RPC loop itself, or from the async output thread (:mod:`mpx.output`). The watchdog
+(:mod:`mpx.watchdog`) watches each call and may add a STALL report before its answer.
 """
 
 from __future__ import annotations
