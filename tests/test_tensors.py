@@ -515,3 +515,35 @@ def test_cuda_tensor_goes_through_host_memory_to_remote_readers():
     got.add_(1)
     assert not torch.equal(got, t)                               # a copy
 
+
+
+class _Nested:
+    """Encodes another message while being pickled (a reentrant encode in one thread)."""
+
+    def __reduce__(self):
+        kind, parts = serde.encode({"inner": torch.ones(3)})
+        return (bytes, (sum(memoryview(p).nbytes for p in parts),))
+
+
+def _roundtrip(obj):
+    kind, parts = serde.encode(obj)
+    return serde.decode(kind, bytearray(b"".join(bytes(memoryview(p)) for p in parts)))
+
+
+class _Payload:
+    pass
+
+
+def test_kept_picklers_are_reentrant_and_hold_nothing():
+    import weakref
+    out = _roundtrip({"t": torch.arange(4.0), "n": _Nested()})
+    assert torch.equal(out["t"], torch.arange(4.0)) and isinstance(out["n"], bytes)
+    obj = _Payload()
+    ref = weakref.ref(obj)
+    assert isinstance(_roundtrip({"obj": [obj], "t": torch.zeros(2)})["obj"][0], _Payload)
+    del obj
+    gc.collect()
+    assert ref() is None  # the kept pickler's memo let go of it
+    # a pickle over 1 MiB (bytes travel in band): its pickler is dropped, the next is new
+    assert _roundtrip([torch.ones(2), bytes(2 << 20)])[1] == bytes(2 << 20)
+    assert torch.equal(_roundtrip(torch.ones(3)), torch.ones(3))
