@@ -54,7 +54,7 @@ class Config:
     # worker dumps every thread's stack and reports it. 0 turns the watchdog off.
     watchdog_timeout_s: float = _env_field(300.0, "seconds without progress before a call "
                                            "counts as stalled; 0: no watchdog")
-    dump_dir: str = _env_field("", "where workers write stack dumps; '': <tmp>/mpx-dumps")
+    dump_dir: str = _env_field("", "where workers write stack dumps; '': <tmp>/mpx-dumps-<uid>")
     async_output: bool = _env_field(False, "send replies from a background thread so the "
                                     "next call starts at once")
     # Transports. auto: shared memory inside a node, ZeroMQ across; zmq: ZeroMQ for every

@@ -49,8 +49,9 @@ _monotonic = time.monotonic
 
 
 def dump_dir(configured: str) -> str:
-    """Where dump files go: ``Config.dump_dir``, or ``<tmp>/mpx-dumps``."""
-    return configured or os.path.join(tempfile.gettempdir(), "mpx-dumps")
+    """Where dump files go: ``Config.dump_dir``, or ``<tmp>/mpx-dumps-<uid>`` (one per
+    user: the directory is private)."""
+    return configured or os.path.join(tempfile.gettempdir(), f"mpx-dumps-{os.getuid()}")
 
 
 def dump_path(directory: str, rank: int, pid: int) -> str:

@@ -177,10 +177,15 @@ def worker_main(spec: dict, ready_conn, death_conn) -> None:
         else:
             resp = MessageQueue(1, 1, config=ctx.config)
         replies = Replies(resp)
-        wd = Watchdog(ctx.rank, ctx.config.watchdog_timeout_s,
-                      watchdog.dump_dir(ctx.config.dump_dir),
-                      lambda info: replies.send(info["seq"], STALL, info,
-                                                timeout=STALL_REPORT_TIMEOUT_S))
+        try:
+            wd = Watchdog(ctx.rank, ctx.config.watchdog_timeout_s,
+                          watchdog.dump_dir(ctx.config.dump_dir),
+                          lambda info: replies.send(info["seq"], STALL, info,
+                                                    timeout=STALL_REPORT_TIMEOUT_S))
+        except OSError as e:
+            ready_conn.send(("error",) + error_payload(
+                OSError(f"cannot write stack dumps to Config.dump_dir (MPX_DUMP_DIR): {e}")))
+            return
         wd.start()
         out = (AsyncOutput if ctx.config.async_output else InlineOutput)(replies, worker)
         ready_conn.send(("ready", resp.export_handle(), os.getpid()))

@@ -139,3 +139,11 @@ def test_watchdog_off(make, tmp_path):
     assert not isinstance(ei.value, mpx.WorkerStalledError)
     assert "busy" in str(ei.value)
     assert "_serve" in ex.dump_stacks(timeout=5)[0]  # stacks on demand still work
+
+
+def test_unusable_dump_dir_fails_startup_with_its_name(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(mpx.WorkerStartupError, match="MPX_DUMP_DIR"):
+        mpx.Executor(WW.Sleeper, 1, dump_dir=str(blocker / "dumps"), startup_timeout_s=60,
+                     start_method=os.environ.get("MPX_TEST_START_METHOD", "spawn"))
