@@ -11,13 +11,17 @@ from importlib import metadata
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
-    from mpx import shm
+    from mpx import shm, watchdog
+    from mpx.config import Config
 
     removed = shm.reap_stale()
     for name in removed:
         print(f"removed {name}")
     if not removed:
         print("no stale mpx segments")
+    dumps = watchdog.reap_empty_dumps(watchdog.dump_dir(Config.from_env().dump_dir))
+    for path in dumps:
+        print(f"removed {path}")
     return 0
 
 
@@ -139,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="mpx: collective RPC to worker processes over shared memory.")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     sub.required = True
-    sub.add_parser("cleanup", help="remove /dev/shm segments left by dead mpx processes"
-                   ).set_defaults(func=_cmd_cleanup)
+    sub.add_parser("cleanup", help="remove /dev/shm segments and empty stack-dump files "
+                   "left by dead mpx processes").set_defaults(func=_cmd_cleanup)
     doctor = sub.add_parser("doctor", help="check that an executor can start here (exit 1 "
                             "if not): ring, /dev/shm, start method, pyzmq, torch, stale segments")
     doctor.add_argument("--no-torch", action="store_true",

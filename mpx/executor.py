@@ -199,7 +199,7 @@ class _Group:
         except OSError:
             return None
         text = watchdog.read_dump(path)
-        cut = text.rfind("Timeout (")
+        cut = text.rfind(watchdog.C_STALL_HEAD)
         if cut < 0:
             return None
         top = watchdog.top_of_dump(text[cut:])
@@ -483,6 +483,7 @@ class Executor:
                               distributed_init_method=dist, config=cfg)
                 for rank in range(local)]
         deadline = time.monotonic() + cfg.startup_timeout_s
+        watchdog.reap_empty_dumps(watchdog.dump_dir(cfg.dump_dir))
         g.workers = LocalWorkers(cfg, ctxs, g.bq.export_handle(), cls_bytes, kw_bytes)
         if cfg.nnodes > 1:
             g.leader = Leader(cfg, self.world_size)

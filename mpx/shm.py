@@ -101,7 +101,8 @@ def unlink(name: str) -> bool:
         return False
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -129,7 +130,7 @@ def stale_segments() -> list[str]:
         return out
     for entry in entries:
         m = _NAME_RE.match(entry)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             out.append("/" + entry)
     return sorted(out)
 

@@ -26,6 +26,7 @@ import contextlib
 import faulthandler
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -35,12 +36,15 @@ import traceback
 from collections.abc import Iterator
 from typing import Any, Callable
 
-from mpx import _debug
+from mpx import _debug, shm
 
 logger = logging.getLogger("mpx")
 
 # On-demand dumps (Executor.dump_stacks) ask a local worker with this signal.
 DUMP_SIGNAL = signal.SIGUSR1
+# How a stall's dump begins: the watchdog's own, and faulthandler's when its C thread fired.
+STALL_HEAD = "mpx watchdog"
+C_STALL_HEAD = "Timeout ("
 # Frames of the stalled thread that a stall report carries.
 TOP_FRAMES = 8
 
@@ -57,6 +61,27 @@ def dump_dir(configured: str) -> str:
 def dump_path(directory: str, rank: int, pid: int) -> str:
     """The dump file of worker ``rank`` with ``pid`` in ``directory``."""
     return os.path.join(directory, f"mpx-rank{rank}-pid{pid}.stacks")
+
+
+_DUMP_NAME = re.compile(r"mpx-rank\d+-pid(\d+)\.stacks$")
+
+
+def reap_empty_dumps(directory: str) -> list[str]:
+    """Remove the empty dump files of workers that are gone (a SIGKILLed worker cannot
+    remove its own); files with stacks in them stay. Returns the paths removed."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = _DUMP_NAME.match(name)
+        path = os.path.join(directory, name)
+        if m and not shm.pid_alive(int(m.group(1))) and _size(path) == 0:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed.append(path)
+    return removed
 
 
 def feed() -> None:
@@ -151,7 +176,7 @@ class Watchdog:
                     self._reported_for = key
                     # (cancelling waits for a dump in progress to finish)
                     faulthandler.cancel_dump_traceback_later()
-                    fired = "Timeout (" in read_dump(self.path, armed_at)
+                    fired = C_STALL_HEAD in read_dump(self.path, armed_at)
                     self._on_stall(stalled, fired)
             if left > 0:
                 # the dead man's switch: fires only if this thread cannot push it again
@@ -172,12 +197,12 @@ class Watchdog:
         ident = self._main.ident
         frames = sys._current_frames().get(ident) if ident is not None else None
         top = "".join(traceback.format_stack(frames)[-TOP_FRAMES:]) if frames else ""
-        head = (f"mpx watchdog: worker rank {self.rank} (pid {os.getpid()}) has been in "
+        head = (f"{STALL_HEAD}: worker rank {self.rank} (pid {os.getpid()}) has been in "
                 f"{method!r} (call {seq}) for {seconds:.1f} s without progress; stacks of "
                 "every thread follow\n")
         if c_dumped:  # (this thread could not run in time: the C thread's dump is the one)
             text = read_dump(self.path)
-            cut = text.rfind("Timeout (")
+            cut = text.rfind(C_STALL_HEAD)
             dumped = text[cut:] if cut >= 0 else text
             self._file.write(head.replace("follow", "are above (the C thread's dump)").encode())
         else:
@@ -202,7 +227,8 @@ class Watchdog:
             logger.exception("mpx: the watchdog could not report a stall to the driver")
 
     def stop(self) -> None:
-        """Stop the thread, close the dump file, and remove it if nothing was dumped."""
+        """Stop the thread, close the dump file, and remove it unless it holds a stall (the
+        stacks dumped on demand were handed over already)."""
         global _current
         self._stop = True
         self.wake.set()
@@ -212,9 +238,9 @@ class Watchdog:
         faulthandler.unregister(DUMP_SIGNAL)
         if _current is self:
             _current = None
-        empty = self._file.tell() == 0 and os.fstat(self._file.fileno()).st_size == 0
         self._file.close()
-        if empty:
+        text = read_dump(self.path)
+        if STALL_HEAD not in text and C_STALL_HEAD not in text:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+import _procs
 import _watchdog_workers as WW
 import psutil
 import pytest
@@ -123,13 +124,20 @@ def test_dump_stacks_on_demand_even_while_holding_the_gil(make):
     assert pending.result(timeout=10) == [0, 1]
 
 
-def test_dump_files_are_removed_at_shutdown_when_empty(make, tmp_path):
+def test_dump_files_are_removed_at_shutdown_unless_they_hold_a_stall(make, tmp_path):
     ex = make()
     ex.collective_rpc("rank")
     files = [dump_file(tmp_path, ex, r) for r in (0, 1)]
     assert all(os.path.exists(f) for f in files)
+    ex.dump_stacks(timeout=5)  # stacks on demand are handed over: nothing to keep
     ex.shutdown()
     assert not any(os.path.exists(f) for f in files)
+    ex = make()
+    with pytest.raises(mpx.WorkerStalledError):
+        ex.collective_rpc("nap", args=(1.5,), kwargs={"ranks": [0]}, timeout=1.0)
+    files = [dump_file(tmp_path, ex, r) for r in (0, 1)]
+    ex.shutdown()
+    assert [os.path.exists(f) for f in files] == [True, False]  # the stall's evidence stays
 
 
 def test_watchdog_off(make, tmp_path):
@@ -147,3 +155,28 @@ def test_unusable_dump_dir_fails_startup_with_its_name(tmp_path):
     with pytest.raises(mpx.WorkerStartupError, match="MPX_DUMP_DIR"):
         mpx.Executor(WW.Sleeper, 1, dump_dir=str(blocker / "dumps"), startup_timeout_s=60,
                      start_method=os.environ.get("MPX_TEST_START_METHOD", "spawn"))
+
+
+def test_empty_dumps_of_dead_workers_are_reaped(make, tmp_path):
+    """A SIGKILLed worker cannot remove its empty dump file: the next executor's start and
+    `python -m mpx cleanup` do; files with stacks in them, and live workers' files, stay."""
+    import signal
+    import subprocess
+    import sys
+    ex = make(n=1)
+    victim = dump_file(tmp_path, ex, 0)
+    os.kill(ex.worker_pids[0], signal.SIGKILL)
+    _procs.wait_gone([ex.worker_pids[0]], 5)
+    ex.shutdown()
+    kept = tmp_path / "mpx-rank3-pid999999999.stacks"
+    kept.write_text("Thread 0x1 (most recent call first):\n")
+    assert os.path.exists(victim)
+    ex2 = make(n=1)
+    assert not os.path.exists(victim) and kept.exists()
+    assert os.path.exists(dump_file(tmp_path, ex2, 0))  # a live worker's file stays
+    stale = tmp_path / "mpx-rank0-pid999999998.stacks"
+    stale.touch()
+    out = subprocess.run([sys.executable, "-m", "mpx", "cleanup"], capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ, MPX_DUMP_DIR=str(tmp_path)))
+    assert f"removed {stale}" in out.stdout and not stale.exists() and kept.exists()
+    assert os.path.exists(dump_file(tmp_path, ex2, 0))
