@@ -85,6 +85,21 @@ cdef extern from *:
 DEBUG = bool(MPX_DEBUG_BUILD)
 
 
+cdef object _owned_dest(uint32_t kind, uint64_t total, char** ptr):
+    """A new, uninitialised message buffer the caller will own (bytes for K_PICKLE and
+    K_BYTES, else a bytearray), with huge-page advice when large; its memory in ``*ptr``."""
+    cdef object dest
+    if kind == K_PICKLE or kind == K_BYTES:
+        dest = PyBytes_FromStringAndSize(NULL, total)
+        ptr[0] = PyBytes_AS_STRING(dest)
+    else:
+        dest = PyByteArray_FromStringAndSize(NULL, total)
+        ptr[0] = PyByteArray_AS_STRING(dest)
+    if total >= HUGE_ADVICE_MIN:
+        mpx_advise_huge(ptr[0], total)
+    return dest
+
+
 cdef class Ring:
     """One process's end of a ring segment: the writer (``index == -1``) or reader ``index``.
 
@@ -537,14 +552,7 @@ cdef class Ring:
                 return (ST_OK, self.dest_kind, d)
 
     cdef void _begin(self, uint32_t kind, uint64_t total) except *:
-        if kind == K_PICKLE or kind == K_BYTES:
-            self.dest = PyBytes_FromStringAndSize(NULL, total)
-            self.dest_ptr = PyBytes_AS_STRING(self.dest)
-        else:
-            self.dest = PyByteArray_FromStringAndSize(NULL, total)
-            self.dest_ptr = PyByteArray_AS_STRING(self.dest)
-        if total >= HUGE_ADVICE_MIN:
-            mpx_advise_huge(self.dest_ptr, total)
+        self.dest = _owned_dest(kind, total, &self.dest_ptr)
         self.dest_kind = kind
         self.dest_off = 0
         self.dest_total = total
@@ -561,14 +569,7 @@ cdef class Assembler:
     cdef uint64_t off, total
 
     def __init__(self, uint32_t kind, uint64_t total):
-        if kind == K_PICKLE or kind == K_BYTES:
-            self.dest = PyBytes_FromStringAndSize(NULL, total)
-            self.ptr = PyBytes_AS_STRING(self.dest)
-        else:
-            self.dest = PyByteArray_FromStringAndSize(NULL, total)
-            self.ptr = PyByteArray_AS_STRING(self.dest)
-        if total >= HUGE_ADVICE_MIN:
-            mpx_advise_huge(self.ptr, total)
+        self.dest = _owned_dest(kind, total, &self.ptr)
         self.off = 0
         self.total = total
 

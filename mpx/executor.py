@@ -198,11 +198,10 @@ class _Group:
                 return None
         except OSError:
             return None
-        text = watchdog.read_dump(path)
-        cut = text.rfind(watchdog.C_STALL_HEAD)
-        if cut < 0:
+        dumped = watchdog.last_c_dump(watchdog.read_dump(path))
+        if dumped is None:
             return None
-        top = watchdog.top_of_dump(text[cut:])
+        top = watchdog.top_of_dump(dumped)
         return dict(rank=rank, pid=self.pids[rank], method=watchdog.method_of_dump(top),
                     seconds=self.config.watchdog_timeout_s, stack=top, dump_file=path,
                     reported=False)

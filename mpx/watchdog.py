@@ -201,9 +201,7 @@ class Watchdog:
                 f"{method!r} (call {seq}) for {seconds:.1f} s without progress; stacks of "
                 "every thread follow\n")
         if c_dumped:  # (this thread could not run in time: the C thread's dump is the one)
-            text = read_dump(self.path)
-            cut = text.rfind(C_STALL_HEAD)
-            dumped = text[cut:] if cut >= 0 else text
+            dumped = last_c_dump(read_dump(self.path)) or ""
             self._file.write(head.replace("follow", "are above (the C thread's dump)").encode())
         else:
             self._file.write(head.encode())
@@ -253,6 +251,12 @@ def read_dump(path: str, start: int = 0) -> str:
             return f.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def last_c_dump(text: str) -> str | None:
+    """The last dump in ``text`` that the watchdog's C thread wrote, if any."""
+    cut = text.rfind(C_STALL_HEAD)
+    return text[cut:] if cut >= 0 else None
 
 
 def top_of_dump(text: str, lines: int = 12) -> str:
