@@ -19,6 +19,8 @@ The public API::
 from mpx import watchdog
 from mpx._impl import ring_implementation
 from mpx.config import Config
+from mpx.driver.executor import Executor
+from mpx.driver.futures import RPCFuture
 from mpx.errors import (
     Cancelled,
     DeserializationError,
@@ -39,11 +41,9 @@ from mpx.errors import (
     WorkerStalledError,
     WorkerStartupError,
 )
-from mpx.executor import Executor
-from mpx.futures import RPCFuture
 from mpx.queue import Handle, MessageQueue
 from mpx.sharing import share
-from mpx.worker import WorkerContext
+from mpx.wire import WorkerContext
 
 __version__ = "0.1.0"
 

@@ -23,7 +23,7 @@ def _env_field(default: Any, doc: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Settings of queues (and, later, executors).
+    """Settings of queues and executors.
 
     Build one with ``Config.from_env(**overrides)``; ``Config()`` ignores the environment.
     """
@@ -50,6 +50,10 @@ class Config:
     shutdown_grace_s: float = _env_field(5.0, "wait for workers to exit before SIGTERM")
     terminate_grace_s: float = _env_field(2.0, "wait after SIGTERM before SIGKILL")
     worker_threads: int = _env_field(0, "OMP/torch threads per worker; 0: cores / local workers")
+    # A group with a dead worker cannot serve calls, and its survivors may hold GPU memory or
+    # wait forever in a collective with the dead rank: stop them as shutdown() does. Off
+    # keeps them running (dump_stacks() still works) until shutdown().
+    stop_on_failure: bool = _env_field(True, "stop the surviving workers when one dies")
     # A call that makes no progress (mpx.watchdog.feed) for this long is a stall: its
     # worker dumps every thread's stack and reports it. 0 turns the watchdog off.
     watchdog_timeout_s: float = _env_field(300.0, "seconds without progress before a call "

@@ -7,9 +7,25 @@ catches everything mpx raises on purpose.
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def _rebuild(cls: type[MpxError], message: str, state: dict[str, Any]) -> MpxError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
 
 class MpxError(Exception):
-    """Base class of every error mpx raises on purpose."""
+    """Base class of every error mpx raises on purpose.
+
+    Every mpx error pickles with its message and attributes (an engine forwards a worker's
+    error to another process), whatever its constructor takes.
+    """
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild, (type(self), str(self), dict(self.__dict__)))
 
 
 class Cancelled(MpxError, RuntimeError):
@@ -79,10 +95,6 @@ class RPCError(MpxError, RuntimeError):
             text += f"\n\nRemote traceback (rank {self.ranks[0]}):\n{remote_traceback.rstrip()}"
         super().__init__(text)
 
-    def __reduce__(self):
-        return (type(self), (self.ranks, self.exc_type, self.exc_message, self.remote_traceback,
-                             self.method))
-
 
 class RPCTimeoutError(MpxError, TimeoutError):
     """A collective RPC did not complete in time; ``ranks`` have not answered."""
@@ -143,6 +155,3 @@ class SharedTensorGoneError(DeserializationError):
     def __init__(self, message: str, name: str = "") -> None:
         super().__init__(message)
         self.name = name
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.name))

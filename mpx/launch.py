@@ -15,10 +15,10 @@ import threading
 import time
 from typing import Any
 
-from mpx import worker as W
 from mpx.config import Config
 from mpx.errors import WorkerStartupError
-from mpx.worker import WorkerContext
+from mpx.wire import Ready, StartupFailed, WorkerContext, WorkerSpec
+from mpx.worker import worker_main
 
 logger = logging.getLogger("mpx")
 
@@ -82,13 +82,14 @@ class LocalWorkers:
         arm = threading.current_thread() is threading.main_thread()
         for ctx in ctxs:
             ready_r, ready_w = mp.Pipe(duplex=False)
-            close_fds = [self.death_w.fileno()] + [c.fileno() for c in self.ready] \
-                if config.start_method == "fork" else []
-            spec = dict(ctx=ctx, handle=handle, worker_cls=cls_bytes, worker_kwargs=kw_bytes,
-                        parent_pid=os.getpid(), arm_pdeathsig=arm, close_fds=close_fds,
-                        remote_driver=remote_driver,
-                        bq_rank=ctx.local_rank if local_queue else ctx.rank)
-            p = mp.Process(target=W.worker_main, args=(spec, ready_w, death_r),
+            close_fds = (self.death_w.fileno(), *(c.fileno() for c in self.ready)) \
+                if config.start_method == "fork" else ()
+            spec = WorkerSpec(ctx=ctx, handle=handle,
+                              queue_rank=ctx.local_rank if local_queue else ctx.rank,
+                              worker_cls=cls_bytes, worker_kwargs=kw_bytes,
+                              parent_pid=os.getpid(), arm_pdeathsig=arm, close_fds=close_fds,
+                              remote_driver=remote_driver)
+            p = mp.Process(target=worker_main, args=(spec, ready_w, death_r),
                            name=f"mpx-worker-{ctx.rank}")
             p.start()
             ready_w.close()
@@ -127,12 +128,13 @@ class LocalWorkers:
                     except EOFError:
                         continue  # died: its sentinel says how
                     del waiting[obj]
-                    if msg[0] == "error":
-                        _, etype, emsg, tb = msg
+                    if isinstance(msg, StartupFailed):
                         raise WorkerStartupError(
-                            f"worker rank {rank} failed in __init__: {etype}: {emsg}\n\n"
-                            f"Remote traceback:\n{tb}", [rank], tb)
-                    handles[rank] = msg[1]
+                            f"worker rank {rank} failed in __init__: {msg.exc_type}: "
+                            f"{msg.message}\n\nRemote traceback:\n{msg.traceback}",
+                            [rank], msg.traceback)
+                    assert isinstance(msg, Ready)
+                    handles[rank] = msg.handle
                 elif obj in sentinels:
                     rank, p = sentinels.pop(obj)  # type: ignore[index]
                     if rank in waiting.values():
@@ -144,7 +146,8 @@ class LocalWorkers:
 
     def stop(self) -> None:
         """Close the death pipe, wait shutdown_grace_s, SIGTERM, wait terminate_grace_s,
-        SIGKILL; then close the handshake pipes."""
+        SIGKILL; then close the handshake pipes. Whatever interrupts the waits (Ctrl-C), the
+        workers still alive are SIGKILLed before it propagates."""
         if self.death_w is not None:
             self.death_w.close()
             self.death_w = None
@@ -155,17 +158,25 @@ class LocalWorkers:
                 self.join(p, max(0.0, deadline - time.monotonic()))
             return [p for p in self.procs if p.exitcode is None]
 
-        alive = wait(self.config.shutdown_grace_s)
-        for p in alive:
-            logger.warning("mpx: worker pid %d did not exit in %.1f s; sending SIGTERM", p.pid,
-                           self.config.shutdown_grace_s)
-            p.terminate()
-        alive = wait(self.config.terminate_grace_s) if alive else []
-        for p in alive:
-            logger.warning("mpx: worker pid %d ignored SIGTERM; sending SIGKILL", p.pid)
-            p.kill()
-        if alive:
-            wait(5.0)
+        try:
+            alive = wait(self.config.shutdown_grace_s)
+            for p in alive:
+                logger.warning("mpx: worker pid %d did not exit in %.1f s; sending SIGTERM",
+                               p.pid, self.config.shutdown_grace_s)
+                p.terminate()
+            alive = wait(self.config.terminate_grace_s) if alive else []
+            for p in alive:
+                logger.warning("mpx: worker pid %d ignored SIGTERM; sending SIGKILL", p.pid)
+        finally:
+            self._kill_and_reap()
+
+    def _kill_and_reap(self) -> None:
+        """SIGKILL every worker still running, reap them all, close the handshake pipes."""
+        for p in self.procs:
+            if p.exitcode is None:
+                p.kill()
+        for p in self.procs:
+            self.join(p, 5.0)
         for c in self.ready:
             c.close()
         self.ready = []

@@ -24,7 +24,7 @@ from typing import Any
 import cloudpickle
 import zmq
 
-from mpx import _debug, watchdog
+from mpx import _debug, watchdog, wire
 from mpx.config import Config
 from mpx.errors import (
     Cancelled,
@@ -37,7 +37,7 @@ from mpx.errors import (
 from mpx.launch import LocalWorkers, describe_exit, describe_stall
 from mpx.queue import MessageQueue
 from mpx.transport.zmq import MessageAborted, seal, unseal
-from mpx.worker import WorkerContext
+from mpx.wire import WorkerContext
 
 logger = logging.getLogger("mpx")
 
@@ -45,11 +45,13 @@ _TAG = b"MPXC"
 _POLL_MS = 100
 
 
-def _pack(key: bytes, msg: tuple) -> bytes:
+def _pack(key: bytes, msg: Any) -> bytes:
     return seal(key, _TAG, [cloudpickle.dumps(msg)])
 
 
-def _unpack(key: bytes, frame: Any) -> tuple | None:
+def _unpack(key: bytes, frame: Any) -> Any:
+    """The node-control message (a :mod:`mpx.wire` dataclass) in ``frame``, or None when
+    the frame is not authentic."""
     body = unseal(key, frame)
     if body is None or bytes(body[:4]) != _TAG:
         return None
@@ -75,20 +77,20 @@ class Leader:
         self.last_seen: dict[int, float] = {}
         self.pids: dict[int, int] = {}          # global rank -> pid
         self.handles: dict[int, Any] = {}       # global rank -> response-queue handle
-        self._spec: dict = {}
+        self._spec: wire.NodeSpec | None = None
         self._challenges: dict[bytes, tuple[int, bytes]] = {}  # routing id -> (node, nonce)
         self._beat_at = 0.0
         self.lost: set[int] = set()
         # Executor.dump_stacks: a request for the watch thread to send, and the answers
         self._dumps = threading.Condition()
         self._dump_token = 0
-        self._dump_asks: list[tuple] = []
+        self._dump_asks: list[wire.DumpStacks] = []
         self._dump_answers: dict[int, dict[int, str]] = {}
 
     def node_ranks(self, node: int) -> list[int]:
         return list(range(node * self.local, (node + 1) * self.local))
 
-    def _recv(self, timeout_ms: int) -> tuple[int | None, tuple | None]:
+    def _recv(self, timeout_ms: int) -> tuple[int | None, Any]:
         """(node, message) of the next authenticated message from a joined node. A hello
         gets a fresh nonce to sign back ("join"): a replayed hello or join joins nothing."""
         if not self.sock.poll(timeout_ms):
@@ -99,27 +101,28 @@ class Leader:
             logger.warning("mpx: leader dropped an unauthenticated control message")
             return None, None
         ident = frames[0]
-        if msg[0] == "hello":
+        if isinstance(msg, wire.Hello):
             nonce = secrets.token_bytes(16)
-            self._challenges[ident] = (msg[1], nonce)
-            self.sock.send_multipart([ident, _pack(self.key, ("challenge", nonce))])
+            self._challenges[ident] = (msg.node_rank, nonce)
+            self.sock.send_multipart([ident, _pack(self.key, wire.Challenge(nonce))])
             return None, None
-        if msg[0] == "join":
-            if self._challenges.pop(ident, None) != (msg[1], msg[2]):
+        if isinstance(msg, wire.Join):
+            if self._challenges.pop(ident, None) != (msg.node_rank, msg.nonce):
                 logger.warning("mpx: leader dropped a join that answers no challenge")
                 return None, None
-            self.nodes[msg[1]] = ident
+            self.nodes[msg.node_rank] = ident
         node = next((n for n, i in self.nodes.items() if i == ident), None)
         if node is not None:
             self.last_seen[node] = time.monotonic()
         return node, msg
 
-    def send(self, node: int, msg: tuple) -> None:
+    def send(self, node: int, msg: Any) -> None:
         self.sock.send_multipart([self.nodes[node], _pack(self.key, msg)])
 
-    def admit(self, spec: dict, deadline: float) -> None:
+    def admit(self, spec: wire.NodeSpec, deadline: float) -> None:
         """Wait for every follower to say hello and send it ``spec`` (its workers then start
-        while the leader's own finish theirs: torch.distributed needs all of them at once)."""
+        while the leader's own finish theirs: torch.distributed needs all of them at once).
+        ``spec.node_rank`` is filled in per node, and the key is taken out of its config."""
         self._spec = spec
         self._wait(deadline, lambda: len(self.nodes) == self.config.nnodes - 1)
 
@@ -145,17 +148,18 @@ class Leader:
             node, msg = self._recv(min(_POLL_MS, int(left * 1000) + 1))
             if msg is None or node is None:
                 continue
-            if msg[0] == "join":
+            if isinstance(msg, wire.Join):
+                assert self._spec is not None
                 # the key never travels: each follower has its own copy
-                spec = {**self._spec, "node_rank": node,
-                        "config": dataclasses.replace(self._spec["config"], auth_key="")}
-                self.send(node, ("spec", spec))
-            elif msg[0] == "ready":
-                _, rank, handle, pid = msg
-                self.handles[rank] = handle
-                self.pids[rank] = pid
-            elif msg[0] == "error":
-                raise WorkerStartupError(f"on node {node}: {msg[1]}", msg[2], msg[3])
+                self.send(node, dataclasses.replace(
+                    self._spec, node_rank=node,
+                    config=dataclasses.replace(self._spec.config, auth_key="")))
+            elif isinstance(msg, wire.WorkerReady):
+                self.handles[msg.rank] = msg.handle
+                self.pids[msg.rank] = msg.pid
+            elif isinstance(msg, wire.NodeStartupFailed):
+                raise WorkerStartupError(f"on node {node}: {msg.message}", msg.ranks,
+                                         msg.traceback)
 
     def poll(self) -> WorkerDiedError | NodeLostError | None:
         """One step of the leader's watch: heartbeats out, a failure if one was reported."""
@@ -163,23 +167,22 @@ class Leader:
         if now >= self._beat_at:
             self._beat_at = now + self.config.heartbeat_s / 3
             for n in self.nodes:
-                self.send(n, ("beat",))
+                self.send(n, wire.Beat())
         with self._dumps:
             asks, self._dump_asks = self._dump_asks, []
         for ask in asks:
             for n in self.nodes:
                 self.send(n, ask)
         node, msg = self._recv(_POLL_MS)
-        if msg is not None and msg[0] == "stacks" and node is not None:
+        if isinstance(msg, wire.Stacks) and node is not None:
             with self._dumps:
-                if msg[1] == self._dump_token:
-                    self._dump_answers[node] = msg[2]
+                if msg.token == self._dump_token:
+                    self._dump_answers[node] = msg.stacks
                     self._dumps.notify_all()
-        if msg is not None and msg[0] == "dead":
-            rank, pid, exitcode = msg[1], msg[2], msg[3]
-            return WorkerDiedError(f"worker rank {rank} (pid {pid}) on node {node} died: "
-                                   f"{describe_exit(exitcode)}", rank=rank, pid=pid,
-                                   exitcode=exitcode)
+        if isinstance(msg, wire.WorkerDead):
+            return WorkerDiedError(f"worker rank {msg.rank} (pid {msg.pid}) on node {node} died: "
+                                   f"{describe_exit(msg.exitcode)}", rank=msg.rank, pid=msg.pid,
+                                   exitcode=msg.exitcode)
         for n, seen in list(self.last_seen.items()):
             if n not in self.lost and time.monotonic() - seen > self.config.heartbeat_s:
                 self.lost.add(n)
@@ -195,7 +198,7 @@ class Leader:
         with self._dumps:
             self._dump_token += 1
             self._dump_answers = {}
-            self._dump_asks.append(("dump", self._dump_token, timeout))
+            self._dump_asks.append(wire.DumpStacks(self._dump_token, timeout))
             nodes = list(self.nodes)
             self._dumps.wait_for(lambda: len(self._dump_answers) == len(nodes),
                                  max(0.0, deadline - time.monotonic()))
@@ -210,7 +213,7 @@ class Leader:
     def stop(self) -> None:
         for node in self.nodes:
             try:
-                self.send(node, ("stop",))
+                self.send(node, wire.StopNode())
             except zmq.ZMQError:
                 pass
         self.sock.close(linger=100)
@@ -225,7 +228,7 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
     key = config.auth_key.encode()
     sock = _socket(zmq.DEALER)
     sock.connect(f"tcp://{master_addr}:{master_port}")
-    sock.send(_pack(key, ("hello", node_rank, os.getpid())))
+    sock.send(_pack(key, wire.Hello(node_rank, os.getpid())))
     deadline = time.monotonic() + config.startup_timeout_s
     spec = None
     while spec is None:
@@ -233,32 +236,32 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
             raise SystemExit(f"mpx node {node_rank}: no leader at {master_addr}:{master_port}")
         if sock.poll(_POLL_MS):
             msg = _unpack(key, sock.recv())
-            if msg is not None and msg[0] == "challenge":
-                sock.send(_pack(key, ("join", node_rank, msg[1])))
-            elif msg is not None and msg[0] == "spec":
-                spec = msg[1]
+            if isinstance(msg, wire.Challenge):
+                sock.send(_pack(key, wire.Join(node_rank, msg.nonce)))
+            elif isinstance(msg, wire.NodeSpec):
+                spec = msg
     # the leader's settings, with this node's own address and key
-    cfg = dataclasses.replace(spec["config"], host=config.host, auth_key=config.auth_key)
-    local = spec["world_size"] // nnodes
-    ctxs = [WorkerContext(rank=node_rank * local + i, local_rank=i, world_size=spec["world_size"],
+    cfg = dataclasses.replace(spec.config, host=config.host, auth_key=config.auth_key)
+    local = spec.world_size // nnodes
+    ctxs = [WorkerContext(rank=node_rank * local + i, local_rank=i, world_size=spec.world_size,
                           local_world_size=local, node_rank=node_rank,
-                          distributed_init_method=spec["dist"], config=cfg)
+                          distributed_init_method=spec.distributed_init_method, config=cfg)
             for i in range(local)]
-    relay = _Relay(spec["handle"], local + node_rank - 1, local, cfg) \
+    relay = _Relay(spec.handle, local + node_rank - 1, local, cfg) \
         if cfg.relays(local) else None
-    handle = relay.handle if relay is not None else spec["handle"]
-    workers = LocalWorkers(cfg, ctxs, handle, spec["worker_cls"], spec["worker_kwargs"],
+    handle = relay.handle if relay is not None else spec.handle
+    workers = LocalWorkers(cfg, ctxs, handle, spec.worker_cls, spec.worker_kwargs,
                            remote_driver=True, local_queue=relay is not None)
     try:
         try:
             handles = workers.handshake(time.monotonic() + cfg.startup_timeout_s)
         except WorkerStartupError as e:
-            sock.send(_pack(key, ("error", str(e), e.ranks, e.remote_traceback)))
+            sock.send(_pack(key, wire.NodeStartupFailed(str(e), e.ranks, e.remote_traceback)))
             return 1
         if relay is not None:
             relay.start()
         for rank, pid in zip(workers.ranks, workers.pids):
-            sock.send(_pack(key, ("ready", rank, handles[rank], pid)))
+            sock.send(_pack(key, wire.WorkerReady(rank, handles[rank], pid)))
         return _serve_follower(sock, key, workers, cfg)
     finally:
         if relay is not None:
@@ -318,7 +321,7 @@ def _dump_in_background(workers: LocalWorkers, cfg: Config, token: int, timeout:
                for rank, p in zip(workers.ranks, workers.procs)}
 
     def run() -> None:
-        answers.put(("stacks", token, watchdog.dump_all(targets, timeout, describe_stall)))
+        answers.put(wire.Stacks(token, watchdog.dump_all(targets, timeout, describe_stall)))
 
     threading.Thread(target=_debug.counted_thread(run), name="mpx-dump", daemon=True).start()
 
@@ -332,15 +335,15 @@ def _serve_follower(sock: zmq.Socket, key: bytes, workers: LocalWorkers, cfg: Co
         now = time.monotonic()
         if now >= beat_at:
             beat_at = now + cfg.heartbeat_s / 3
-            sock.send(_pack(key, ("beat",)))
+            sock.send(_pack(key, wire.Beat()))
         if sock.poll(_POLL_MS):
             msg = _unpack(key, sock.recv())
             if msg is not None:
                 last_seen = time.monotonic()
-                if msg[0] == "stop":
+                if isinstance(msg, wire.StopNode):
                     return 0
-                if msg[0] == "dump":
-                    _dump_in_background(workers, cfg, msg[1], msg[2], dumps)
+                if isinstance(msg, wire.DumpStacks):
+                    _dump_in_background(workers, cfg, msg.token, msg.timeout, dumps)
         while not dumps.empty():
             sock.send(_pack(key, dumps.get()))
         if time.monotonic() - last_seen > cfg.heartbeat_s:
@@ -349,4 +352,4 @@ def _serve_follower(sock: zmq.Socket, key: bytes, workers: LocalWorkers, cfg: Co
         for rank, p in zip(workers.ranks, workers.procs):
             if rank not in reported and p.exitcode is not None:
                 reported.add(rank)
-                sock.send(_pack(key, ("dead", rank, p.pid, p.exitcode)))
+                sock.send(_pack(key, wire.WorkerDead(rank, p.pid, p.exitcode)))

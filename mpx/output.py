@@ -12,28 +12,17 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-import traceback
 from typing import Any
 
 from mpx import _debug
 from mpx.errors import SerializationError
-
-# reply status
-OK = 0
-ERR = 1
-STALL = 2  # a watchdog report; the call's real reply still follows
+from mpx.wire import ERR, OK, error_payload
 
 # Calls whose replies may wait in the async output thread's queue: 2 lets call N's output
 # be resolved while call N+1 computes, and bounds what waits in memory.
 ASYNC_DEPTH = 2
 # How often a put into the full output queue checks that the output thread still runs.
 _PUT_POLL_S = 0.1
-
-
-def error_payload(exc: BaseException) -> tuple[str, str, str]:
-    """(type name, message, traceback text) of ``exc``, as an ERR reply carries it."""
-    return type(exc).__qualname__, str(exc), "".join(
-        traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
 class Replies:

@@ -257,14 +257,15 @@ class MessageQueue:
         self._end.wait_ready(deadline)
 
     def enqueue(self, obj: Any, timeout: float | None = None, *,
-                while_full: Callable[[], None] | None = None) -> None:
+                while_full: Callable[[], bool | None] | None = None) -> None:
         """Broadcast ``obj`` to every reader. Blocks while the ring is full, up to ``timeout``
         seconds. An object that cannot be pickled raises SerializationError and nothing is
         sent.
 
         ``while_full``, if given, is called repeatedly while the ring lacks room for the
         message, before anything is written: a caller whose readers may be blocked on
-        something only it can do (drain their replies) does that there.
+        something only it can do (drain their replies) does that there. Once it returns
+        False (someone else does it), the write waits for room as usual.
         """
         writer = self._need_writer("enqueue")
         deadline = _deadline(timeout)
@@ -274,7 +275,8 @@ class MessageQueue:
             while writer.free_slots() < need:
                 if 0 <= deadline <= time.monotonic_ns():
                     raise QueueTimeout("enqueue timed out waiting for ring space")
-                while_full()
+                if while_full() is False:
+                    break
         writer.write(kind, parts, deadline)
 
     def poll(self) -> bool:

@@ -10,7 +10,6 @@ RPC loop itself, or from the async output thread (:mod:`mpx.output`). The watchd
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import logging
 import os
@@ -22,43 +21,32 @@ from typing import Any
 import cloudpickle
 
 from mpx import _debug, watchdog
-from mpx.config import Config
 from mpx.errors import Cancelled, DeserializationError, PeerDiedError
-from mpx.output import ERR, OK, STALL, AsyncOutput, InlineOutput, Replies, error_payload
+from mpx.output import AsyncOutput, InlineOutput, Replies
 from mpx.queue import MessageQueue
 from mpx.watchdog import Watchdog
+from mpx.wire import (
+    ERR,
+    OK,
+    PING,
+    STALL,
+    STOP,
+    Ready,
+    StartupFailed,
+    WorkerContext,
+    WorkerSpec,
+    error_payload,
+)
 
 logger = logging.getLogger("mpx")
 
-# broadcast message tags
-CALL = 0
-STOP = 1
 # How long the watchdog waits for room in the response queue to report a stall.
 STALL_REPORT_TIMEOUT_S = 1.0
-
-PING = "mpx.ping"  # built-in method: answers the worker's pid
 
 _PR_SET_PDEATHSIG = 1
 # After the driver's death pipe closes, a worker busy in user code gets this long to
 # finish before it is ended: the 2 s bound on orphaned workers includes it.
 ORPHAN_GRACE_S = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerContext:
-    """What a worker knows about its place in the group; passed to ``worker_cls(ctx, ...)``.
-
-    ``distributed_init_method`` is a free ``tcp://host:port`` the workers can hand to
-    ``torch.distributed.init_process_group`` (rank ``rank``, world size ``world_size``).
-    """
-
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    node_rank: int
-    distributed_init_method: str
-    config: Config
 
 
 class _PrefixedStream:
@@ -132,16 +120,16 @@ def _exit_on_signal(signum, frame):
     raise SystemExit(0)
 
 
-def worker_main(spec: dict, ready_conn, death_conn) -> None:
+def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
     """Entry point of a worker process (see module docstring)."""
-    for fd in spec.get("close_fds", ()):  # fork: the driver's ends of other workers' pipes
+    for fd in spec.close_fds:  # fork: the driver's ends of other workers' pipes
         try:
             os.close(fd)
         except OSError:
             pass
-    if spec["arm_pdeathsig"]:
-        _arm_parent_death_signal(spec["parent_pid"])
-    ctx: WorkerContext = spec["ctx"]
+    if spec.arm_pdeathsig:
+        _arm_parent_death_signal(spec.parent_pid)
+    ctx = spec.ctx
     _set_identity(ctx)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, _exit_on_signal)
@@ -163,16 +151,15 @@ def worker_main(spec: dict, ready_conn, death_conn) -> None:
     threading.Thread(target=_debug.counted_thread(_watch_parent), args=(death_conn, on_orphaned),
                      name="mpx-parent-watch", daemon=True).start()
     try:
-        bq = MessageQueue.create_from_handle(spec["handle"], spec.get("bq_rank", ctx.rank),
-                                             config=ctx.config)
+        bq = MessageQueue.create_from_handle(spec.handle, spec.queue_rank, config=ctx.config)
         try:
-            worker_cls = cloudpickle.loads(spec["worker_cls"])
-            kwargs = cloudpickle.loads(spec["worker_kwargs"]) or {}
+            worker_cls = cloudpickle.loads(spec.worker_cls)
+            kwargs = cloudpickle.loads(spec.worker_kwargs) or {}
             worker = worker_cls(ctx, **kwargs)
         except BaseException as e:
-            ready_conn.send(("error",) + error_payload(e))
+            ready_conn.send(StartupFailed.of(e))
             return
-        if spec.get("remote_driver"):  # the driver is on another node: answer over zmq
+        if spec.remote_driver:  # the driver is on another node: answer over zmq
             resp = MessageQueue(1, 0, connect_ip=ctx.config.host, config=ctx.config)
         else:
             resp = MessageQueue(1, 1, config=ctx.config)
@@ -183,12 +170,12 @@ def worker_main(spec: dict, ready_conn, death_conn) -> None:
                           lambda info: replies.send(info["seq"], STALL, info,
                                                     timeout=STALL_REPORT_TIMEOUT_S))
         except OSError as e:
-            ready_conn.send(("error",) + error_payload(
+            ready_conn.send(StartupFailed.of(
                 OSError(f"cannot write stack dumps to Config.dump_dir (MPX_DUMP_DIR): {e}")))
             return
         wd.start()
         out = (AsyncOutput if ctx.config.async_output else InlineOutput)(replies, worker)
-        ready_conn.send(("ready", resp.export_handle(), os.getpid()))
+        ready_conn.send(Ready(resp.export_handle(), os.getpid()))
         ready_conn.close()
         _serve(worker, ctx.rank, bq, out, wd)
     except (Cancelled, PeerDiedError):

@@ -163,3 +163,9 @@ def wait_gone(pids, seconds):
             return []
         time.sleep(0.02)
     return [p for p in pids if running(p)]
+
+
+def echo_object(conn):
+    """Receive one object and send it back (it crosses two process boundaries)."""
+    conn.send(conn.recv())
+    conn.close()

@@ -91,3 +91,23 @@ def no_leaks():
     assert not kids, f"test left child processes behind: {kids}"
     assert not new_threads, f"test left threads behind: {new_threads}"
     assert not held, f"test left mpx resources open (debug counters): {held}"
+
+
+@pytest.fixture
+def executor():
+    """A factory of executors over tests/_workers.Echo (``executor(cls, n, **config)``),
+    started with the suite's start method; every one is shut down after the test."""
+    import _workers
+
+    import mpx
+    made = []
+
+    def make(cls=None, n=2, **kw):
+        kw.setdefault("start_method", START_METHOD)
+        e = mpx.Executor(cls or _workers.Echo, n, **kw)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.shutdown()

@@ -178,6 +178,12 @@ def test_worker_exit_in_method_is_worker_died(ex, start_method):
     assert e.is_failed
     with pytest.raises(mpx.WorkerDiedError):
         e.collective_rpc("rank")
+    # the callbacks run once the survivor (idle: it takes the stop message) is gone
+    deadline = time.monotonic() + 2
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls == [1]
+    assert not _procs.running(e.worker_pids[0])
     late = []
     e.register_failure_callback(lambda: late.append(1))
     assert late == [1]
@@ -187,16 +193,21 @@ def test_worker_exit_in_method_is_worker_died(ex, start_method):
 
 def test_idle_worker_sigkilled_is_seen_within_a_second(ex):
     e = ex(n=2)
-    seen = threading.Event()
+    seen, failed = threading.Event(), threading.Event()
     e.register_failure_callback(seen.set)
     pending = e.collective_rpc("sleep", args=(30,), kwargs={"ranks": [0]}, non_block=True)
+    pending.add_done_callback(lambda f: failed.set())  # nobody calls result()
+    survivor = e.worker_pids[0]
     os.kill(e.worker_pids[1], signal.SIGKILL)
     t0 = time.monotonic()
-    assert seen.wait(2)
+    assert failed.wait(2)
     assert time.monotonic() - t0 < 1.0
     with pytest.raises(mpx.WorkerDiedError, match="SIGKILL") as ei:
-        pending.result(timeout=5)
+        pending.result(timeout=0)
     assert ei.value.rank == 1 and ei.value.exitcode == -signal.SIGKILL
+    # then the survivor, busy in its call, is stopped, and the failure callbacks run
+    assert seen.wait(e.config.shutdown_grace_s + e.config.terminate_grace_s + 2)
+    assert not _procs.running(survivor)
 
 
 def test_sigterm_in_worker_exits_it_cleanly(ex):

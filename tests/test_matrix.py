@@ -245,10 +245,10 @@ def test_failing_calls_leak_nothing(ex, record):
     kinds = [args_pickle, raises, args_unpickle, result_pickle, result_unpickle, no_method,
              non_block]
     t0 = time.monotonic()
-    seq0 = g.next_seq
+    seq0 = g.calls.next_seq
     for i in range(100):
         (timeout if i % 20 == 19 else kinds[i % len(kinds)])()
-    sent = g.next_seq - seq0
+    sent = g.calls.next_seq - seq0
     assert sent < 100 + 2 * 100 // len(kinds)  # the args_pickle calls sent nothing
     for i in range(100):
         if i % 10 == 0:
@@ -257,8 +257,8 @@ def test_failing_calls_leak_nothing(ex, record):
             assert e.collective_rpc("ident", args=(i,)) == [i, i]
     took = time.monotonic() - t0
     assert not e.is_failed
-    assert g.pending == {}
-    assert g.next_reply == [g.next_seq] * 2  # every reply read, none owed
+    assert g.calls.pending == {}
+    assert g.calls.next_reply == [g.calls.next_seq] * 2  # every reply read, none owed
     assert g.bq._writer.free_slots() == e.config.max_chunks  # every slot consumed
     assert not any(q.poll() for q in g.resp)
     for pid, (fds, threads) in sizes.items():
@@ -278,14 +278,19 @@ def test_failing_calls_leak_nothing(ex, record):
 def test_sigkill_while_streaming_a_large_reply_into_a_full_ring(ex, record):
     e = ex(max_chunk_bytes=64 << 10, max_chunks=4)
     g = e._group
+    # the driver's reader waits for rank 0's answer to the first call, so nobody reads rank
+    # 1's queue: rank 1 answers, then fills its ring with the large reply and waits for room
+    first = e.collective_rpc("sleep", args=(30,), kwargs={"ranks": [0]}, non_block=True)
     fut = e.collective_rpc("big", args=(32 << 20,), kwargs={"ranks": [1]}, non_block=True)
     deadline = time.monotonic() + 10
-    while not g.resp[1].poll():  # nobody reads: rank 1 fills its ring and waits for room
+    while not g.resp[1].poll():
         assert time.monotonic() < deadline, "the large reply never started"
         time.sleep(0.01)
     time.sleep(0.1)
     os.kill(e.worker_pids[1], signal.SIGKILL)
     t0 = time.monotonic()
+    with pytest.raises(mpx.WorkerDiedError, match="SIGKILL"):
+        first.result(timeout=10)
     with pytest.raises(mpx.WorkerDiedError, match="SIGKILL") as ei:
         fut.result(timeout=10)
     took = time.monotonic() - t0
@@ -482,13 +487,13 @@ def test_interpreter_exit_with_calls_pending(record):
 CRASHING_DRIVER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
-    import mpx, mpx.executor, _matrix_workers
+    import mpx, mpx.driver.group, _matrix_workers
 
     def crash(*args, **kwargs):  # the driver dies after creating its ring, before any attach
         print(os.getpid(), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    mpx.executor.LocalWorkers = crash
+    mpx.driver.group.LocalWorkers = crash
     mpx.Executor(_matrix_workers.Faulty, 2, start_method={method!r})
 """)
 

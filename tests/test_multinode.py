@@ -21,6 +21,7 @@ from _nodes import KEY, TESTS, free_port, start_follower, stop_follower
 from _procs import wait_gone
 
 import mpx
+from mpx import wire
 
 
 @pytest.fixture
@@ -173,6 +174,12 @@ def test_junk_on_the_control_port_changes_nothing(group):
     assert not ex.is_failed
 
 
+def _spec(cfg):
+    return wire.NodeSpec(node_rank=0, config=cfg,
+                         world_size=4, distributed_init_method="tcp://127.0.0.1:1",
+                         handle=None, worker_cls=b"", worker_kwargs=b"")
+
+
 def test_the_key_never_crosses_the_wire():
     from mpx import node
     port = free_port()
@@ -183,10 +190,10 @@ def test_the_key_never_crosses_the_wire():
         sent = []
         real_send = leader.send
         leader.send = lambda n, msg: (sent.append(msg), real_send(n, msg))[1]
-        leader.admit(dict(config=cfg, world_size=4, dist="tcp://127.0.0.1:1", handle=None,
-                          worker_cls=b"", worker_kwargs=b""), time.monotonic() + 30)
-        spec = next(m for m in sent if m[0] == "spec")[1]
-        assert spec["config"].auth_key == "" and KEY not in repr(spec)
+        leader.admit(_spec(cfg), time.monotonic() + 30)
+        spec = next(m for m in sent if isinstance(m, wire.NodeSpec))
+        assert spec.node_rank == 1
+        assert spec.config.auth_key == "" and KEY not in repr(spec)
         leader.stop()
     finally:
         follower.kill()
@@ -205,16 +212,16 @@ def test_replayed_hello_gets_no_spec():
     spy.setsockopt(zmq.LINGER, 0)
     spy.connect(f"tcp://127.0.0.1:{port}")
     try:
-        hello = node._pack(key, ("hello", 1, 1234))  # as captured off the wire
+        hello = node._pack(key, wire.Hello(1, 1234))  # as captured off the wire
         spy.send(hello)
         with pytest.raises(mpx.WorkerStartupError, match=r"follower nodes \[1\] did not join"):
-            leader.admit(dict(config=cfg), time.monotonic() + 1.0)
+            leader.admit(_spec(cfg), time.monotonic() + 1.0)
         # it was challenged; a join with a made-up nonce (or a replayed old one) is refused
         got = node._unpack(key, spy.recv())
-        assert got[0] == "challenge"
-        spy.send(node._pack(key, ("join", 1, b"0" * 16)))
+        assert isinstance(got, wire.Challenge)
+        spy.send(node._pack(key, wire.Join(1, b"0" * 16)))
         with pytest.raises(mpx.WorkerStartupError):
-            leader.admit(dict(config=cfg), time.monotonic() + 0.5)
+            leader.admit(_spec(cfg), time.monotonic() + 0.5)
         assert leader.nodes == {}
     finally:
         spy.close(0)

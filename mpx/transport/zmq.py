@@ -383,7 +383,8 @@ class ZmqReader:
 
     def _next_chunk(self, deadline_ns: int, cancel: threading.Event | None) -> _Chunk:
         """The next authentic chunk, waiting with every exit: shutdown, ``cancel``, the
-        writer lost for longer than the heartbeat timeout, the deadline."""
+        writer lost for longer than the heartbeat timeout, the deadline. As on a ring, a
+        reader shut down still gets what has already arrived, then Cancelled."""
         stashed = self._stash
         if stashed is not None:
             self._stash = None
@@ -391,15 +392,15 @@ class ZmqReader:
         if self._closed:
             raise Cancelled("the queue is closed")
         while True:
-            if self._shut.is_set():
-                raise Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was "
-                                "shut down")
+            shut = self._shut.is_set()
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
-            try:  # blocks up to RCVTIMEO = _POLL_MS
-                frames = self._sock.recv_multipart(copy=False)
+            try:  # blocks up to RCVTIMEO = _POLL_MS; after shutdown, takes what has arrived
+                frames = self._sock.recv_multipart(zmq.NOBLOCK if shut else 0, copy=False)
             except zmq.Again:
-                pass
+                if shut:
+                    raise Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was "
+                                    "shut down") from None
             else:
                 c = self._parse(frames)
                 if c is not None:

@@ -1,0 +1,13 @@
+"""The driver: the process that owns an executor and calls its workers.
+
+- :mod:`.executor`: ``Executor``, the public facade; it holds no state of its own.
+- :mod:`.group`: the processes, queues and threads one executor owns, how they start, how a
+  failure stops them and how they shut down.
+- :mod:`.calls`: the call table and the reply pump: sequence numbers, pending calls, sending,
+  reading replies (in the waiting thread, or a background reader), deadlines.
+- :mod:`.monitors`: the threads that notice a dead worker process or a lost node.
+- :mod:`.stalls`: why a rank has not answered (watchdog reports, dumps, process state).
+- :mod:`.futures`: ``RPCFuture``, awaitable.
+
+The driver talks to worker processes only through the messages of :mod:`mpx.wire`.
+"""

@@ -1,0 +1,539 @@
+"""The call table and the reply pump of one executor.
+
+Every call gets a sequence number, goes out once on the broadcast queue, and is answered by
+every rank, in order, on that rank's response queue. One thread at a time reads replies: it
+holds the *baton*. Whichever thread reads a reply completes the call it belongs to, so a
+call's future completes when its replies arrive, whoever waits.
+
+- A thread that waits for a call (a blocking ``collective_rpc``, ``future.result()``) takes
+  the baton when it is free and reads the replies itself: the hot path has no hand-off.
+  While another thread holds it, the waiter sleeps until its call is done or the baton is
+  handed over.
+- A background reader takes the baton only while non-blocking futures are outstanding and
+  no thread waits: so callbacks, ``concurrent.futures.wait`` and asyncio work without
+  anyone calling ``result()``. It hands the baton over as soon as a thread waits.
+- Replies of a call that already timed out are dropped by sequence number.
+- ``fail`` (a worker died) reads every reply already written, by every rank, before it
+  fails the calls still missing one; ``close`` (shutdown) fails every pending call.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from mpx import _debug, wire
+from mpx.driver.futures import RPCFuture
+from mpx.driver.stalls import StallDiagnosis
+from mpx.errors import (
+    Cancelled,
+    DeserializationError,
+    ExecutorFailed,
+    PeerDiedError,
+    QueueTimeout,
+    RPCError,
+    RPCTimeoutError,
+    WorkerStalledError,
+)
+from mpx.queue import MessageQueue
+
+logger = logging.getLogger("mpx")
+
+# How long fail() waits for the thread reading replies to hand the baton over (its queue
+# was woken), so that the replies already written are read first. Part of the 1 s bound on
+# reporting a death.
+FAIL_HANDOVER_S = 0.5
+# While calls with deadlines are pending, a reader waiting for one reply looks at the
+# deadlines at least this often: a later call may have an earlier deadline.
+DEADLINE_POLL_S = 0.05
+# How long a sender whose broadcast ring is full, having read the replies that free the
+# workers (they may be blocked on a full response ring), sleeps before it looks again.
+DRAIN_PAUSE_S = 0.0002
+
+
+class Call:
+    """One call in flight: the replies gathered so far and, once done, its outcome."""
+
+    __slots__ = ("seq", "method", "n_ranks", "reply_rank", "aggregator", "deadline",
+                 "started", "future", "results", "errors", "done", "value", "error")
+
+    def __init__(self, seq: int, method: str, n_ranks: int, reply_rank: int | None,
+                 aggregator: Callable | None, deadline: float | None) -> None:
+        self.seq = seq
+        self.method = method
+        self.n_ranks = n_ranks
+        self.reply_rank = reply_rank
+        self.aggregator = aggregator
+        self.deadline = deadline
+        self.started = time.monotonic()
+        self.future: RPCFuture | None = None  # only for non-blocking calls
+        self.results: dict[int, Any] = {}
+        self.errors: dict[int, tuple[str, str, str]] = {}
+        self.done = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def missing(self) -> list[int]:
+        """The ranks that have not answered yet."""
+        return [r for r in range(self.n_ranks) if r not in self.results and r not in self.errors]
+
+    def outcome(self) -> Any:
+        """The result of a done call, or raise its error."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _min(*limits: float | None) -> float | None:
+    present = [t for t in limits if t is not None]
+    return min(present) if present else None
+
+
+class CallTable:
+    """Sends calls and reads their replies (see the module docstring).
+
+    ``stalls`` keeps the workers' stall reports; ``on_peer_gone(rank, error)`` is told when
+    a reader finds that rank's response queue dead (a monitor then fails the group).
+    """
+
+    def __init__(self, n_ranks: int, stalls: StallDiagnosis,
+                 on_peer_gone: Callable[[int, PeerDiedError], None]) -> None:
+        self.n_ranks = n_ranks
+        self.stalls = stalls
+        self.on_peer_gone = on_peer_gone
+        self.bq: MessageQueue | None = None
+        self.resp: list[MessageQueue] = []
+        self.lock = threading.Lock()        # pending, the counters and the end state
+        self.send_lock = threading.Lock()   # sequence numbers go out in order
+        self.baton = threading.Lock()       # held by the one thread that reads replies
+        self.turn = threading.Condition(threading.Lock())  # call done, or baton handed over
+        self.reader_ident: int | None = None  # the baton holder (callbacks may call again)
+        self.sender_ident: int | None = None  # the send_lock holder: it runs no callbacks
+        self.waiting = 0                    # threads sleeping on `turn` for their call
+        self.pending: dict[int, Call] = {}  # by seq, oldest first
+        self.next_seq = 0
+        self.next_reply = [0] * n_ranks     # per rank: the seq its next reply answers
+        self.outstanding = 0                # pending non-blocking calls
+        self.with_deadline = 0              # pending calls with a deadline
+        self.failure: ExecutorFailed | None = None
+        self.stopping = False  # a failure or shutdown is under way: nobody takes the baton
+        self.closed = False
+        self._completed: collections.deque[Call] = collections.deque()  # futures to set
+        self._completing = threading.Lock()
+        self._background: threading.Thread | None = None
+        self.give_way = threading.Event()  # set: the background reader stops waiting
+
+    def attach(self, bq: MessageQueue, resp: list[MessageQueue]) -> None:
+        """The broadcast queue and every rank's response queue, once all are up."""
+        self.bq, self.resp = bq, resp
+
+    # ------------------------------------------------------------------ sending
+
+    def check_usable(self) -> None:
+        """Raise the failure, or ExecutorFailed after shutdown."""
+        if self.failure is not None:
+            raise self.failure
+        if self.closed or self.stopping:
+            raise ExecutorFailed("the executor was shut down")
+
+    def send(self, method: Any, name: str, args: tuple, kwargs: dict | None,
+             reply_rank: int | None, aggregator: Callable | None, timeout: float | None,
+             non_block: bool) -> Call:
+        """Register and broadcast one call (``name`` is the method's for messages)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.send_lock:
+            self.sender_ident = threading.get_ident()
+            seq = self.next_seq
+            call = Call(seq, name, self.n_ranks, reply_rank, aggregator, deadline)
+            if non_block:
+                call.future = RPCFuture(lambda t: self.wait(call, t))
+            with self.lock:
+                self.check_usable()
+                self.pending[seq] = call
+                self.with_deadline += deadline is not None
+                self.outstanding += non_block
+            assert self.bq is not None
+            try:
+                self.bq.enqueue(wire.call(seq, method, args, kwargs, reply_rank), timeout,
+                                while_full=self.drain if len(self.pending) > 1 else None)
+            except BaseException as e:
+                self._forget(call)
+                raise self._send_error(e, name) from e
+            finally:
+                self.sender_ident = None
+            self.next_seq = seq + 1
+        if self._completed:
+            self._complete_futures()  # those a drain() settled while the ring was full
+        if non_block:
+            self._start_background()
+        return call
+
+    def _send_error(self, e: BaseException, name: str) -> BaseException:
+        if isinstance(e, QueueTimeout):
+            return RPCTimeoutError(f"collective_rpc {name!r} timed out before every worker "
+                                   f"could take the call: {e}", list(range(self.n_ranks)))
+        if isinstance(e, PeerDiedError) and e.rank is not None:
+            self.on_peer_gone(e.rank, e)  # the monitor may not have seen it yet
+        if isinstance(e, (PeerDiedError, Cancelled)):
+            if self.failure is not None:
+                return self.failure
+            return ExecutorFailed(f"collective_rpc {name!r} could not be sent: {e}")
+        return e
+
+    def _forget(self, call: Call) -> None:
+        """Unregister a call that was never sent."""
+        with self.lock:
+            if call.done:
+                return
+            call.done = True
+            self.pending.pop(call.seq, None)
+            self.with_deadline -= call.deadline is not None
+            self.outstanding -= call.future is not None
+
+    # ------------------------------------------------------------------ waiting
+
+    def wait(self, call: Call, timeout: float | None = None) -> None:
+        """Return once ``call`` is done: read replies while no other thread does, else
+        sleep until the call is done or the baton is free. ``TimeoutError`` when
+        ``timeout`` passes first (the call goes on); a call past its deadline fails with
+        RPCTimeoutError (or WorkerStalledError)."""
+        wait_until = None if timeout is None else time.monotonic() + timeout
+        while not call.done:
+            if not self.stopping:
+                if self.reader_ident == threading.get_ident():
+                    self._read_until(call, wait_until)  # a done callback waits on a call
+                    continue
+                if self.baton.acquire(False):
+                    self.reader_ident = threading.get_ident()
+                    try:
+                        self._read_until(call, wait_until)
+                    finally:
+                        self._hand_over()
+                    continue
+            self._wait_turn(call, wait_until)
+        self._complete_futures()
+
+    def _wait_turn(self, call: Call, wait_until: float | None) -> None:
+        with self.turn:
+            self.waiting += 1
+            self.give_way.set()  # the background reader hands the baton over
+            try:
+                while not call.done and (self.stopping or self.baton.locked()):
+                    limit = _min(wait_until, call.deadline)
+                    left = None if limit is None else limit - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    self.turn.wait(left)
+            finally:
+                self.waiting -= 1
+                if not self.waiting and self.outstanding:
+                    self.turn.notify_all()  # the background reader may read again
+        if not call.done:
+            self._check_time(call, wait_until)
+
+    def _hand_over(self) -> None:
+        """Release the baton; wake the threads that wait for it, the background reader too."""
+        self.reader_ident = None
+        self.baton.release()
+        if self.waiting or self.outstanding:
+            with self.turn:
+                self.turn.notify_all()
+        self._complete_futures()
+
+    def _check_time(self, call: Call, wait_until: float | None) -> None:
+        """Fail ``call`` if its deadline passed; TimeoutError if the wait's did."""
+        now = time.monotonic()
+        if call.deadline is not None and now >= call.deadline:
+            self._expire(call, now)
+        elif wait_until is not None and now >= wait_until:
+            raise TimeoutError(f"result() timed out; call {call.method!r} is still running")
+
+    # ------------------------------------------------------------------ reading (baton held)
+
+    def _read_until(self, call: Call, wait_until: float | None) -> None:
+        while not call.done and not self.stopping:
+            try:
+                self._read_one(call.missing()[0], self._read_limit(wait_until))
+            except QueueTimeout:
+                self._read_available()  # the stall reports of the other ranks
+                self._expire_due()
+                if not call.done:
+                    self._check_time(call, wait_until)
+            except PeerDiedError as e:
+                self._peer_gone(e)
+            except Cancelled:
+                return  # fail() or close() is under way: they settle the call
+
+    def _read_limit(self, wait_until: float | None) -> float | None:
+        if not self.with_deadline:
+            return wait_until
+        deadlines = [c.deadline for c in list(self.pending.values()) if c.deadline is not None]
+        return _min(wait_until, *deadlines, time.monotonic() + DEADLINE_POLL_S)
+
+    def _read_one(self, rank: int, until: float | None,
+                  cancel: threading.Event | None = None) -> None:
+        """Read and record rank's next reply, waiting until monotonic ``until`` at most
+        (Cancelled once ``cancel`` is set)."""
+        timeout = None if until is None else max(0.0, until - time.monotonic())
+        try:
+            seq, status, payload = self.resp[rank].dequeue(timeout=timeout, cancel=cancel,
+                                                           indefinite=True)
+        except DeserializationError as e:
+            seq, status = self.next_reply[rank], wire.ERR
+            payload = ("DeserializationError", f"the driver could not unpickle the result: {e}", "")
+        except PeerDiedError as e:
+            e.rank = rank
+            raise
+        self._record(rank, seq, status, payload)
+        if self._completed:
+            self._complete_futures()
+
+    def _read_available(self) -> None:
+        """Read every reply that is already there."""
+        try:
+            for rank, q in enumerate(self.resp):
+                while q.poll():
+                    self._read_one(rank, None)
+        except PeerDiedError as e:
+            self._peer_gone(e)
+        except Cancelled:
+            pass
+
+    def _peer_gone(self, e: PeerDiedError) -> None:
+        with self.lock:
+            self.stopping = True  # until the monitor fails the group, nobody reads
+        assert e.rank is not None
+        self.on_peer_gone(e.rank, e)
+
+    def _record(self, rank: int, seq: int, status: int, payload: Any) -> None:
+        if status == wire.STALL:
+            self.stalls.report(rank, payload, self.next_reply[rank])
+            return
+        if self.stalls.reports:
+            self.stalls.answered(rank, seq)
+        self.next_reply[rank] = seq + 1
+        call = self.pending.get(seq)
+        if call is None:
+            return  # the reply of a call that already timed out
+        if status == wire.OK:
+            call.results[rank] = payload
+        else:
+            call.errors[rank] = payload
+        if len(call.results) + len(call.errors) == call.n_ranks:
+            self._finish(call)
+
+    def _finish(self, call: Call) -> None:
+        """Settle a call every rank answered."""
+        if call.errors:
+            ranks = sorted(call.errors)
+            etype, msg, tb = call.errors[ranks[0]]
+            self._settle(call, error=RPCError(ranks, etype, msg, tb, method=call.method))
+        elif call.reply_rank is not None:
+            self._settle(call, call.results[call.reply_rank])
+        elif call.aggregator is None:
+            self._settle(call, [call.results[r] for r in range(call.n_ranks)])
+        else:
+            try:
+                value = call.aggregator([call.results[r] for r in range(call.n_ranks)])
+            except Exception as e:
+                self._settle(call, error=e)
+            else:
+                self._settle(call, value)
+
+    def _settle(self, call: Call, value: Any = None, error: BaseException | None = None) -> None:
+        with self.lock:
+            if call.done:
+                return
+            self.pending.pop(call.seq, None)
+            self.with_deadline -= call.deadline is not None
+            call.value, call.error = value, error
+            if call.future is not None:
+                self.outstanding -= 1
+                self._completed.append(call)
+            call.done = True
+        if self.waiting:
+            with self.turn:
+                self.turn.notify_all()
+
+    def _complete_futures(self) -> None:
+        """Set the futures of settled calls, in order, outside every lock (their done
+        callbacks run here; not in a sender, which holds the send lock)."""
+        if self.sender_ident == threading.get_ident():
+            return
+        while self._completed:
+            if not self._completing.acquire(False):
+                return  # another thread is setting them, these too
+            try:
+                while self._completed:
+                    call = self._completed.popleft()
+                    fut = call.future
+                    assert fut is not None
+                    try:
+                        if call.error is not None:
+                            fut.set_exception(call.error)
+                        else:
+                            fut.set_result(call.value)
+                    except concurrent.futures.InvalidStateError:
+                        pass  # only a future someone set by hand
+            finally:
+                self._completing.release()
+
+    def _expire_due(self) -> None:
+        if not self.with_deadline:
+            return
+        now = time.monotonic()
+        for call in list(self.pending.values()):
+            if call.deadline is not None and now >= call.deadline:
+                self._expire(call, now)
+
+    def _expire(self, call: Call, now: float) -> None:
+        missing = call.missing()
+        text, stalled = self.stalls.describe_missing(missing, call.started)
+        message = (f"collective_rpc {call.method!r} timed out after {now - call.started:.1f} s; "
+                   f"ranks {missing} have not answered: {text}")
+        self._settle(call, error=WorkerStalledError(message, missing, stalled) if stalled else
+                     RPCTimeoutError(message, missing))
+
+    # ------------------------------------------------------------------ other readers
+
+    def _take_baton(self, timeout: float) -> bool:
+        if self.reader_ident == threading.get_ident():
+            return False
+        if not self.baton.acquire(timeout=timeout):
+            return False
+        self.reader_ident = threading.get_ident()
+        return True
+
+    def read_available(self, timeout: float) -> None:
+        """Read the replies already there (stall reports among them), unless another
+        thread holds the baton for ``timeout`` seconds: it reads them then."""
+        if self._take_baton(timeout):
+            try:
+                self._read_available()
+            finally:
+                self._hand_over()
+
+    def drain(self) -> bool:
+        """Called by a sender while the broadcast ring is full: read the replies that are
+        there, so that workers blocked on a full response ring go on taking calls. False
+        when another thread holds the baton: it reads them, and the sender just waits for
+        room."""
+        if self.reader_ident == threading.get_ident():
+            self._read_available()
+        elif self.baton.acquire(False):
+            self.reader_ident = threading.get_ident()
+            try:
+                self._read_available()
+            finally:
+                self._hand_over()
+        else:
+            return False
+        time.sleep(DRAIN_PAUSE_S)
+        return True
+
+    def _start_background(self) -> None:
+        """Make sure the background reader runs while futures are outstanding."""
+        if self._background is None:
+            with self.lock:
+                if self._background is None and not self.closed:
+                    self._background = threading.Thread(
+                        target=_debug.counted_thread(self._read_in_background),
+                        name="mpx-reply-reader", daemon=True)
+                    self._background.start()
+                    return
+        if not self.waiting and not self.baton.locked():
+            with self.turn:
+                self.turn.notify_all()
+
+    def _read_in_background(self) -> None:
+        while True:
+            with self.turn:
+                while not (self.outstanding and not self.waiting and not self.stopping
+                           and not self.baton.locked()):
+                    if self.closed:
+                        return
+                    self.turn.wait()
+            if not self._take_baton(0):
+                continue
+            self.give_way.clear()
+            try:
+                while self.outstanding and not self.waiting and not self.stopping:
+                    oldest = next(iter(list(self.pending.values())), None)
+                    if oldest is None:
+                        break
+                    try:
+                        self._read_one(oldest.missing()[0], self._read_limit(None),
+                                       self.give_way)
+                    except QueueTimeout:
+                        self._read_available()
+                        self._expire_due()
+                    except PeerDiedError as e:
+                        self._peer_gone(e)
+                    except Cancelled:
+                        break
+            except Exception as e:  # a broken queue: fail rather than leave futures hanging
+                logger.exception("mpx: the background reply reader failed")
+                self.fail(ExecutorFailed(f"reading replies failed: {e!r}"))
+                return
+            finally:
+                self._hand_over()
+
+    # ------------------------------------------------------------------ ending
+
+    def fail(self, err: ExecutorFailed) -> bool:
+        """The group failed: read every reply already written, by every rank; the calls
+        all ranks answered get their results, the others fail with ``err``. False if the
+        table already failed or is shutting down."""
+        with self.lock:
+            if self.failure is not None or self.closed:
+                return False
+            self.failure = err
+            self.stopping = True
+        for q in self.resp:
+            q.shutdown()  # wakes the reader; what was written can still be read
+        mine = self._take_baton(FAIL_HANDOVER_S)
+        try:
+            if mine:
+                for rank in range(len(self.resp)):
+                    self._read_rest(rank)
+        finally:
+            self._settle_all(err)
+            if mine:
+                self._hand_over()
+            self._complete_futures()
+        return True
+
+    def _read_rest(self, rank: int) -> None:
+        """Read what ``rank`` wrote before its queue was shut down."""
+        while True:
+            try:
+                self._read_one(rank, time.monotonic())
+            except (QueueTimeout, Cancelled, PeerDiedError):
+                return
+
+    def close(self) -> None:
+        """Shutdown: fail every pending call with ExecutorFailed, wake every reader and
+        stop the background reader."""
+        with self.lock:
+            self.closed = self.stopping = True
+            background, self._background = self._background, None
+        self._settle_all(ExecutorFailed("the executor was shut down"))
+        for q in self.resp:
+            q.shutdown()
+        with self.turn:
+            self.turn.notify_all()
+        self._complete_futures()
+        if background is not None and background is not threading.current_thread():
+            background.join(5)
+
+    def _settle_all(self, err: BaseException) -> None:
+        with self.lock:
+            calls = list(self.pending.values())
+        for call in calls:
+            self._settle(call, error=err)
+        with self.turn:
+            self.turn.notify_all()

@@ -1,0 +1,175 @@
+"""``Executor``: N worker processes, one broadcast queue to them, one response queue each.
+
+A thin facade: :class:`~mpx.driver.group.WorkerGroup` owns the processes, queues and
+threads, and :class:`~mpx.driver.calls.CallTable` sends the calls and reads the replies.
+A call flows once down and back: ``collective_rpc`` broadcasts ``wire.call(...)``; every
+worker answers ``(seq, status, payload)`` on its response queue, in order; whichever thread
+reads a reply completes its call. A monitor thread fails the executor within a second of a
+worker's death, and then stops the surviving workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import cloudpickle
+
+from mpx import watchdog, wire
+from mpx.config import Config
+from mpx.driver.group import WorkerGroup
+from mpx.errors import ExecutorFailed, SerializationError
+from mpx.launch import describe_stall
+
+logger = logging.getLogger("mpx")
+
+
+def _shutdown_before_thread_join(finalizer: Callable[[], Any]) -> None:
+    """Run ``finalizer`` as the interpreter starts to exit, before it joins non-daemon
+    threads (concurrent.futures does the same): a thread blocked in a call then gets
+    ExecutorFailed instead of holding the exit up for as long as the workers take."""
+    try:
+        threading._register_atexit(finalizer)  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):
+        pass  # no such hook in this Python, or the interpreter is already exiting
+
+
+class Executor:
+    """Start ``world_size`` processes each holding ``worker_cls(ctx, **worker_kwargs)`` and
+    call their methods collectively.
+
+    ``config`` (an :class:`mpx.Config`, default ``Config.from_env()``) and ``overrides``
+    (its field names) set start method, ring geometry, timeouts and thread counts.
+    Construction returns once every worker is ready; a worker whose ``__init__`` raises
+    makes it raise :class:`mpx.WorkerStartupError`.
+    """
+
+    def __init__(self, worker_cls: type, world_size: int, *, worker_kwargs: dict | None = None,
+                 config: Config | None = None, **overrides: Any) -> None:
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+        if not callable(worker_cls):
+            raise TypeError(f"worker_cls must be a class, got {worker_cls!r}")
+        cfg = Config.from_env(**overrides) if config is None else \
+            dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
+        if cfg.nnodes > 1 and world_size % cfg.nnodes:
+            raise ValueError(f"world_size {world_size} is not a multiple of nnodes {cfg.nnodes}")
+        if cfg.nnodes > 1 and not cfg.auth_key and not cfg.allow_insecure:
+            raise ValueError("a multi-node executor needs Config.auth_key (MPX_AUTH_KEY), the "
+                             "same on every node, or MPX_ALLOW_INSECURE=1")
+        if not cfg.auth_key and cfg.transport != "shm":
+            # zmq queues need a key; the workers get it through their (private) start pipe
+            cfg = dataclasses.replace(cfg, auth_key=secrets.token_hex(32))
+        try:
+            cls_bytes = cloudpickle.dumps(worker_cls)
+            kw_bytes = cloudpickle.dumps(worker_kwargs)
+        except Exception as e:
+            raise SerializationError(f"cannot pickle the worker class or its kwargs: {e}") from e
+        self.config = cfg
+        self.world_size = world_size
+        logger.info("mpx: starting %d workers of %s; config: %s", world_size,
+                    getattr(worker_cls, "__qualname__", worker_cls), cfg.describe())
+        group = self._group = WorkerGroup(cfg, world_size)
+        self._finalizer = weakref.finalize(self, group.shutdown)
+        _shutdown_before_thread_join(self._finalizer)
+        try:
+            group.start(cls_bytes, kw_bytes)
+        except BaseException:
+            self._finalizer()
+            raise
+
+    # ---------------------------------------------------------------- calls
+
+    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
+                       args: tuple = (), kwargs: dict | None = None, non_block: bool = False,
+                       unique_reply_rank: int | None = None,
+                       aggregator: Callable[[list], Any] | None = None) -> Any:
+        """Call ``method`` on every worker and gather the results in rank order.
+
+        ``method`` is a method name or a callable sent with cloudpickle and called as
+        ``method(worker, *args, **kwargs)``. Returns the list of results, the result of
+        ``unique_reply_rank`` alone, or ``aggregator(list)``. ``timeout`` is a deadline for
+        the whole call, from now.
+
+        With ``non_block=True`` it returns an :class:`mpx.RPCFuture` at once: it completes
+        when the replies arrive (callbacks, ``concurrent.futures.wait`` and asyncio work, no
+        ``result()`` needed), and is awaitable. A sent call cannot be cancelled
+        (``cancel()`` returns False); a reply that comes after its call timed out is dropped.
+        """
+        calls = self._group.calls
+        calls.check_usable()
+        if not (isinstance(method, str) or callable(method)):
+            raise TypeError(f"method must be a name or a callable, got {type(method).__name__}")
+        if unique_reply_rank is not None and (
+                not isinstance(unique_reply_rank, int) or
+                not 0 <= unique_reply_rank < self.world_size):
+            raise ValueError(f"unique_reply_rank must be in [0, {self.world_size}), "
+                             f"got {unique_reply_rank!r}")
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+        name = method if isinstance(method, str) else getattr(method, "__name__", "<callable>")
+        call = calls.send(method, name, tuple(args), kwargs or None, unique_reply_rank,
+                          aggregator, timeout, non_block)
+        if call.future is not None:
+            return call.future
+        calls.wait(call)
+        return call.outcome()
+
+    def check_health(self, timeout: float = 10.0) -> None:
+        """Raise unless every worker answers a ping within ``timeout`` seconds:
+        WorkerStalledError at once for ranks whose watchdog reported a stall (naming the
+        method, for how long, and the top frames), RPCTimeoutError or WorkerStalledError
+        when the ping times out, ExecutorFailed when a worker is dead."""
+        group = self._group
+        group.calls.check_usable()
+        group.calls.read_available(timeout)
+        group.stalls.raise_reported()
+        pids = self.collective_rpc(wire.PING, timeout=timeout)
+        expected = group.pids
+        if pids != expected:
+            raise ExecutorFailed(f"workers answered with pids {pids}, expected {expected}")
+
+    def dump_stacks(self, timeout: float = 5.0) -> dict[int, str]:
+        """Every worker's current stacks (all threads, faulthandler format) by rank, taken
+        on demand even while workers are busy or stuck in C code. A worker that cannot
+        dump within ``timeout`` seconds gets a line saying why (stopped, dead...)."""
+        group = self._group
+        deadline = time.monotonic() + timeout
+        out = watchdog.dump_all({r: (p.pid, group.stalls.dump_file(r))
+                                 for r, p in enumerate(group.procs)}, timeout, describe_stall)
+        if group.leader is not None:
+            out.update(group.leader.stacks(max(0.0, deadline - time.monotonic())))
+        return out
+
+    def register_failure_callback(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` once when the executor fails, after the surviving workers
+        were stopped (``Config.stop_on_failure``); at once if that already happened."""
+        self._group.add_failure_callback(callback)
+
+    @property
+    def is_failed(self) -> bool:
+        """True once a worker died; every call then raises the failure."""
+        return self._group.calls.failure is not None
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Every worker's pid in rank order (those of follower nodes as they reported)."""
+        return self._group.pids
+
+    def shutdown(self) -> None:
+        """Stop the workers (stop message, then SIGTERM, then SIGKILL after the grace
+        periods), join every thread mpx started and close every queue. Idempotent; never
+        raises because of a call's state; a Ctrl-C during it propagates once every worker
+        was ended."""
+        self._finalizer()
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

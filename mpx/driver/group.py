@@ -1,0 +1,238 @@
+"""What one executor owns, and how it ends.
+
+``WorkerGroup`` starts the worker processes (and admits the follower nodes), owns the
+queues, the call table and the monitor threads, turns a worker's death into the failure of
+the group (the replies already written are read first, then the survivors are stopped, then
+the failure callbacks run), and shuts everything down. Its ``shutdown`` is what the
+executor's finalizer runs, so nothing here refers back to the ``Executor``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from mpx import watchdog, wire
+from mpx.config import Config
+from mpx.driver.calls import CallTable
+from mpx.driver.monitors import NodeMonitor, ProcessMonitor
+from mpx.driver.stalls import StallDiagnosis
+from mpx.errors import ExecutorFailed, PeerDiedError, WorkerDiedError
+from mpx.launch import LocalWorkers, describe_exit
+from mpx.node import Leader
+from mpx.queue import MessageQueue
+from mpx.wire import WorkerContext
+
+logger = logging.getLogger("mpx")
+
+# How long shutdown and a failure wait to hand the workers the stop message: a worker that
+# died can leave the broadcast ring full, and the stop sequence goes on to signals anyway.
+STOP_MESSAGE_TIMEOUT_S = 0.5
+
+
+def _free_tcp_address(host: str = "127.0.0.1") -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
+
+
+def _run_callback(cb: Callable[[], None]) -> None:
+    try:
+        cb()
+    except Exception:
+        logger.exception("mpx: a failure callback raised")
+
+
+class WorkerGroup:
+    """The worker processes, queues and threads of one executor (see the module docstring)."""
+
+    def __init__(self, config: Config, world_size: int) -> None:
+        self.config = config
+        self.world_size = world_size
+        self.creator_pid = os.getpid()
+        self.workers: LocalWorkers | None = None
+        self.leader: Leader | None = None
+        self.bq: MessageQueue | None = None
+        self.resp: list[MessageQueue] = []
+        self.stalls = StallDiagnosis(config, lambda: self.pids, self.is_local)
+        self.calls = CallTable(world_size, self.stalls, self._peer_gone)
+        self.process_monitor: ProcessMonitor | None = None
+        self.node_monitor: NodeMonitor | None = None
+        self.lock = threading.Lock()
+        self.callbacks: list[Callable[[], None]] = []
+        self.callbacks_ran = False
+        self._workers_stopped = False
+        self._stop_lock = threading.Lock()
+        self.closed = False
+
+    # ------------------------------------------------------------------ start
+
+    def start(self, cls_bytes: bytes, kw_bytes: bytes) -> None:
+        """Start every worker (and admit the follower nodes), wait until all are ready and
+        attached, then start the monitors. Raises WorkerStartupError naming the rank."""
+        cfg, world = self.config, self.world_size
+        local = world // cfg.nnodes
+        # remote readers: one relay per follower node, or every remote rank directly
+        remote = cfg.nnodes - 1 if cfg.relays(local) else world - local
+        self.bq = MessageQueue(local + remote, local, local_reader_ranks=list(range(local)),
+                               connect_ip=cfg.host, config=cfg)
+        dist = _free_tcp_address(cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1")
+        ctxs = [WorkerContext(rank=rank, local_rank=rank, world_size=world,
+                              local_world_size=local, node_rank=0,
+                              distributed_init_method=dist, config=cfg)
+                for rank in range(local)]
+        deadline = time.monotonic() + cfg.startup_timeout_s
+        watchdog.reap_empty_dumps(watchdog.dump_dir(cfg.dump_dir))
+        self.workers = LocalWorkers(cfg, ctxs, self.bq.export_handle(), cls_bytes, kw_bytes)
+        if cfg.nnodes > 1:
+            self.leader = Leader(cfg, world)
+            self.leader.admit(wire.NodeSpec(node_rank=0, config=cfg, world_size=world,
+                                            distributed_init_method=dist,
+                                            handle=self.bq.export_handle(),
+                                            worker_cls=cls_bytes, worker_kwargs=kw_bytes),
+                              deadline)
+        handles = self.workers.handshake(deadline)
+        if self.leader is not None:
+            handles.update(self.leader.collect(deadline))
+        self.resp = [MessageQueue.create_from_handle(handles[r], 0, config=cfg)
+                     for r in range(world)]
+        self.bq.wait_until_ready(timeout=max(1.0, deadline - time.monotonic()))
+        self.calls.attach(self.bq, self.resp)
+        self.process_monitor = ProcessMonitor(self.workers.procs, self._died, self.fail)
+        self.process_monitor.start()
+        if self.leader is not None:
+            self.node_monitor = NodeMonitor(self.leader, self.fail)
+            self.node_monitor.start()
+
+    # ------------------------------------------------------------------ who is where
+
+    @property
+    def procs(self) -> list[Any]:
+        """This node's worker processes, by rank."""
+        return self.workers.procs if self.workers is not None else []
+
+    @property
+    def pids(self) -> list[int]:
+        """Every worker's pid by rank (those of follower nodes as they reported)."""
+        remote = self.leader.pids if self.leader is not None else {}
+        return [p.pid for p in self.procs] + [remote[r] for r in sorted(remote)]
+
+    def is_local(self, rank: int) -> bool:
+        """Whether ``rank`` runs on this node (else on a follower node)."""
+        return rank < len(self.procs)
+
+    def died_error(self, rank: int) -> WorkerDiedError:
+        """The error that says how ``rank`` died (exit code or signal when local)."""
+        if not self.is_local(rank):  # on a follower node, which reports how it died
+            pid = self.leader.pids.get(rank) if self.leader is not None else None
+            return WorkerDiedError(f"worker rank {rank} (pid {pid}) on a follower node is gone",
+                                   rank=rank, pid=pid)
+        p = self.procs[rank]
+        assert self.workers is not None
+        self.workers.join(p, 1.0)
+        return WorkerDiedError(f"worker rank {rank} (pid {p.pid}) died: {describe_exit(p.exitcode)}",
+                               rank=rank, pid=p.pid, exitcode=p.exitcode)
+
+    # ------------------------------------------------------------------ failure
+
+    def _died(self, rank: int) -> None:
+        if self.calls.failure is None and not self.calls.closed:
+            self.fail(self.died_error(rank))
+
+    def _peer_gone(self, rank: int, error: PeerDiedError) -> None:
+        """A reader found ``rank``'s queue dead: the monitor thread fails the group."""
+        monitor = self.process_monitor
+        if monitor is None:
+            return
+        if self.is_local(rank):
+            monitor.report(self.died_error(rank))
+        else:
+            pid = self.leader.pids.get(rank) if self.leader is not None else None
+            monitor.report(WorkerDiedError(f"worker rank {rank} (pid {pid}) is gone: {error}",
+                                           rank=rank, pid=pid))
+
+    def fail(self, err: ExecutorFailed) -> None:
+        """The group failed (a monitor thread calls this): settle the calls, stop the
+        surviving workers unless ``Config.stop_on_failure`` is off, run the callbacks."""
+        if not self.calls.fail(err):
+            return  # failed already, or shutting down
+        logger.error("mpx: executor failed: %s", err)
+        if self.config.stop_on_failure:
+            self.stop_workers()
+        with self.lock:
+            callbacks, self.callbacks = self.callbacks, []
+            self.callbacks_ran = True
+        for cb in callbacks:
+            _run_callback(cb)
+
+    def add_failure_callback(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` once when the group fails (at once if its callbacks ran)."""
+        with self.lock:
+            if not self.callbacks_ran:
+                self.callbacks.append(callback)
+                return
+        _run_callback(callback)
+
+    # ------------------------------------------------------------------ ending
+
+    def stop_workers(self) -> None:
+        """The stop message, then (LocalWorkers.stop) the grace, SIGTERM and SIGKILL for
+        this node's workers; the follower nodes are told to stop theirs. Once only."""
+        with self._stop_lock:
+            if self._workers_stopped:
+                return
+            self._workers_stopped = True
+            try:
+                if self.bq is not None:
+                    try:
+                        self.bq.enqueue(wire.stop(self.calls.next_seq),
+                                        timeout=STOP_MESSAGE_TIMEOUT_S)
+                    except Exception as e:
+                        logger.debug("mpx: no stop message for the workers (%s)", e)
+            finally:
+                try:
+                    if self.node_monitor is not None:
+                        self.node_monitor.release_followers()
+                finally:
+                    if self.workers is not None:
+                        self.workers.stop()
+
+    def shutdown(self) -> None:
+        """Fail the pending calls, stop every worker, join every thread mpx started and
+        close every queue. Idempotent, and a no-op in any process but the creator. Each
+        step runs whatever the one before raised; an interrupt (Ctrl-C) propagates only
+        after every worker was ended."""
+        with self.lock:
+            if self.closed or os.getpid() != self.creator_pid:
+                return
+            self.closed = True
+        steps = [self.calls.close, self.stop_workers, self._stop_monitors, self._close_queues]
+        raised: BaseException | None = None
+        for step in steps:
+            try:
+                step()
+            except BaseException as e:
+                if raised is None:
+                    raised = e
+                if isinstance(e, Exception):
+                    logger.exception("mpx: shutdown step %s failed", step.__name__)
+        if raised is not None and not isinstance(raised, Exception):
+            raise raised
+
+    def _stop_monitors(self) -> None:
+        if self.process_monitor is not None:
+            self.process_monitor.stop()
+        if self.node_monitor is not None:
+            self.node_monitor.stop()
+        elif self.leader is not None:
+            self.leader.stop()  # startup failed before its monitor began
+
+    def _close_queues(self) -> None:
+        for q in self.resp:
+            q.close()
+        if self.bq is not None:
+            self.bq.close()

@@ -1,0 +1,110 @@
+"""The driver's watch threads: one over the local worker processes, one over the follower
+nodes. Each reports a failure once, through the callback it was given, and never touches
+the call table itself."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection
+import os
+import queue
+import threading
+from typing import Any, Callable
+
+from mpx import _debug
+from mpx.errors import ExecutorFailed
+from mpx.node import Leader
+
+logger = logging.getLogger("mpx")
+
+
+class ProcessMonitor:
+    """Thread: ``on_death(rank)`` when a local worker's process sentinel fires (it exited),
+    ``on_failure(error)`` for what :meth:`report` hands it from other threads."""
+
+    def __init__(self, procs: list[Any], on_death: Callable[[int], None],
+                 on_failure: Callable[[ExecutorFailed], None]) -> None:
+        self._sentinels = {p.sentinel: rank for rank, p in enumerate(procs)}
+        self._on_death = on_death
+        self._on_failure = on_failure
+        self._reports: queue.SimpleQueue[ExecutorFailed] = queue.SimpleQueue()
+        self._stopping = False
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=_debug.counted_thread(self._run),
+                                        name="mpx-process-monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def report(self, error: ExecutorFailed) -> None:
+        """Have the monitor thread handle ``error`` (found by a thread that must not)."""
+        self._reports.put(error)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass  # closed: the monitor is gone
+
+    def _run(self) -> None:
+        sentinels = dict(self._sentinels)
+        while True:
+            ready = multiprocessing.connection.wait(list(sentinels) + [self._wake_r])
+            if self._wake_r in ready:
+                os.read(self._wake_r, 4096)
+                if self._stopping:
+                    return
+                while not self._reports.empty():
+                    self._on_failure(self._reports.get())
+            for s in ready:
+                if s in sentinels:
+                    self._on_death(sentinels.pop(s))  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        """End the thread and release its pipe (idempotent)."""
+        if self._wake_r < 0:
+            return
+        self._stopping = True
+        self._wake()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self._wake_r = self._wake_w = -1
+
+
+class NodeMonitor:
+    """Thread: the only user of the leader's control socket after startup. It keeps the
+    heartbeats going and calls ``on_failure(error)`` for a worker death a follower reports
+    or a node that went silent. When told to :meth:`release_followers`, or at :meth:`stop`,
+    it tells every follower to stop and closes the socket."""
+
+    def __init__(self, leader: Leader, on_failure: Callable[[ExecutorFailed], None]) -> None:
+        self.leader = leader
+        self._on_failure = on_failure
+        self._release = threading.Event()
+        self._thread = threading.Thread(target=_debug.counted_thread(self._run),
+                                        name="mpx-node-monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._release.is_set():
+                err = self.leader.poll()
+                if err is not None:
+                    self._on_failure(err)
+        finally:
+            self.leader.stop()
+
+    def release_followers(self) -> None:
+        """Stop the follower nodes (their workers exit with them); returns at once."""
+        self._release.set()
+
+    def stop(self) -> None:
+        """Stop the followers and wait for the thread to end."""
+        self._release.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5)

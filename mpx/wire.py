@@ -1,0 +1,205 @@
+"""Every message that crosses a process boundary, defined once.
+
+The driver, the worker process and the follower node all import this module; none of them
+imports another's. Three channels:
+
+- **Calls and replies** (the hot path, plain tuples: they pickle fastest). The driver
+  broadcasts ``call(...)`` and ``stop(...)`` to every worker; each worker answers every call
+  exactly once, in order, with a reply ``(seq, status, payload)``. A STALL report from the
+  worker's watchdog may come before a call's real reply.
+- **The ready handshake**: the process that starts a worker gives it a :class:`WorkerSpec`;
+  the worker answers over its ready pipe with :class:`Ready` or :class:`StartupFailed`.
+- **Node control** between the leader (the driver's node) and each follower node, sealed
+  with the group's key: ``Hello`` ... ``Stop`` below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from typing import Any
+
+from mpx.config import Config
+
+# ----------------------------------------------------------------------- calls and replies
+
+# broadcast message tags
+CALL = 0  # (CALL, seq, method, args, kwargs, reply_rank)
+STOP = 1  # (STOP, seq): the worker exits its RPC loop
+
+# reply status
+OK = 0     # payload: the result (None on a rank not asked to reply)
+ERR = 1    # payload: error_payload(exception)
+STALL = 2  # payload: the watchdog's report (a dict); the call's real reply still follows
+
+PING = "mpx.ping"  # a method every worker answers with its pid (Executor.check_health)
+
+
+def call(seq: int, method: Any, args: tuple, kwargs: dict | None,
+         reply_rank: int | None) -> tuple:
+    """The broadcast message of call ``seq``: ``method`` (a name or a callable) with its
+    arguments; only ``reply_rank`` (None: every rank) sends its result back."""
+    return (CALL, seq, method, args, kwargs, reply_rank)
+
+
+def stop(seq: int) -> tuple:
+    """The broadcast message that ends every worker's RPC loop."""
+    return (STOP, seq)
+
+
+def error_payload(exc: BaseException) -> tuple[str, str, str]:
+    """(type name, message, traceback text) of ``exc``, as an ERR reply carries it."""
+    return type(exc).__qualname__, str(exc), "".join(
+        traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+# ----------------------------------------------------------------------- the ready handshake
+
+@dataclasses.dataclass(frozen=True)
+class WorkerContext:
+    """What a worker knows about its place in the group; passed to ``worker_cls(ctx, ...)``.
+
+    ``distributed_init_method`` is a free ``tcp://host:port`` the workers can hand to
+    ``torch.distributed.init_process_group`` (rank ``rank``, world size ``world_size``).
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    distributed_init_method: str
+    config: Config
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process is started with.
+
+    ``handle`` is the broadcast queue's, read as reader ``queue_rank`` (the global rank, or
+    the local rank on a follower node that relays). ``worker_cls`` and ``worker_kwargs`` are
+    cloudpickled. ``close_fds`` are the starter's pipe ends a forked child must close.
+    ``remote_driver``: the driver is on another node, so replies go over ZeroMQ.
+    """
+
+    ctx: WorkerContext
+    handle: Any
+    queue_rank: int
+    worker_cls: bytes
+    worker_kwargs: bytes
+    parent_pid: int
+    arm_pdeathsig: bool
+    close_fds: tuple[int, ...] = ()
+    remote_driver: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    """A worker built its object: ``handle`` is its response queue's."""
+
+    handle: Any
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StartupFailed:
+    """A worker could not start: its ``__init__`` (or its setup) raised."""
+
+    exc_type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> StartupFailed:
+        return cls(*error_payload(exc))
+
+
+# ----------------------------------------------------------------------- node control
+
+@dataclasses.dataclass(frozen=True)
+class Hello:
+    """Follower -> leader: node ``node_rank`` wants to join."""
+
+    node_rank: int
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Challenge:
+    """Leader -> follower: sign this fresh nonce back (a replayed hello joins nothing)."""
+
+    nonce: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Join:
+    """Follower -> leader: the answer to a Challenge."""
+
+    node_rank: int
+    nonce: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSpec:
+    """Leader -> follower: what to start. ``config`` has no key: each node has its own."""
+
+    node_rank: int
+    config: Config
+    world_size: int
+    distributed_init_method: str
+    handle: Any
+    worker_cls: bytes
+    worker_kwargs: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerReady:
+    """Follower -> leader: global ``rank`` is ready; ``handle`` is its response queue's."""
+
+    rank: int
+    handle: Any
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeStartupFailed:
+    """Follower -> leader: its workers ``ranks`` could not start."""
+
+    message: str
+    ranks: list[int]
+    traceback: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Beat:
+    """Either way: I am alive (a peer silent for Config.heartbeat_s is lost)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerDead:
+    """Follower -> leader: worker ``rank`` exited with ``exitcode`` (negative: -signal)."""
+
+    rank: int
+    pid: int
+    exitcode: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DumpStacks:
+    """Leader -> follower: send every worker's stacks within ``timeout`` seconds."""
+
+    token: int
+    timeout: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Stacks:
+    """Follower -> leader: the answer to DumpStacks ``token``, by rank."""
+
+    token: int
+    stacks: dict[int, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class StopNode:
+    """Leader -> follower: stop the workers and exit."""

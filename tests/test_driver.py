@@ -1,0 +1,350 @@
+"""The driver across real worker processes: futures that complete on their own, asyncio,
+cancel semantics, no lost replies when a worker dies, the failed group stopping, and every
+error pickling."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import _procs
+import pytest
+
+import mpx
+from mpx import errors
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+# ----------------------------------------------------------------- futures on their own
+
+def test_done_callbacks_run_without_result(executor):
+    e = executor()
+    done = threading.Event()
+    got = []
+
+    def cb(f):
+        got.append(f.result(timeout=0))
+        if len(got) == 20:
+            done.set()
+
+    for i in range(20):
+        e.collective_rpc("ident", args=(i,), non_block=True).add_done_callback(cb)
+    assert done.wait(10), f"only {len(got)} of 20 callbacks ran"
+    assert sorted(g[0] for g in got) == list(range(20))
+    assert all(g[0] == g[1] for g in got)
+
+
+def test_wait_and_as_completed_without_result(executor):
+    e = executor()
+    futs = [e.collective_rpc("mul", args=(i,), non_block=True) for i in range(50)]
+    done, not_done = concurrent.futures.wait(futs, timeout=10)
+    assert not not_done and len(done) == 50
+    seen = [f for f in concurrent.futures.as_completed(futs, timeout=10)]
+    assert len(seen) == 50
+    assert [f.result(timeout=0) for f in futs] == [[i, 2 * i] for i in range(50)]
+
+
+def test_slow_call_future_completes_while_nobody_waits(executor):
+    e = executor()
+    fut = e.collective_rpc("sleep", args=(0.3,), kwargs={"ranks": [1]}, non_block=True)
+    assert not fut.done()
+    deadline = time.monotonic() + 10
+    while not fut.done():
+        assert time.monotonic() < deadline, "the future never completed on its own"
+        time.sleep(0.01)
+    assert fut.result(timeout=0) == [0, 1]
+
+
+def test_await_wrap_future_and_gather_of_200(executor):
+    e = executor()
+
+    async def main():
+        one = await e.collective_rpc("ident", args=("a",), non_block=True)
+        wrapped = await asyncio.wrap_future(e.collective_rpc("ident", args=("b",),
+                                                             non_block=True))
+        many = await asyncio.gather(*[e.collective_rpc("ident", args=(i,), non_block=True)
+                                      for i in range(200)])
+        return one, wrapped, many
+
+    one, wrapped, many = asyncio.run(asyncio.wait_for(main(), 30))
+    assert one == ["a", "a"] and wrapped == ["b", "b"]
+    assert many == [[i, i] for i in range(200)]
+
+
+def test_an_asyncio_ticker_keeps_ticking_during_a_1s_call(executor):
+    e = executor()
+    ticks = []
+
+    async def ticker(stop):
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    async def main():
+        stop = asyncio.Event()
+        t = asyncio.create_task(ticker(stop))
+        result = await e.collective_rpc("sleep", args=(1.0,), non_block=True)
+        stop.set()
+        await t
+        return result
+
+    assert asyncio.run(main()) == [0, 1]
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert len(ticks) > 40, len(ticks)
+    assert max(gaps) < 0.25, f"the event loop was blocked for {max(gaps):.3f} s"
+
+
+def test_wait_for_timeouts_then_correct_results_then_clean_shutdown(executor):
+    e = executor()
+
+    async def main():
+        for _ in range(3):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    e.collective_rpc("sleep", args=(0.3,), non_block=True), 0.05)
+        # the late replies of the calls above are never handed to these
+        return [await e.collective_rpc("ident", args=(i,), non_block=True) for i in range(5)]
+
+    assert asyncio.run(main()) == [[i, i] for i in range(5)]
+    assert e.collective_rpc("ident", args=("blocking",)) == ["blocking", "blocking"]
+    pids = e.worker_pids
+    e.shutdown()  # never raises because of the cancelled asyncio futures
+    assert not _procs.wait_gone(pids, 5)
+
+
+def test_cancel_of_a_sent_call_returns_false(executor):
+    e = executor()
+    fut = e.collective_rpc("sleep", args=(0.2,), non_block=True)
+    assert fut.running()
+    assert fut.cancel() is False
+    assert not fut.cancelled()
+    assert fut.result(timeout=10) == [0, 1]
+    assert "cancel()" in inspect.getdoc(mpx.RPCFuture)
+
+
+def test_a_done_callback_may_call_the_executor(executor):
+    e = executor()
+    out = concurrent.futures.Future()
+
+    def cb(f):  # runs in the thread that read the reply
+        try:
+            out.set_result(e.collective_rpc("ident", args=(f.result(timeout=0),)))
+        except BaseException as exc:
+            out.set_exception(exc)
+
+    e.collective_rpc("ident", args=("inner",), non_block=True).add_done_callback(cb)
+    assert out.result(timeout=10) == [["inner", "inner"], ["inner", "inner"]]
+
+
+def test_12_threads_mix_blocking_and_non_blocking_calls(executor):
+    e = executor()
+    errors_seen = []
+
+    def run(t):
+        rnd = random.Random(t)
+        try:
+            for i in range(60):
+                x = (t, i)
+                kind = rnd.randrange(4)
+                if kind == 0:
+                    assert e.collective_rpc("ident", args=(x,)) == [x, x]
+                elif kind == 1:
+                    assert e.collective_rpc("ident", args=(x,), non_block=True) \
+                        .result(timeout=30) == [x, x]
+                elif kind == 2:
+                    assert e.collective_rpc("mul", args=(i,), unique_reply_rank=1) == 2 * i
+                else:
+                    futs = [e.collective_rpc("ident", args=((x, k),), non_block=True)
+                            for k in range(3)]
+                    done, _ = concurrent.futures.wait(futs, timeout=30)
+                    assert len(done) == 3
+                    assert [f.result(timeout=0) for f in futs] == [[(x, k)] * 2 for k in range(3)]
+        except BaseException as exc:
+            errors_seen.append(exc)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors_seen, errors_seen[:3]
+
+
+def test_a_future_with_a_deadline_fails_on_its_own(executor):
+    e = executor()
+    fut = e.collective_rpc("sleep", args=(1.0,), kwargs={"ranks": [1]}, timeout=0.2,
+                           non_block=True)
+    failed = threading.Event()
+    fut.add_done_callback(lambda f: failed.set())
+    assert failed.wait(2)
+    with pytest.raises(mpx.RPCTimeoutError) as ei:
+        fut.result(timeout=0)
+    assert ei.value.ranks == [1]
+    assert e.collective_rpc("ident", args=(1,)) == [1, 1]
+
+
+# ----------------------------------------------------------------- deaths
+
+def test_sigkill_while_a_future_is_pending_runs_its_callback(executor):
+    e = executor()
+    fut = e.collective_rpc("sleep", args=(30,), kwargs={"ranks": [0]}, non_block=True)
+    seen = concurrent.futures.Future()
+    fut.add_done_callback(lambda f: seen.set_result((time.monotonic(), f.exception(0))))
+    os.kill(e.worker_pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    at, exc = seen.result(timeout=2)
+    assert at - t0 < 2
+    assert isinstance(exc, mpx.WorkerDiedError) and exc.rank == 1 and "SIGKILL" in str(exc)
+
+
+@pytest.mark.parametrize("reply_rank", [None, 1], ids=["every rank", "dying rank only"])
+def test_replies_sent_just_before_a_death_are_delivered(executor, reply_rank):
+    """While the reader is held up (a done callback that takes 0.3 s), both ranks answer
+    call 1 and rank 1 then dies in call 2: call 1 still returns its result."""
+    e = executor()
+    first = e.collective_rpc("ident", args=(0,), non_block=True)
+    first.add_done_callback(lambda f: time.sleep(0.3))
+    answered = e.collective_rpc("mul", args=(5,), unique_reply_rank=reply_rank, non_block=True)
+    dies = e.collective_rpc("exit", args=(7,), kwargs={"ranks": [1]}, non_block=True)
+    assert first.result(timeout=10) == [0, 0]
+    assert answered.result(timeout=10) == ([5, 10] if reply_rank is None else 10)
+    with pytest.raises(mpx.WorkerDiedError, match="exit code 7"):
+        dies.result(timeout=10)
+
+
+def test_the_survivors_are_stopped_after_a_death(executor):
+    e = executor(n=3, shutdown_grace_s=0.5, terminate_grace_s=0.5)
+    stopped = threading.Event()
+    e.register_failure_callback(stopped.set)
+    busy = e.collective_rpc("sleep", args=(30,), kwargs={"ranks": [0]}, non_block=True)
+    pids = e.worker_pids
+    os.kill(pids[2], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(mpx.WorkerDiedError):
+        busy.result(timeout=5)
+    # rank 0 is busy (exits on the closed death pipe or SIGTERM), rank 1 idle (stop message)
+    assert stopped.wait(0.5 + 0.5 + 3), "the failure callbacks did not run"
+    assert not _procs.wait_gone(pids, 0.5)
+    assert time.monotonic() - t0 < 0.5 + 0.5 + 3
+
+
+def test_keep_running_after_a_death_then_dump_stacks(executor):
+    e = executor(n=2, stop_on_failure=False)
+    failed = threading.Event()
+    e.register_failure_callback(failed.set)
+    survivor = e.worker_pids[0]
+    os.kill(e.worker_pids[1], signal.SIGKILL)
+    assert failed.wait(3)
+    time.sleep(0.3)
+    assert _procs.running(survivor)
+    stacks = e.dump_stacks(timeout=5)
+    assert "worker_main" in stacks[0] or "_serve" in stacks[0], stacks[0][:500]
+    assert "rank 1" in stacks[1] or "dead" in stacks[1] or "gone" in stacks[1], stacks[1]
+    e.shutdown()
+    assert not _procs.running(survivor)
+
+
+# ----------------------------------------------------------------- shutdown and exit
+
+EXIT_AFTER_WAIT_FOR = textwrap.dedent("""
+    import asyncio, sys
+    sys.path.insert(0, {tests!r})
+    import mpx, _workers
+
+    async def main(ex):
+        try:
+            await asyncio.wait_for(ex.collective_rpc("sleep", args=(30,), non_block=True), 0.2)
+        except asyncio.TimeoutError:
+            print("timed out", flush=True)
+
+    if __name__ == "__main__":
+        with mpx.Executor(_workers.Echo, 2, start_method={method!r},
+                          shutdown_grace_s=0.5, terminate_grace_s=0.5) as ex:
+            print("pids", *ex.worker_pids, flush=True)
+            asyncio.run(main(ex))
+            fut = ex.collective_rpc("sleep", args=(30,), non_block=True)
+        print("exited the with block", flush=True)
+""")
+
+
+def test_leaving_the_with_block_after_a_wait_for_timeout_never_hangs(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(EXIT_AFTER_WAIT_FOR.format(tests=TESTS, method=_start_method()))
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60)
+    took = time.monotonic() - t0
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "timed out" in out.stdout and "exited the with block" in out.stdout, out.stdout
+    assert "InvalidStateError" not in out.stderr, out.stderr
+    pids = [int(p) for p in next(ln for ln in out.stdout.splitlines()
+                                 if ln.startswith("pids")).split()[1:]]
+    assert not _procs.wait_gone(pids, 2)
+    assert took < 30
+
+
+def _start_method():
+    return os.environ.get("MPX_TEST_START_METHOD", "spawn")
+
+
+# ----------------------------------------------------------------- errors pickle
+
+def _samples() -> list[BaseException]:
+    return [
+        errors.MpxError("base"), errors.Cancelled("cancelled"), errors.QueueTimeout("late"),
+        errors.PeerDiedError("gone", role="writer", rank=3, pid=42),
+        errors.ShmError("no room"), errors.HandleError("bad handle"),
+        errors.QueueClosedError("closed"), errors.RoleError("role"),
+        errors.SerializationError("cannot pickle"), errors.DeserializationError("cannot load"),
+        errors.RPCError([1, 2], "ValueError", "bad", "Traceback ...", method="f"),
+        errors.RPCTimeoutError("timed out", [1]),
+        errors.WorkerStalledError("stalled", [0], {0: {"method": "f", "seconds": 2.0}}),
+        errors.ExecutorFailed("failed"),
+        errors.WorkerDiedError("died", rank=1, pid=42, exitcode=-9),
+        errors.NodeLostError("lost", 1, [2, 3]),
+        errors.WorkerStartupError("no start", [0], "Traceback ..."),
+        errors.SharedTensorGoneError("gone", name="mpx-x"),
+    ]
+
+
+def test_every_error_class_is_sampled():
+    classes = {c for c in vars(errors).values()
+               if isinstance(c, type) and issubclass(c, BaseException)}
+    assert classes == {type(e) for e in _samples()}
+
+
+@pytest.mark.parametrize("err", _samples(), ids=lambda e: type(e).__name__)
+def test_every_error_pickles_with_its_message_and_attributes(err):
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is type(err)
+    assert str(back) == str(err)
+    assert vars(back) == vars(err)
+
+
+def test_a_worker_error_crosses_a_process_boundary(executor, ctx):
+    e = executor()
+    with pytest.raises(mpx.RPCError) as ei:
+        e.collective_rpc("fail", kwargs={"ranks": [1]})
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_procs.echo_object, args=(child,))
+    p.start()
+    try:
+        parent.send(ei.value)
+        back = parent.recv()
+    finally:
+        p.join(10)
+    assert isinstance(back, mpx.RPCError) and back.ranks == [1]
+    assert back.exc_type == "ValueError" and "bad value on rank 1" in str(back)
+    assert "raise ValueError" in back.remote_traceback
