@@ -125,11 +125,14 @@ def pct_row(name, mpx_pct, base_pct, ratio, target, passed, note=""):
 
 # --------------------------------------------------------------------------- report
 
-def parse_args(doc, quick_help):
+def parse_args(doc, quick_help, more=None):
+    """The common options (--quick, --png, --json); ``more(parser)`` adds a bench's own."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help=quick_help)
     ap.add_argument("--png", metavar="PATH", help="write a bar chart (needs matplotlib)")
     ap.add_argument("--json", metavar="PATH", help="write the numbers as JSON")
+    if more is not None:
+        more(ap)
     return ap.parse_args()
 
 

@@ -24,14 +24,31 @@ c. a 64 MiB torch.float32 tensor as the argument of a call to 1 worker (the repl
                                                                    target: >= 0.3x memcpy
    2 workers, and the Pipe RPC loop with the same bytes (as a numpy array, pickled in
    band): informational.
+d. the driver's futures (1 worker):
+   - time from a reply landing (the worker stamps CLOCK_MONOTONIC as it returns) to the
+     done callback of a non-blocking call that nobody waits on, vs the blocking round trip
+     measured in the same run.                                     target: <= 2x blocking
+   - asyncio: calls/s with 64 calls in flight from one event loop (awaiting each future),
+     vs blocking calls/s from one thread.                          target: >= 1x blocking
+   - with --ab REV: the blocking no-op round trip, 1 and 2 workers, of this tree vs git
+     revision REV (checked out and built in a temporary worktree), each measured in child
+     processes that alternate.                               target: <= 1.05x of REV's
+
+Only some sections: --sections d (any of a, b, c, d).
 
 It is a benchmark, not a test: the exit code is 0 whatever the results.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
 import os
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import numpy as np
@@ -83,6 +100,10 @@ class BenchWorker:
 
     def take(self, t):
         return int(t.shape[0])
+
+    def stamp(self):
+        """CLOCK_MONOTONIC (system-wide) as the reply leaves: when the reply lands."""
+        return time.monotonic_ns()
 
 
 def _pipe_rpc_child(conn):
@@ -405,8 +426,171 @@ def bench_tensor_pipe(tensor, reps, warm):
         pipe.close()
 
 
+# --------------------------------------------------------------------------- d. futures
+
+def bench_callback_latency(iters, warm):
+    """(us from reply landing to done callback, us of a blocking round trip), interleaved
+    in blocks; the caller of the non-blocking call waits on an Event, not on the future."""
+    ex = new_executor(1)
+    lat, rtt = [], []
+    landed = threading.Event()
+
+    def on_done(f):
+        lat.append((time.monotonic_ns() - f.result(0)[0]) / 1e3)
+        landed.set()
+
+    def non_block():
+        landed.clear()
+        ex.collective_rpc("stamp", non_block=True).add_done_callback(on_done)
+        if not landed.wait(CALL_TIMEOUT):
+            raise RuntimeError("a done callback never ran")
+
+    try:
+        for _ in range(warm):
+            non_block()
+            ex.collective_rpc("noop")
+        lat.clear()
+        for _ in range(4):
+            rtt.extend(timed_loop(lambda: ex.collective_rpc("noop"), iters // 4))
+            for _ in range(iters // 4):
+                non_block()
+    finally:
+        ex.shutdown()
+    return lat, rtt
+
+
+def bench_asyncio_rate(calls, in_flight, blocks=3):
+    """([asyncio calls/s per block], [blocking calls/s per block]), alternating."""
+    ex = new_executor(1)
+
+    async def pipelined():
+        gate = asyncio.Semaphore(in_flight)
+
+        async def one():
+            async with gate:
+                await ex.collective_rpc("noop", non_block=True)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[one() for _ in range(calls)])
+        return calls / (time.perf_counter() - t0)
+
+    def blocking():
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            ex.collective_rpc("noop")
+        return calls / (time.perf_counter() - t0)
+
+    try:
+        asyncio.run(pipelined())
+        blocking()
+        aio, blk = [], []
+        for _ in range(blocks):
+            aio.append(asyncio.run(pipelined()))
+            blk.append(blocking())
+    finally:
+        ex.shutdown()
+    return aio, blk
+
+
+def _noop_child(n, iters, warm):
+    """In a child process (--noop-child): print the us of ``iters`` no-op calls as JSON."""
+    import mpx as m
+    ex = m.Executor(BenchWorker, world_size=n, start_method="spawn")
+    try:
+        for _ in range(warm):
+            ex.collective_rpc("noop")
+        out = timed_loop(lambda: ex.collective_rpc("noop", timeout=CALL_TIMEOUT), iters)
+    finally:
+        ex.shutdown()
+    print(json.dumps({"mpx": m.__file__, "us": out}))
+
+
+def _checkout(rev, where):
+    """Check ``rev`` out into ``where`` and build its ring in place; return the path."""
+    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
+                         text=True, check=True, cwd=os.path.dirname(__file__)).stdout.strip()
+    subprocess.run(["git", "worktree", "add", "--detach", where, rev], cwd=top, check=True,
+                   capture_output=True)
+    subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "-q"], cwd=where,
+                   check=True, capture_output=True)
+    return top
+
+
+def bench_ab(rev, n, iters, warm, rounds):
+    """{"new": [us], "old": [us]}: this tree vs ``rev``, alternating child processes."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = {"new": [], "old": []}
+    with tempfile.TemporaryDirectory(prefix="mpx-ab-") as tmp:
+        old = os.path.join(tmp, "tree")
+        top = _checkout(rev, old)
+        try:
+            for r in range(rounds):
+                for side in (("new", "old") if r % 2 == 0 else ("old", "new")):
+                    env = dict(os.environ, PYTHONPATH=here if side == "new" else old)
+                    res = subprocess.run([sys.executable, os.path.abspath(__file__),
+                                          "--noop-child", f"{n},{iters},{warm}"],
+                                         capture_output=True, text=True, env=env,
+                                         cwd=tmp, timeout=300, check=True)
+                    got = json.loads(res.stdout.strip().splitlines()[-1])
+                    want = here if side == "new" else old
+                    if not got["mpx"].startswith(want):
+                        raise RuntimeError(f"the {side} side imported {got['mpx']}")
+                    out[side].extend(got["us"])
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", old], cwd=top,
+                           capture_output=True)
+    return out
+
+
+def section_d(rows, raw, quick, ab):
+    iters, warm = (2000, 300) if quick else (8000, 1000)
+    print(f"[d] done-callback latency vs blocking round trip, {iters} calls each ...",
+          flush=True)
+    lat, rtt = bench_callback_latency(iters, warm)
+    m, b = stats(lat), stats(rtt)
+    ratio = m["median"] / b["median"]
+    rows.append(row("reply landed -> done callback, nobody waits", "us", m, b, ratio,
+                    "<= 2x blocking round trip", ratio <= 2.0,
+                    note="baseline: blocking no-op round trip, same executor"))
+    raw["callback_latency_us"] = {"callback": m, "blocking_rtt": b}
+
+    calls = 3000 if quick else 10000
+    print(f"[d] asyncio, 64 calls in flight vs blocking, {calls} calls per block ...",
+          flush=True)
+    aio, blk = bench_asyncio_rate(calls, 64)
+    a, bl = stats(aio), stats(blk)
+    ratio = a["median"] / bl["median"]
+    rows.append(row("asyncio calls/s, 64 in flight, 1 worker", "calls/s", a, bl, ratio,
+                    ">= 1x blocking calls/s", ratio >= 1.0, better="higher",
+                    note="baseline: blocking calls from one thread, same executor"))
+    raw["asyncio_calls_per_s"] = {"asyncio": aio, "blocking": blk}
+
+    if ab:
+        rounds = 2 if quick else 4
+        for n in (1, 2):
+            print(f"[d] A/B blocking no-op vs {ab}, {n} worker(s), {rounds} rounds ...",
+                  flush=True)
+            got = bench_ab(ab, n, iters // 2, warm, rounds)
+            new, old = stats(got["new"]), stats(got["old"])
+            ratio = new["median"] / old["median"]
+            rows.append(row(f"no-op round trip, {n} worker{'s' if n > 1 else ''}, vs {ab}",
+                            "us", new, old, ratio, f"<= 1.05x {ab}", ratio <= 1.05,
+                            note="each side in its own child processes, alternating"))
+            raw[f"ab_{n}"] = {"new": new, "old": old, "rev": ab}
+
+
+def _more_args(ap):
+    ap.add_argument("--sections", default="abcd", help="which sections to run (default abcd)")
+    ap.add_argument("--ab", metavar="REV", help="also A/B the no-op round trip against REV")
+    ap.add_argument("--noop-child", help=argparse.SUPPRESS)
+
+
 def main():
-    args = parse_args(__doc__, "fewer repetitions (~1 min instead of ~1.5)")
+    if "--noop-child" in sys.argv:
+        n, iters, warm = map(int, sys.argv[sys.argv.index("--noop-child") + 1].split(","))
+        _noop_child(n, iters, warm)
+        return 0
+    args = parse_args(__doc__, "fewer repetitions (~1 min instead of ~1.5)", _more_args)
 
     quick = args.quick
     noop_iters, noop_warm = (4000, 400) if quick else (20000, 2000)
@@ -423,97 +607,102 @@ def main():
     rows = []
     raw = {}
     try:
-        # ---- a. no-op round trip
-        for n, limit in ((1, 0.35), (2, 0.40)):
-            print(f"[a] no-op collective_rpc, {n} worker(s), {noop_iters} calls each side ...",
-                  flush=True)
-            mpx_us, pipe_us, mq_us, cpus, pinned = bench_noop(n, noop_iters, noop_warm,
-                                                              pin_iters=pin_iters)
-            m, b = stats(mpx_us), stats(pipe_us)
+        if "a" in args.sections:
+            # ---- a. no-op round trip
+            for n, limit in ((1, 0.35), (2, 0.40)):
+                print(f"[a] no-op collective_rpc, {n} worker(s), {noop_iters} calls each side ...",
+                      flush=True)
+                mpx_us, pipe_us, mq_us, cpus, pinned = bench_noop(n, noop_iters, noop_warm,
+                                                                  pin_iters=pin_iters)
+                m, b = stats(mpx_us), stats(pipe_us)
+                ratio = m["median"] / b["median"]
+                rows.append(row(f"no-op round trip, {n} worker{'s' if n > 1 else ''}", "us", m, b,
+                                ratio, f"<= {limit:.2f}x Pipe RPC", ratio <= limit,
+                                note=f"last CPUs {cpus}"))
+                raw[f"noop_{n}"] = {"mpx_us_summary": m, "pipe_us_summary": b, "cpus": cpus}
+                if mq_us is not None:
+                    q = stats(mq_us)
+                    rows.append(row("  same loop on bare MessageQueues (no Executor)", "us", q, b,
+                                    q["median"] / b["median"], "info", None,
+                                    note=(f"Executor overhead over the bare queues: "
+                                          f"{m['median'] - q['median']:.1f} us per call")))
+                    raw["noop_1"]["bare_queue_us_summary"] = q
+                for place, (pm, pb, pq) in pinned.items():
+                    rows.append(row(f"  pinned, driver and worker on {place}", "us", pm, pb,
+                                    pm["median"] / pb["median"], "info", None,
+                                    note=(f"bare MessageQueues {pq['median']:.1f} us = "
+                                          f"{pq['median'] / pb['median']:.3f}x Pipe RPC")))
+                    raw["noop_1"][f"pinned {place}"] = {"mpx": pm, "pipe": pb, "bare_queue": pq}
+
+        if "b" in args.sections:
+            # ---- b. idle
+            print(f"[b] first call after {idle_s:.0f} s idle, {idle_rounds} rounds each of mpx, Pipe "
+                  f"and bare queues (~{3 * idle_rounds * idle_s:.0f} s) ...", flush=True)
+            mpx_us, pipe_us, mq_us = bench_idle_wake(idle_rounds, idle_s)
+            m, b, q = stats(mpx_us), stats(pipe_us), stats(mq_us)
             ratio = m["median"] / b["median"]
-            rows.append(row(f"no-op round trip, {n} worker{'s' if n > 1 else ''}", "us", m, b,
-                            ratio, f"<= {limit:.2f}x Pipe RPC", ratio <= limit,
-                            note=f"last CPUs {cpus}"))
-            raw[f"noop_{n}"] = {"mpx_us_summary": m, "pipe_us_summary": b, "cpus": cpus}
-            if mq_us is not None:
-                q = stats(mq_us)
-                rows.append(row("  same loop on bare MessageQueues (no Executor)", "us", q, b,
-                                q["median"] / b["median"], "info", None,
-                                note=(f"Executor overhead over the bare queues: "
-                                      f"{m['median'] - q['median']:.1f} us per call")))
-                raw["noop_1"]["bare_queue_us_summary"] = q
-            for place, (pm, pb, pq) in pinned.items():
-                rows.append(row(f"  pinned, driver and worker on {place}", "us", pm, pb,
-                                pm["median"] / pb["median"], "info", None,
-                                note=(f"bare MessageQueues {pq['median']:.1f} us = "
-                                      f"{pq['median'] / pb['median']:.3f}x Pipe RPC")))
-                raw["noop_1"][f"pinned {place}"] = {"mpx": pm, "pipe": pb, "bare_queue": pq}
+            cold, hot = bench_cold_python(0.5)
+            rows.append(row(f"first call after {idle_s:.0f}s idle, 1 worker", "us", m, b, ratio,
+                            "<= 1.0x Pipe RPC", ratio <= 1.0,
+                            note=(f"sum(range(200)) takes {cold:.1f} us right after a 0.5 s sleep, "
+                                  f"{hot:.1f} us hot: the first Python work after idle runs "
+                                  f"{cold / hot:.0f}x slower here")))
+            rows.append(row("  same loop on bare MessageQueues (no Executor)", "us", q, b,
+                            q["median"] / b["median"], "info", None))
+            raw["idle_wake_us"] = {"mpx": mpx_us, "pipe": pipe_us, "bare_queue": mq_us,
+                                   "cold_python_us": cold, "hot_python_us": hot}
 
-        # ---- b. idle
-        print(f"[b] first call after {idle_s:.0f} s idle, {idle_rounds} rounds each of mpx, Pipe "
-              f"and bare queues (~{3 * idle_rounds * idle_s:.0f} s) ...", flush=True)
-        mpx_us, pipe_us, mq_us = bench_idle_wake(idle_rounds, idle_s)
-        m, b, q = stats(mpx_us), stats(pipe_us), stats(mq_us)
-        ratio = m["median"] / b["median"]
-        cold, hot = bench_cold_python(0.5)
-        rows.append(row(f"first call after {idle_s:.0f}s idle, 1 worker", "us", m, b, ratio,
-                        "<= 1.0x Pipe RPC", ratio <= 1.0,
-                        note=(f"sum(range(200)) takes {cold:.1f} us right after a 0.5 s sleep, "
-                              f"{hot:.1f} us hot: the first Python work after idle runs "
-                              f"{cold / hot:.0f}x slower here")))
-        rows.append(row("  same loop on bare MessageQueues (no Executor)", "us", q, b,
-                        q["median"] / b["median"], "info", None))
-        raw["idle_wake_us"] = {"mpx": mpx_us, "pipe": pipe_us, "bare_queue": mq_us,
-                               "cold_python_us": cold, "hot_python_us": hot}
+            print(f"[b] CPU of 2 idle workers over {cpu_idle_s:.0f} s, then of the driver during a "
+                  f"{call_s:.0f} s call ...", flush=True)
+            idle, drv = bench_idle_cpu(2, cpu_idle_s, call_s)
+            pp = idle["pipe_child_pct"]
+            for rank, pm in enumerate(idle["mpx_workers_pct"]):
+                rows.append(pct_row(f"idle worker {rank} CPU ({cpu_idle_s:.0f}s)", pm, pp, None,
+                                    "< 2% of a core", pm < 2.0))
+            rows[-1]["note"] = (f"psutil cpu_times over {idle['wall_s']:.2f} s; baseline = an idle "
+                                f"Pipe RPC child; worker voluntary ctx switches (since start) "
+                                f"{idle['mpx_workers_ctx']}")
+            dm = 100.0 * drv["mpx_cpu_s"] / drv["mpx_wall_s"]
+            dp = 100.0 * drv["pipe_cpu_s"] / drv["pipe_wall_s"]
+            rows.append(pct_row(f"driver CPU during a {call_s:.0f}s call, 2 workers", dm, dp, None,
+                                "< 2% of a core", dm < 2.0,
+                                note=(f"time.process_time (all {drv['driver_threads']} driver "
+                                      f"threads): mpx {drv['mpx_cpu_s'] * 1e3:.2f} ms over "
+                                      f"{drv['mpx_wall_s']:.2f} s; Pipe RPC (1 child) "
+                                      f"{drv['pipe_cpu_s'] * 1e3:.2f} ms over {drv['pipe_wall_s']:.2f} s")))
+            raw["idle_cpu"] = {"workers": idle, "driver": drv}
 
-        print(f"[b] CPU of 2 idle workers over {cpu_idle_s:.0f} s, then of the driver during a "
-              f"{call_s:.0f} s call ...", flush=True)
-        idle, drv = bench_idle_cpu(2, cpu_idle_s, call_s)
-        pp = idle["pipe_child_pct"]
-        for rank, pm in enumerate(idle["mpx_workers_pct"]):
-            rows.append(pct_row(f"idle worker {rank} CPU ({cpu_idle_s:.0f}s)", pm, pp, None,
-                                "< 2% of a core", pm < 2.0))
-        rows[-1]["note"] = (f"psutil cpu_times over {idle['wall_s']:.2f} s; baseline = an idle "
-                            f"Pipe RPC child; worker voluntary ctx switches (since start) "
-                            f"{idle['mpx_workers_ctx']}")
-        dm = 100.0 * drv["mpx_cpu_s"] / drv["mpx_wall_s"]
-        dp = 100.0 * drv["pipe_cpu_s"] / drv["pipe_wall_s"]
-        rows.append(pct_row(f"driver CPU during a {call_s:.0f}s call, 2 workers", dm, dp, None,
-                            "< 2% of a core", dm < 2.0,
-                            note=(f"time.process_time (all {drv['driver_threads']} driver "
-                                  f"threads): mpx {drv['mpx_cpu_s'] * 1e3:.2f} ms over "
-                                  f"{drv['mpx_wall_s']:.2f} s; Pipe RPC (1 child) "
-                                  f"{drv['pipe_cpu_s'] * 1e3:.2f} ms over {drv['pipe_wall_s']:.2f} s")))
-        raw["idle_cpu"] = {"workers": idle, "driver": drv}
-
-        # ---- c. bandwidth
-        print(f"[c] 64 MiB torch.float32 tensor argument, {bw_reps} calls (+{bw_warm} warm-up) "
-              "...", flush=True)
-        tensor = torch.arange(BIG // 4, dtype=torch.float32)
-        memcpy_ts, np_ts = memcpy_baseline(9 if quick else 15)
-        mc, npc = bw_stats(memcpy_ts), bw_stats(np_ts)
-        one = bench_tensor(1, tensor, bw_reps, bw_warm)
-        s = bw_stats(one)
-        ratio = s["median"] / mc["median"]
-        rows.append(row("64MiB tensor argument, 1 worker", "GB/s", s, mc, ratio,
-                        ">= 0.3x memcpy", ratio >= 0.3, better="higher",
-                        note=(f"median call {s['median_ms']:.1f} ms; baseline torch copy_ 1 "
-                              f"thread {mc['median_ms']:.1f} ms; numpy copyto "
-                              f"{npc['median']:.2f} GB/s")))
-        two = bench_tensor(2, tensor, bw_reps, bw_warm)
-        s2 = bw_stats(two)
-        rows.append(row("64MiB tensor argument, 2 workers (broadcast)", "GB/s", s2, mc,
-                        s2["median"] / mc["median"], "info", None, better="higher"))
-        pipe_ts = bench_tensor_pipe(tensor, max(3, bw_reps // 2), 1)
-        sp = bw_stats(pipe_ts)
-        rows.append(row("64MiB as numpy over the Pipe RPC loop, 1 child", "GB/s", sp, mc,
-                        sp["median"] / mc["median"], "info", None, better="higher",
-                        note=f"mpx / Pipe RPC = {s['median'] / sp['median']:.2f}x the GB/s"))
-        raw["bandwidth_ms"] = {"memcpy_torch": [t * 1e3 for t in memcpy_ts],
-                               "memcpy_numpy": [t * 1e3 for t in np_ts],
-                               "mpx_1": [t * 1e3 for t in one], "mpx_2": [t * 1e3 for t in two],
-                               "pipe_numpy_1": [t * 1e3 for t in pipe_ts]}
-        del tensor
+        if "c" in args.sections:
+            # ---- c. bandwidth
+            print(f"[c] 64 MiB torch.float32 tensor argument, {bw_reps} calls (+{bw_warm} warm-up) "
+                  "...", flush=True)
+            tensor = torch.arange(BIG // 4, dtype=torch.float32)
+            memcpy_ts, np_ts = memcpy_baseline(9 if quick else 15)
+            mc, npc = bw_stats(memcpy_ts), bw_stats(np_ts)
+            one = bench_tensor(1, tensor, bw_reps, bw_warm)
+            s = bw_stats(one)
+            ratio = s["median"] / mc["median"]
+            rows.append(row("64MiB tensor argument, 1 worker", "GB/s", s, mc, ratio,
+                            ">= 0.3x memcpy", ratio >= 0.3, better="higher",
+                            note=(f"median call {s['median_ms']:.1f} ms; baseline torch copy_ 1 "
+                                  f"thread {mc['median_ms']:.1f} ms; numpy copyto "
+                                  f"{npc['median']:.2f} GB/s")))
+            two = bench_tensor(2, tensor, bw_reps, bw_warm)
+            s2 = bw_stats(two)
+            rows.append(row("64MiB tensor argument, 2 workers (broadcast)", "GB/s", s2, mc,
+                            s2["median"] / mc["median"], "info", None, better="higher"))
+            pipe_ts = bench_tensor_pipe(tensor, max(3, bw_reps // 2), 1)
+            sp = bw_stats(pipe_ts)
+            rows.append(row("64MiB as numpy over the Pipe RPC loop, 1 child", "GB/s", sp, mc,
+                            sp["median"] / mc["median"], "info", None, better="higher",
+                            note=f"mpx / Pipe RPC = {s['median'] / sp['median']:.2f}x the GB/s"))
+            raw["bandwidth_ms"] = {"memcpy_torch": [t * 1e3 for t in memcpy_ts],
+                                   "memcpy_numpy": [t * 1e3 for t in np_ts],
+                                   "mpx_1": [t * 1e3 for t in one], "mpx_2": [t * 1e3 for t in two],
+                                   "pipe_numpy_1": [t * 1e3 for t in pipe_ts]}
+            del tensor
+        if "d" in args.sections:
+            section_d(rows, raw, quick, args.ab)
     finally:
         cleanup_procs()
 

@@ -81,6 +81,13 @@ class Call:
         """The ranks that have not answered yet."""
         return [r for r in range(self.n_ranks) if r not in self.results and r not in self.errors]
 
+    def first_missing(self) -> int:
+        """The lowest rank that has not answered yet (the call is not done)."""
+        for r in range(self.n_ranks):
+            if r not in self.results and r not in self.errors:
+                return r
+        raise AssertionError(f"call {self.seq} has every reply but is not done")
+
     def outcome(self) -> Any:
         """The result of a done call, or raise its error."""
         if self.error is not None:
@@ -202,20 +209,22 @@ class CallTable:
         ``timeout`` passes first (the call goes on); a call past its deadline fails with
         RPCTimeoutError (or WorkerStalledError)."""
         wait_until = None if timeout is None else time.monotonic() + timeout
+        me = threading.get_ident()
         while not call.done:
             if not self.stopping:
-                if self.reader_ident == threading.get_ident():
+                if self.reader_ident == me:
                     self._read_until(call, wait_until)  # a done callback waits on a call
                     continue
                 if self.baton.acquire(False):
-                    self.reader_ident = threading.get_ident()
+                    self.reader_ident = me
                     try:
                         self._read_until(call, wait_until)
                     finally:
                         self._hand_over()
                     continue
             self._wait_turn(call, wait_until)
-        self._complete_futures()
+        if self._completed:
+            self._complete_futures()
 
     def _wait_turn(self, call: Call, wait_until: float | None) -> None:
         with self.turn:
@@ -242,7 +251,8 @@ class CallTable:
         if self.waiting or self.outstanding:
             with self.turn:
                 self.turn.notify_all()
-        self._complete_futures()
+        if self._completed:
+            self._complete_futures()
 
     def _check_time(self, call: Call, wait_until: float | None) -> None:
         """Fail ``call`` if its deadline passed; TimeoutError if the wait's did."""
@@ -257,7 +267,9 @@ class CallTable:
     def _read_until(self, call: Call, wait_until: float | None) -> None:
         while not call.done and not self.stopping:
             try:
-                self._read_one(call.missing()[0], self._read_limit(wait_until))
+                self._read_one(call.first_missing(),
+                               wait_until if not self.with_deadline else
+                               self._read_limit(wait_until))
             except QueueTimeout:
                 self._read_available()  # the stall reports of the other ranks
                 self._expire_due()
@@ -269,6 +281,7 @@ class CallTable:
                 return  # fail() or close() is under way: they settle the call
 
     def _read_limit(self, wait_until: float | None) -> float | None:
+        """The earliest of ``wait_until`` and the pending deadlines, a poll period at most."""
         if not self.with_deadline:
             return wait_until
         deadlines = [c.deadline for c in list(self.pending.values()) if c.deadline is not None]
@@ -466,7 +479,7 @@ class CallTable:
                     if oldest is None:
                         break
                     try:
-                        self._read_one(oldest.missing()[0], self._read_limit(None),
+                        self._read_one(oldest.first_missing(), self._read_limit(None),
                                        self.give_way)
                     except QueueTimeout:
                         self._read_available()

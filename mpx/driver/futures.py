@@ -4,8 +4,56 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
+import weakref
 from collections.abc import Generator
 from typing import Any, Callable
+
+
+class _LoopDelivery:
+    """Hands completed futures to one event loop in batches: one wake-up of the loop (one
+    ``call_soon_threadsafe``) for all the futures that complete while the loop is busy,
+    where ``asyncio.wrap_future`` wakes it once for each."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.batch: list[tuple[asyncio.Future, concurrent.futures.Future]] = []
+
+    def add(self, target: asyncio.Future, done: concurrent.futures.Future) -> None:
+        with self.lock:
+            first = not self.batch
+            self.batch.append((target, done))
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self.deliver)
+            except RuntimeError:
+                pass  # the loop is closed: nobody awaits any more
+
+    def deliver(self) -> None:
+        with self.lock:
+            batch, self.batch = self.batch, []
+        for target, done in batch:
+            if target.cancelled():
+                continue  # the awaiting task gave up (wait_for); the reply is dropped
+            exc = done.exception(0)
+            if exc is not None:
+                target.set_exception(exc)
+            else:
+                target.set_result(done.result(0))
+
+
+_deliveries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopDelivery] = \
+    weakref.WeakKeyDictionary()
+_deliveries_lock = threading.Lock()
+
+
+def _delivery(loop: asyncio.AbstractEventLoop) -> _LoopDelivery:
+    found = _deliveries.get(loop)
+    if found is None:
+        with _deliveries_lock:
+            found = _deliveries.setdefault(loop, _LoopDelivery(loop))
+    return found
 
 
 class RPCFuture(concurrent.futures.Future):
@@ -40,4 +88,10 @@ class RPCFuture(concurrent.futures.Future):
         return super().exception(timeout)
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return asyncio.wrap_future(self).__await__()
+        if self.done():
+            return self.result(0)
+        loop = asyncio.get_running_loop()
+        target = loop.create_future()
+        delivery = _delivery(loop)
+        self.add_done_callback(lambda f: delivery.add(target, f))
+        return (yield from target)
