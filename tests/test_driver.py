@@ -348,3 +348,14 @@ def test_a_worker_error_crosses_a_process_boundary(executor, ctx):
     assert isinstance(back, mpx.RPCError) and back.ranks == [1]
     assert back.exc_type == "ValueError" and "bad value on rank 1" in str(back)
     assert "raise ValueError" in back.remote_traceback
+
+
+def test_finished_event_loops_are_not_kept(executor):
+    import gc
+
+    from mpx.driver import futures
+    e = executor()
+    for _ in range(3):
+        asyncio.run(asyncio.wait_for(e.collective_rpc("ident", args=(1,), non_block=True), 10))
+    gc.collect()
+    assert len(futures._deliveries) == 0

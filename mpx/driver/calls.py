@@ -478,9 +478,10 @@ class CallTable:
                     oldest = next(iter(list(self.pending.values())), None)
                     if oldest is None:
                         break
+                    rank = oldest.first_missing()
+                    oldest = None  # a parked reader keeps no call (nor its future) alive
                     try:
-                        self._read_one(oldest.first_missing(), self._read_limit(None),
-                                       self.give_way)
+                        self._read_one(rank, self._read_limit(None), self.give_way)
                     except QueueTimeout:
                         self._read_available()
                         self._expire_due()

@@ -16,7 +16,7 @@ class _LoopDelivery:
     where ``asyncio.wrap_future`` wakes it once for each."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        self.loop = weakref.ref(loop)  # the registry is keyed by the loop: no cycle
         self.lock = threading.Lock()
         self.batch: list[tuple[asyncio.Future, concurrent.futures.Future]] = []
 
@@ -24,9 +24,10 @@ class _LoopDelivery:
         with self.lock:
             first = not self.batch
             self.batch.append((target, done))
-        if first:
+        loop = self.loop()
+        if first and loop is not None:
             try:
-                self.loop.call_soon_threadsafe(self.deliver)
+                loop.call_soon_threadsafe(self.deliver)
             except RuntimeError:
                 pass  # the loop is closed: nobody awaits any more
 
