@@ -73,6 +73,9 @@ class _Broadcast:
     def free_slots(self) -> int:
         return self.shm.free_slots() if self.shm is not None else 1 << 30
 
+    def has_room(self, need: int) -> bool:
+        return self.shm.has_room(need) if self.shm is not None else True
+
     def slots_needed(self, parts: tuple) -> int:
         return self.shm.slots_needed(parts) if self.shm is not None else 1
 
@@ -272,7 +275,7 @@ class MessageQueue:
         kind, parts = serde.encode(obj, local_only=writer.zmq is None)
         if while_full is not None:
             need = writer.slots_needed(parts)
-            while writer.free_slots() < need:
+            while not writer.has_room(need):
                 if 0 <= deadline <= time.monotonic_ns():
                     raise QueueTimeout("enqueue timed out waiting for ring space")
                 if while_full() is False:

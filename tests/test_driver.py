@@ -123,6 +123,27 @@ def test_wait_for_timeouts_then_correct_results_then_clean_shutdown(executor):
     assert not _procs.wait_gone(pids, 5)
 
 
+def test_a_blocked_event_loop_holds_up_no_other_future(executor):
+    """The loop reads its awaited futures' replies itself; while its thread is blocked
+    (here in time.sleep), the background reader still completes the other futures."""
+    e = executor()
+
+    async def main():
+        awaited = asyncio.ensure_future(e.collective_rpc("sleep", args=(0.05,), non_block=True))
+        await asyncio.sleep(0)  # it is awaited: the loop reads for it
+        done = threading.Event()
+        e.collective_rpc("ident", args=(2,), non_block=True).add_done_callback(
+            lambda f: done.set())
+        t0 = time.monotonic()
+        ran = done.wait(1.0)  # blocks the loop's thread
+        took = time.monotonic() - t0
+        return ran, took, await awaited
+
+    ran, took, result = asyncio.run(asyncio.wait_for(main(), 30))
+    assert ran and took < 0.5, took
+    assert result == [0, 1]
+
+
 def test_cancel_of_a_sent_call_returns_false(executor):
     e = executor()
     fut = e.collective_rpc("sleep", args=(0.2,), non_block=True)
@@ -352,10 +373,15 @@ def test_a_worker_error_crosses_a_process_boundary(executor, ctx):
 
 def test_finished_event_loops_are_not_kept(executor):
     import gc
-
-    from mpx.driver import futures
+    import weakref
     e = executor()
+    loops = []
     for _ in range(3):
-        asyncio.run(asyncio.wait_for(e.collective_rpc("ident", args=(1,), non_block=True), 10))
+        loop = asyncio.new_event_loop()
+        fut = e.collective_rpc("ident", args=(1,), non_block=True)
+        assert loop.run_until_complete(asyncio.wait_for(fut, 10)) == [1, 1]
+        loop.close()
+        loops.append(weakref.ref(loop))
+        del loop, fut
     gc.collect()
-    assert len(futures._deliveries) == 0
+    assert [ref() for ref in loops] == [None, None, None]

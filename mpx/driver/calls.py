@@ -50,8 +50,12 @@ FAIL_HANDOVER_S = 0.5
 # While calls with deadlines are pending, a reader waiting for one reply looks at the
 # deadlines at least this often: a later call may have an earlier deadline.
 DEADLINE_POLL_S = 0.05
-# How long a sender whose broadcast ring is full, having read the replies that free the
-# workers (they may be blocked on a full response ring), sleeps before it looks again.
+# How long the background reader leaves the reading to an event loop (renewed at each of
+# the loop's reading steps): a loop whose thread is blocked elsewhere holds the replies of
+# other threads' futures up no longer than this.
+LOOP_LEASE_S = 0.005
+# How long a sender whose broadcast ring is full and who holds the baton (a done callback
+# calls again), having read the replies that free the workers, sleeps before it looks again.
 DRAIN_PAUSE_S = 0.0002
 
 
@@ -133,6 +137,9 @@ class CallTable:
         self._completing = threading.Lock()
         self._background: threading.Thread | None = None
         self.give_way = threading.Event()  # set: the background reader stops waiting
+        # until when the background reader leaves the reading to event loops, which read
+        # in their own thread while their awaited futures' replies keep coming (futures.py)
+        self.loops_until = 0.0
 
     def attach(self, bq: MessageQueue, resp: list[MessageQueue]) -> None:
         """The broadcast queue and every rank's response queue, once all are up."""
@@ -157,7 +164,7 @@ class CallTable:
             seq = self.next_seq
             call = Call(seq, name, self.n_ranks, reply_rank, aggregator, deadline)
             if non_block:
-                call.future = RPCFuture(lambda t: self.wait(call, t))
+                call.future = RPCFuture(lambda t: self.wait(call, t), self)
             with self.lock:
                 self.check_usable()
                 self.pending[seq] = call
@@ -166,7 +173,7 @@ class CallTable:
             assert self.bq is not None
             try:
                 self.bq.enqueue(wire.call(seq, method, args, kwargs, reply_rank), timeout,
-                                while_full=self.drain if len(self.pending) > 1 else None)
+                                while_full=self.drain)
             except BaseException as e:
                 self._forget(call)
                 raise self._send_error(e, name) from e
@@ -248,7 +255,7 @@ class CallTable:
         """Release the baton; wake the threads that wait for it, the background reader too."""
         self.reader_ident = None
         self.baton.release()
-        if self.waiting or self.outstanding:
+        if self.waiting or self._background_may_read():
             with self.turn:
                 self.turn.notify_all()
         if self._completed:
@@ -305,16 +312,19 @@ class CallTable:
         if self._completed:
             self._complete_futures()
 
-    def _read_available(self) -> None:
-        """Read every reply that is already there."""
+    def _read_available(self) -> int:
+        """Read every reply that is already there; how many."""
+        got = 0
         try:
             for rank, q in enumerate(self.resp):
                 while q.poll():
                     self._read_one(rank, None)
+                    got += 1
         except PeerDiedError as e:
             self._peer_gone(e)
         except Cancelled:
             pass
+        return got
 
     def _peer_gone(self, e: PeerDiedError) -> None:
         with self.lock:
@@ -432,21 +442,23 @@ class CallTable:
 
     def drain(self) -> bool:
         """Called by a sender while the broadcast ring is full: read the replies that are
-        there, so that workers blocked on a full response ring go on taking calls. False
-        when another thread holds the baton: it reads them, and the sender just waits for
-        room."""
-        if self.reader_ident == threading.get_ident():
+        there, so that workers blocked on a full response ring go on taking calls; then
+        (False) the sender waits for room while the thread that holds the baton, or the
+        background reader, reads the rest. A sender that holds the baton itself (a done
+        callback calls again) reads on until there is room (True)."""
+        me = threading.get_ident()
+        if self.reader_ident == me:
             self._read_available()
-        elif self.baton.acquire(False):
-            self.reader_ident = threading.get_ident()
+            time.sleep(DRAIN_PAUSE_S)
+            return True
+        if self.baton.acquire(False):
+            self.reader_ident = me
             try:
                 self._read_available()
             finally:
                 self._hand_over()
-        else:
-            return False
-        time.sleep(DRAIN_PAUSE_S)
-        return True
+        self.wake_background()
+        return False
 
     def _start_background(self) -> None:
         """Make sure the background reader runs while futures are outstanding."""
@@ -458,23 +470,52 @@ class CallTable:
                         name="mpx-reply-reader", daemon=True)
                     self._background.start()
                     return
-        if not self.waiting and not self.baton.locked():
+        if self._background_may_read() and not self.baton.locked():
             with self.turn:
                 self.turn.notify_all()
+
+    def read_ready(self) -> int | None:
+        """Read the replies already there, unless another thread holds the baton (None):
+        how many were read. An event loop's reader calls this in the loop's thread."""
+        if self.stopping or not self.baton.acquire(False):
+            return None
+        self.reader_ident = threading.get_ident()
+        try:
+            return self._read_available()
+        finally:
+            self._hand_over()
+
+    def lease_to_loop(self) -> None:
+        """An event loop reads the replies of its awaited futures (or will, at its next
+        iteration): the background reader hands the baton over after the reply it is
+        reading, and leaves the reading to the loop for LOOP_LEASE_S."""
+        self.loops_until = time.monotonic() + LOOP_LEASE_S
+        self.give_way.set()
+
+    def wake_background(self) -> None:
+        """The event loop found no reply: the background reader waits for the next."""
+        self.loops_until = 0.0
+        if self._background_may_read() and not self.baton.locked():
+            with self.turn:
+                self.turn.notify_all()
+
+    def _background_may_read(self) -> bool:
+        return bool(self.outstanding and not self.waiting and not self.stopping
+                    and (not self.loops_until or time.monotonic() >= self.loops_until))
 
     def _read_in_background(self) -> None:
         while True:
             with self.turn:
-                while not (self.outstanding and not self.waiting and not self.stopping
-                           and not self.baton.locked()):
+                while not (self._background_may_read() and not self.baton.locked()):
                     if self.closed:
                         return
-                    self.turn.wait()
+                    lease = self.loops_until - time.monotonic()
+                    self.turn.wait(lease if lease > 0 else None)
             if not self._take_baton(0):
                 continue
             self.give_way.clear()
             try:
-                while self.outstanding and not self.waiting and not self.stopping:
+                while self._background_may_read():
                     oldest = next(iter(list(self.pending.values())), None)
                     if oldest is None:
                         break

@@ -7,24 +7,64 @@ import concurrent.futures
 import threading
 import weakref
 from collections.abc import Generator
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
+
+
+class ReplySource(Protocol):
+    """What an event loop needs of the call table to read replies in its own thread."""
+
+    def read_ready(self) -> int | None:
+        """Read the replies already there: how many, or None if another thread reads."""
+
+    def lease_to_loop(self) -> None:
+        """Leave the reading to an event loop for a moment."""
+
+    def wake_background(self) -> None:
+        """The loop reads no more: the background reader waits for the next replies."""
 
 
 class _LoopDelivery:
-    """Hands completed futures to one event loop in batches: one wake-up of the loop (one
-    ``call_soon_threadsafe``) for all the futures that complete while the loop is busy,
-    where ``asyncio.wrap_future`` wakes it once for each."""
+    """Completes the asyncio side of the futures awaited in one event loop, and reads their
+    replies in the loop's own thread while they keep coming.
+
+    A reply read in another thread wakes the loop once for every batch (where
+    ``asyncio.wrap_future`` wakes it once for each future). While futures are awaited, the
+    loop then reads the replies itself, a step per loop iteration, with no thread hand-off;
+    when a step finds none, the background reader waits for the next one.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = weakref.ref(loop)  # the registry is keyed by the loop: no cycle
+        self.thread = threading.get_ident()
         self.lock = threading.Lock()
         self.batch: list[tuple[asyncio.Future, concurrent.futures.Future]] = []
+        self.awaiting: dict[ReplySource, int] = {}  # futures awaited in this loop, by source
+        self.reading: set[ReplySource] = set()      # sources this loop reads now
 
-    def add(self, target: asyncio.Future, done: concurrent.futures.Future) -> None:
+    def expect(self, source: ReplySource) -> None:
+        """A future of ``source`` is awaited (in the loop's thread)."""
+        self.awaiting[source] = self.awaiting.get(source, 0) + 1
+        self._read(source)
+
+    def forget(self, source: ReplySource) -> None:
+        """That await ended (done, or cancelled)."""
+        left = self.awaiting[source] - 1
+        if left:
+            self.awaiting[source] = left
+        else:
+            del self.awaiting[source]
+
+    def add(self, target: asyncio.Future, done: concurrent.futures.Future,
+            source: ReplySource) -> None:
         with self.lock:
             first = not self.batch
             self.batch.append((target, done))
         loop = self.loop()
+        if threading.get_ident() == self.thread:
+            if first and loop is not None:
+                loop.call_soon(self.deliver)  # (a step delivers before that)
+            return
+        source.lease_to_loop()
         if first and loop is not None:
             try:
                 loop.call_soon_threadsafe(self.deliver)
@@ -32,6 +72,15 @@ class _LoopDelivery:
                 pass  # the loop is closed: nobody awaits any more
 
     def deliver(self) -> None:
+        """Set the asyncio futures of the completed ones (in the loop's thread), then read
+        on for the futures still awaited."""
+        self._deliver_batch()
+        for source in list(self.awaiting):
+            self._read(source)
+
+    def _deliver_batch(self) -> None:
+        if not self.batch:
+            return
         with self.lock:
             batch, self.batch = self.batch, []
         for target, done in batch:
@@ -42,6 +91,26 @@ class _LoopDelivery:
                 target.set_exception(exc)
             else:
                 target.set_result(done.result(0))
+
+    def _read(self, source: ReplySource) -> None:
+        loop = self.loop()
+        if source in self.reading or loop is None:
+            return
+        self.reading.add(source)
+        source.lease_to_loop()
+        loop.call_soon(self._step, source)
+
+    def _step(self, source: ReplySource) -> None:
+        got = source.read_ready()
+        self._deliver_batch()
+        loop = self.loop()
+        if got and self.awaiting.get(source) and loop is not None:
+            source.lease_to_loop()
+            loop.call_soon(self._step, source)  # replies keep coming: read on next round
+            return
+        self.reading.discard(source)
+        if self.awaiting.get(source):
+            source.wake_background()
 
 
 _deliveries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopDelivery] = \
@@ -70,9 +139,10 @@ class RPCFuture(concurrent.futures.Future):
     ``asyncio.wait_for`` timeout) leaves the call to finish; its reply is then dropped.
     """
 
-    def __init__(self, wait: Callable[[float | None], None]) -> None:
+    def __init__(self, wait: Callable[[float | None], None], source: ReplySource) -> None:
         super().__init__()
         self._wait = wait
+        self._source = source
         self.set_running_or_notify_cancel()
 
     def result(self, timeout: float | None = None) -> Any:
@@ -94,5 +164,10 @@ class RPCFuture(concurrent.futures.Future):
         loop = asyncio.get_running_loop()
         target = loop.create_future()
         delivery = _delivery(loop)
-        self.add_done_callback(lambda f: delivery.add(target, f))
-        return (yield from target)
+        source = self._source
+        self.add_done_callback(lambda f: delivery.add(target, f, source))
+        delivery.expect(source)
+        try:
+            return (yield from target)
+        finally:
+            delivery.forget(source)

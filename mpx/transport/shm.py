@@ -71,6 +71,7 @@ class ShmWriter:
         mod = ring_module()
         self.implementation = mod.IMPLEMENTATION
         self._ring = mod.Ring(self._mm, -1, **_ring_args(config))
+        self._slowest = 0  # the slowest reader's position when last read (has_room)
         _debug.inc("rings")
         self._lock = threading.Lock()
         self._closed = False
@@ -116,10 +117,21 @@ class ShmWriter:
     def free_slots(self) -> int:
         """Slots the writer can fill now without waiting for any reader."""
         seq = self._ring.seq_number
-        return self.config.max_chunks - (seq - min(self._read_seqs(), default=seq))
+        self._slowest = min(self._read_seqs(), default=seq)
+        return self.config.max_chunks - (seq - self._slowest)
+
+    def has_room(self, need: int) -> bool:
+        """Whether ``need`` slots are free now; the readers' positions are read only when
+        the last ones seen say no (they only move on)."""
+        if self.config.max_chunks - (self._ring.seq_number - self._slowest) >= need:
+            return True
+        return self.free_slots() >= need
 
     def slots_needed(self, parts: tuple) -> int:
         """Slots a message of ``parts`` takes, capped at the ring's size (it streams)."""
+        if len(parts) == 1 and isinstance(parts[0], bytes) and \
+                len(parts[0]) <= self.config.max_chunk_bytes:
+            return 1  # a small pickle: the common case, counted without memoryviews
         size = sum(memoryview(p).nbytes for p in parts)
         return min(self.config.max_chunks, max(1, -(-size // self.config.max_chunk_bytes)))
 
