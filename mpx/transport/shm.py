@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import secrets
+import select
 import threading
 import time
 import weakref
@@ -45,6 +46,32 @@ def _reader_pids(mm, n: int) -> list[tuple[int, int, bool]]:
 
 def _all_attached(mm, n: int) -> bool:
     return all(L.u32(mm, L.reader_block(i) + L.RB_ATTACHED) for i in range(n))
+
+
+class _PeerWatch:
+    """Whether a process has exited, zombies included (a pidfd turns readable when its
+    process ends; ``kill(pid, 0)`` still succeeds on a zombie nobody reaped yet)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self.fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self.fd = -2
+        except (OSError, AttributeError):
+            self.fd = -1
+
+    def exited(self) -> bool:
+        if self.fd == -2:
+            return True
+        if self.fd == -1:
+            return not shm.pid_alive(self.pid)
+        return bool(select.select([self.fd], [], [], 0)[0])
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
 
 
 def _release_view(mv: memoryview) -> None:
@@ -254,6 +281,14 @@ class ShmReader:
         at the deadline (naming the missing ranks), Cancelled on shutdown() or ``cancel``,
         QueueClosedError on close() (also from another thread), PeerDiedError when the
         writer died or closed the queue."""
+        writer = _PeerWatch(self.writer_pid)
+        try:
+            self._wait_ready(deadline_ns, cancel, writer)
+        finally:
+            writer.close()
+
+    def _wait_ready(self, deadline_ns: int, cancel: threading.Event | None,
+                    writer: _PeerWatch) -> None:
         delay = 0.0005
         while True:
             with self._lock:  # close() unmaps under this lock
@@ -265,7 +300,7 @@ class ShmReader:
                 closed = L.u32(self._mm, L.OFF_STATE) & L.S_CLOSED
             if all(att for _, att, _ in pids):
                 return
-            if closed or not shm.pid_alive(self.writer_pid):
+            if closed or writer.exited():
                 what = "closed the queue" if closed else "died"
                 raise PeerDiedError(f"the writer (pid {self.writer_pid}) {what} while reader "
                                     f"rank {self.rank} waited for the other readers to attach",
