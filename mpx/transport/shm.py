@@ -211,7 +211,10 @@ class ShmWriter:
         if self._closed or self._shut:
             return
         self._shut = True
-        self._ring.interrupt()
+        try:
+            self._ring.interrupt()
+        except ValueError:  # close() in another thread released the ring meanwhile
+            pass
 
     def close(self) -> None:
         if self._closed:
@@ -392,7 +395,10 @@ class ShmReader:
         unread) and wait_until_ready."""
         if not self._closed and not self._shut:
             self._shut = True
-            self._ring.interrupt()
+            try:
+                self._ring.interrupt()
+            except ValueError:  # close() in another thread released the ring meanwhile
+                pass
 
     def close(self) -> None:
         if self._closed:
