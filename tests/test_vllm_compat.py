@@ -5,6 +5,7 @@ vLLM's names and signatures, across real processes, on both rings (``impl``)."""
 from __future__ import annotations
 
 import copyreg
+import dataclasses
 import socket
 import threading
 import time
@@ -342,3 +343,29 @@ def test_enable_shm_tensor_arena_is_accepted_and_dequeue_takes_indefinite_by_key
             assert r.dequeue(timeout=5, indefinite=True) == zlib.crc32(b"x")
         finally:
             r.close()
+
+
+def test_remote_reader_wait_until_ready_has_every_exit():
+    cfg = mpx.Config(auth_key=KEY)
+    with MessageQueue(1, 0, connect_ip="127.0.0.1", config=cfg) as mq:
+        h = mq.export_handle()
+    # nobody listens where the readers go
+    h = dataclasses.replace(h, remote={**h.remote,
+                                       "endpoint": f"tcp://127.0.0.1:{_free_port()}"})
+    r0 = MessageQueue.create_from_handle(h, 0, config=cfg)
+    r1 = MessageQueue.create_from_handle(h, 1, config=cfg)  # vLLM's group rank: also remote
+    try:
+        assert r0._is_remote_reader and r0.n_remote_reader == 1
+        with pytest.raises(TimeoutError):
+            r0.wait_until_ready(timeout=0.1)
+        with pytest.raises(TimeoutError):  # a bool in cancel's place is vLLM's indefinite
+            r0.dequeue(0.05, True)
+        threading.Timer(0.2, r0.shutdown).start()
+        with pytest.raises(RuntimeError, match="cancelled"):
+            r0.wait_until_ready()
+        threading.Timer(0.2, r1.close).start()
+        with pytest.raises(mpx.QueueClosedError):
+            r1.wait_until_ready()
+    finally:
+        r0.close()
+        r1.close()
