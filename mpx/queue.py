@@ -31,8 +31,7 @@ from typing import Any, Callable
 from mpx import _debug, serde
 from mpx import layout as L
 from mpx.config import Config
-from mpx.errors import (Cancelled, HandleError, QueueClosedError, QueueTimeout, RoleError,
-                        ShmError)
+from mpx.errors import HandleError, QueueClosedError, QueueTimeout, RoleError, ShmError
 from mpx.transport.shm import ShmReader, ShmWriter
 from mpx.transport.zmq import ZmqReader, ZmqWriter
 
@@ -146,7 +145,8 @@ class MessageQueue:
     ``local_reader_ranks``: the local readers' ranks, default ``range(n_local_reader)``; they
     may be group ranks (see the module docstring). ``max_chunk_bytes`` x ``max_chunks``: the
     ring's slots (a multiple of 64 bytes, at least one slot; defaults from ``config``, not
-    vLLM's 24 MiB x 10); a message larger than a slot streams through the ring, so unlike
+    vLLM's 24 MiB x 10; ``MessageQueue(1, 1, 1024, 1)``, sizes in the ranks' place, works
+    too); a message larger than a slot streams through the ring, so unlike
     vLLM nothing overflows to a socket. ``enable_shm_tensor_arena`` is accepted for vLLM's
     signature and changes nothing: mpx already moves large CPU tensors through shared
     memory out of band (one copy in, one copy out, no aliasing), and ``mpx.share`` sends a
@@ -158,6 +158,13 @@ class MessageQueue:
                  max_chunk_bytes: int | None = None, max_chunks: int | None = None,
                  connect_ip: str | None = None, enable_shm_tensor_arena: bool = False, *,
                  config: Config | None = None) -> None:
+        if isinstance(local_reader_ranks, int) and not isinstance(local_reader_ranks, bool):
+            # MessageQueue(1, 1, 1024, 1): the sizes given positionally, ranks left out (an
+            # int is never a list of ranks)
+            if max_chunks is not None and connect_ip is None:
+                connect_ip = max_chunks  # type: ignore[assignment]
+            local_reader_ranks, max_chunk_bytes, max_chunks = \
+                None, local_reader_ranks, max_chunk_bytes
         if not isinstance(n_reader, int) or n_reader < 0:
             raise ValueError(f"n_reader must be an int >= 0, got {n_reader!r}")
         if not isinstance(n_local_reader, int) or not 0 <= n_local_reader <= n_reader:
@@ -435,12 +442,13 @@ class MessageQueue:
             writer.write(L.K_BYTES, (buf,), deadline)
             return
         copy = None
+        remote = writer.zmq
         with writer.shm.slot(deadline) as view:
             yield view
-            if writer.zmq is not None:
+            if remote is not None:
                 copy = bytes(view)
-        if copy is not None:
-            writer.zmq.write(L.K_BYTES, (copy,), deadline)
+        if remote is not None:
+            remote.write(L.K_BYTES, (copy,), deadline)
 
     @contextlib.contextmanager
     def acquire_read(self, timeout: float | None = None, indefinite: bool = False, *,

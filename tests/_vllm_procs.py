@@ -10,7 +10,6 @@ import traceback
 
 import numpy as np
 
-import mpx
 from mpx import MessageQueue
 
 

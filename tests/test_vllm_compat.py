@@ -190,8 +190,11 @@ def test_concurrent_writers(impl, ctx):
 
 
 def test_timeouts_on_a_full_ring(impl, ctx):
-    # vLLM's smallest ring: one slot of 1 kB (positional, as vLLM's tests build it)
-    with MessageQueue(1, 1, None, 1024, 1) as mq:
+    # vLLM's smallest ring: one slot of 1 kB, sizes given positionally as vLLM's tests do
+    with MessageQueue(1, 1, None, 2048, 2) as other:
+        assert (other.config.max_chunk_bytes, other.config.max_chunks) == (2048, 2)
+    with MessageQueue(1, 1, 1024, 1) as mq:
+        assert (mq.config.max_chunk_bytes, mq.config.max_chunks) == (1024, 1)
         p, conn = _procs.start(ctx, V.stalled_reader, mq.export_handle(), 0)
         assert conn.recv() == "attached"
         mq.wait_until_ready(30)
@@ -369,3 +372,27 @@ def test_remote_reader_wait_until_ready_has_every_exit():
     finally:
         r0.close()
         r1.close()
+
+
+def test_acquire_write_reaches_local_and_remote_readers():
+    cfg = mpx.Config(auth_key=KEY)
+    with MessageQueue(2, 1, [0], 4096, 2, "127.0.0.1", config=cfg) as mq:
+        local = MessageQueue.create_from_handle(mq.export_handle(), 0, config=cfg)
+        remote = MessageQueue.create_from_handle(mq.export_handle(), 1, config=cfg)
+        try:
+            mq.wait_until_ready(10)
+            with mq.acquire_write(timeout=5) as buf:
+                buf[:5] = b"hello"
+            with local.acquire_read(timeout=5) as buf:
+                assert bytes(buf[:5]) == b"hello" and len(buf) == 4096
+            got = remote.dequeue(timeout=5)
+            assert got[:5] == b"hello" and len(got) == 4096
+            with pytest.raises(mpx.RoleError, match="remote"):
+                with remote.acquire_read(timeout=1):
+                    pass
+            with pytest.raises(mpx.RoleError):
+                with local.acquire_write():
+                    pass
+        finally:
+            local.close()
+            remote.close()
