@@ -457,7 +457,8 @@ cdef class Ring:
     def next_slot(self, int64_t deadline_ns=-1, int64_t slice_ns=-1):
         """Reader: wait for the next slot: ``(status, length, kind)``. On OK its payload
         (at ``payload_offset()``) stays the reader's until release_slot(). Aborted slots
-        are skipped; ValueError in the middle of a message read with read()."""
+        are skipped. ValueError, leaving the slot unread, when the next message spans
+        several slots, or in the middle of one that read() left early."""
         self._live()
         if self.index < 0:
             raise ValueError("next_slot() on the writer ring")
@@ -465,6 +466,7 @@ cdef class Ring:
             raise ValueError("next_slot() in the middle of a multi-slot message")
         cdef char* slot
         cdef int st
+        cdef uint32_t flags
         while True:
             if mpx_load64(self._u64(OFF_WRITE_SEQ)) <= self.seq:
                 with nogil:
@@ -474,9 +476,14 @@ cdef class Ring:
                 if st != ST_OK:
                     return (st, 0, 0)
             slot = self._slot(self.seq)
-            if (<uint32_t*>(slot + SH_FLAGS))[0] & F_ABORT:
+            flags = (<uint32_t*>(slot + SH_FLAGS))[0]
+            if flags & F_ABORT:
                 self._ack()
                 continue
+            if flags & (F_BEGIN | F_END) != (F_BEGIN | F_END):
+                raise ValueError(
+                    f"the next message spans several slots "
+                    f"({(<uint64_t*>(slot + SH_TOTAL))[0]} bytes); read it with read()")
             return (ST_OK, (<uint64_t*>(slot + SH_LENGTH))[0], (<uint32_t*>(slot + SH_KIND))[0])
 
     def release_slot(self):

@@ -345,9 +345,13 @@ class Ring:
                 if st != L.OK:
                     return (st, 0, 0)
             s = self._slot(self.seq)
-            if self._i[(s + L.SH_FLAGS) >> 2] & L.F_ABORT:
+            flags = self._i[(s + L.SH_FLAGS) >> 2]
+            if flags & L.F_ABORT:
                 self._ack()
                 continue
+            if flags & (L.F_BEGIN | L.F_END) != (L.F_BEGIN | L.F_END):
+                raise ValueError(f"the next message spans several slots "
+                                 f"({q[(s + L.SH_TOTAL) >> 3]} bytes); read it with read()")
             return (L.OK, q[(s + L.SH_LENGTH) >> 3], self._i[(s + L.SH_KIND) >> 2])
 
     def release_slot(self) -> None:

@@ -396,3 +396,19 @@ def test_acquire_write_reaches_local_and_remote_readers():
         finally:
             local.close()
             remote.close()
+
+
+def test_acquire_read_refuses_a_message_spanning_slots_and_leaves_it_unread(impl):
+    with MessageQueue(1, 1, max_chunk_bytes=1024, max_chunks=4) as mq:
+        r = MessageQueue.create_from_handle(mq.export_handle(), 0)
+        try:
+            mq.enqueue(bytes(3000))
+            with pytest.raises(ValueError, match="spans several slots"):
+                with r.acquire_read(timeout=5):
+                    pass
+            assert r.dequeue(timeout=5) == bytes(3000)
+            mq.enqueue(b"small")
+            with r.acquire_read(timeout=5) as buf:  # one slot: the raw message
+                assert bytes(buf) == b"small"
+        finally:
+            r.close()

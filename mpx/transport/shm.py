@@ -377,7 +377,11 @@ class ShmReader:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled(f"acquire_read on rank {self.rank} cancelled by its cancel "
                                     "event")
-                st, length, _ = self._ring.next_slot(deadline_ns, slice_ns)
+                try:
+                    st, length, _ = self._ring.next_slot(deadline_ns, slice_ns)
+                except ValueError as e:
+                    raise ValueError(f"acquire_read on reader rank {self.rank}: {e}; use "
+                                     "dequeue() for it (the message stays unread)") from None
                 if st == L.OK:
                     break
                 if st != L.SLICE:
