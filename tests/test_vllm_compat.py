@@ -412,3 +412,74 @@ def test_acquire_read_refuses_a_message_spanning_slots_and_leaves_it_unread(impl
                 assert bytes(buf) == b"small"
         finally:
             r.close()
+
+
+class _ThreadGroup:
+    """A StatelessProcessGroup look-alike whose ranks are threads of this process."""
+
+    def __init__(self, world_size):
+        self.world_size = world_size
+        self.barrier = threading.Barrier(world_size, timeout=30)
+        self.slots: list = [None] * world_size
+
+    def member(self, rank):
+        g = _ThreadGroup.__new__(_ThreadGroup)
+        g.__dict__.update(self.__dict__, rank=rank)
+        return g
+
+    def broadcast_obj(self, obj, src):
+        if self.rank == src:
+            self.slots[src] = obj
+        self.barrier.wait()
+        out = self.slots[src]
+        self.barrier.wait()
+        return out
+
+    def all_gather_obj(self, obj):
+        self.slots[self.rank] = obj
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        return out
+
+
+def test_process_group_constructors_over_a_stateless_group(impl):
+    group = _ThreadGroup(3)
+    results: dict = {}
+    errors: list = []
+
+    def rank_main(rank):
+        pg = group.member(rank)
+        try:
+            mq = MessageQueue.create_from_process_group(pg, 4096, 2, writer_rank=2)
+            try:
+                got = [mq.broadcast_object(("m", i) if rank == 2 else None) for i in range(20)]
+                pg.barrier.wait()
+            finally:
+                mq.close()
+            mq, handles = MessageQueue.create_from_process_group_single_reader(
+                pg, 4096, 2, reader_rank=1)
+            readers = [MessageQueue.create_from_handle(h, 0) for h in handles]
+            try:
+                pg.barrier.wait()
+                mq.wait_until_ready(10)
+                mq.enqueue(rank)
+                single = [r.dequeue(timeout=10) for r in readers]
+                pg.barrier.wait()
+            finally:
+                for r in readers:
+                    r.close()
+                mq.close()
+            results[rank] = (got, single)
+        except BaseException as e:
+            errors.append(e)
+            group.barrier.abort()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert all(results[r][0] == [("m", i) for i in range(20)] for r in range(3))
+    assert results[1][1] == [0, 1, 2] and results[0][1] == results[2][1] == []
