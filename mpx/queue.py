@@ -52,6 +52,25 @@ class Handle:
     max_chunk_bytes: int = 0
     max_chunks: int = 0
 
+    # vLLM's Handle fields, for code that reads them
+    @property
+    def buffer_handle(self) -> tuple[int, int, int, str] | None:
+        """vLLM's ``(n_local_reader, max_chunk_bytes, max_chunks, shm name)`` of the ring."""
+        if self.transport is None:
+            return None
+        return (len(self.transport["shm_ranks"]), self.max_chunk_bytes, self.max_chunks,
+                self.transport["shm_name"])
+
+    @property
+    def remote_subscribe_addr(self) -> str | None:
+        """vLLM's TCP address of the writer (``tcp://host:port``), if readers are remote."""
+        return self.remote["endpoint"] if self.remote is not None else None
+
+    @property
+    def remote_addr_ipv6(self) -> bool:
+        addr = self.remote_subscribe_addr
+        return addr is not None and addr.startswith("tcp://[")
+
 
 def _zmq_usable(config: Config) -> bool:
     """Whether a ZeroMQ end can be built under ``config`` (it needs a key or an explicit

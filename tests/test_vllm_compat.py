@@ -166,7 +166,9 @@ def test_concurrent_writers(impl, ctx):
         t.join()
     try:
         handles = [q.export_handle() for q in queues]
-        endpoints = [h.remote["endpoint"] for h in handles if h.remote]
+        endpoints = [h.remote_subscribe_addr for h in handles if h.remote_subscribe_addr]
+        assert all(a.startswith("tcp://127.0.0.1:") for a in endpoints)
+        assert sum(h.buffer_handle is not None for h in handles) == 4
         assert len(endpoints) == 4 and len(set(endpoints)) == 4
         n = 30
         p, conn = _procs.start(ctx, _procs.with_key, KEY, V.round_robin_reader, handles, n)
