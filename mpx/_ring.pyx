@@ -416,6 +416,85 @@ cdef class Ring:
         self.partial = False
         return ST_OK
 
+    # ---------------------------------------------------------------- raw slots
+
+    def payload_offset(self):
+        """Offset in the segment of the payload of slot ``seq_number`` (the slot the writer
+        fills next, or the one a reader reads next)."""
+        self._live()
+        return <size_t>(self._slot(self.seq) - self.base) + SLOT_HEADER
+
+    def begin_slot(self, int64_t deadline_ns=-1):
+        """Writer: wait until the next slot is free (aborting a message a failed write left
+        half-written). On OK the caller fills ``payload_offset()`` and calls commit_slot."""
+        self._live()
+        if self.index >= 0:
+            raise ValueError("begin_slot() on a reader ring")
+        cdef int st
+        if self.partial:
+            with nogil:
+                st = self._wait_space(deadline_ns)
+            if st == ST_SIGNAL:
+                _propagate()
+            if st != ST_OK:
+                return st
+            self._publish(0, F_ABORT, 0, 0)
+            self.partial = False
+        with nogil:
+            st = self._wait_space(deadline_ns)
+        if st == ST_SIGNAL:
+            _propagate()
+        return st
+
+    def commit_slot(self, uint64_t length, uint32_t kind):
+        """Writer: publish the slot begin_slot made ready as a whole message of ``length``
+        bytes of ``kind``."""
+        self._live()
+        if length > self.chunk_bytes:
+            raise ValueError(f"slot length {length} exceeds the slot size {self.chunk_bytes}")
+        self._publish(<uint32_t>length, F_BEGIN | F_END, kind, length)
+
+    def next_slot(self, int64_t deadline_ns=-1, int64_t slice_ns=-1):
+        """Reader: wait for the next slot: ``(status, length, kind)``. On OK its payload
+        (at ``payload_offset()``) stays the reader's until release_slot(). Aborted slots
+        are skipped. ValueError, leaving the slot unread, when the next message spans
+        several slots, or in the middle of one that read() left early."""
+        self._live()
+        if self.index < 0:
+            raise ValueError("next_slot() on the writer ring")
+        if self.dest is not None:
+            raise ValueError("next_slot() in the middle of a multi-slot message")
+        cdef char* slot
+        cdef int st
+        cdef uint32_t flags
+        while True:
+            if mpx_load64(self._u64(OFF_WRITE_SEQ)) <= self.seq:
+                with nogil:
+                    st = self._wait_data(deadline_ns, slice_ns)
+                if st == ST_SIGNAL:
+                    _propagate()
+                if st != ST_OK:
+                    return (st, 0, 0)
+            slot = self._slot(self.seq)
+            flags = (<uint32_t*>(slot + SH_FLAGS))[0]
+            if flags & F_ABORT:
+                self._ack()
+                continue
+            if flags & (F_BEGIN | F_END) != (F_BEGIN | F_END):
+                raise ValueError(
+                    f"the next message spans several slots "
+                    f"({(<uint64_t*>(slot + SH_TOTAL))[0]} bytes); read it with read()")
+            return (ST_OK, (<uint64_t*>(slot + SH_LENGTH))[0], (<uint32_t*>(slot + SH_KIND))[0])
+
+    def release_slot(self):
+        """Reader: hand the slot next_slot returned back to the writer."""
+        self._live()
+        if self.index < 0:
+            raise ValueError("release_slot() on the writer ring")
+        if mpx_load64(self._u64(OFF_WRITE_SEQ)) <= self.seq:
+            raise ValueError("release_slot() without a slot")
+        self._ack()
+
     # ---------------------------------------------------------------- reader
 
     cdef int _reader_terminal(self) nogil:

@@ -308,6 +308,60 @@ class Ring:
         self.partial = False
         return L.OK
 
+    # ------------------------------------------------------------------ raw slots
+
+    def payload_offset(self) -> int:
+        self._live()
+        return self._slot(self.seq) + L.SLOT_HEADER
+
+    def begin_slot(self, deadline_ns: int = -1) -> int:
+        self._live()
+        if self.index >= 0:
+            raise ValueError("begin_slot() on a reader ring")
+        if self.partial:
+            st = self._wait_space(deadline_ns)
+            if st != L.OK:
+                return st
+            self._publish(0, L.F_ABORT, 0, 0)
+            self.partial = False
+        return self._wait_space(deadline_ns)
+
+    def commit_slot(self, length: int, kind: int) -> None:
+        self._live()
+        if length > self.chunk_bytes:
+            raise ValueError(f"slot length {length} exceeds the slot size {self.chunk_bytes}")
+        self._publish(length, L.F_BEGIN | L.F_END, kind, length)
+
+    def next_slot(self, deadline_ns: int = -1, slice_ns: int = -1):
+        self._live()
+        if self.index < 0:
+            raise ValueError("next_slot() on the writer ring")
+        if self._dest is not None:
+            raise ValueError("next_slot() in the middle of a multi-slot message")
+        q = self._q
+        while True:
+            if q[L.OFF_WRITE_SEQ >> 3] <= self.seq:
+                st = self._wait_data(deadline_ns, slice_ns)
+                if st != L.OK:
+                    return (st, 0, 0)
+            s = self._slot(self.seq)
+            flags = self._i[(s + L.SH_FLAGS) >> 2]
+            if flags & L.F_ABORT:
+                self._ack()
+                continue
+            if flags & (L.F_BEGIN | L.F_END) != (L.F_BEGIN | L.F_END):
+                raise ValueError(f"the next message spans several slots "
+                                 f"({q[(s + L.SH_TOTAL) >> 3]} bytes); read it with read()")
+            return (L.OK, q[(s + L.SH_LENGTH) >> 3], self._i[(s + L.SH_KIND) >> 2])
+
+    def release_slot(self) -> None:
+        self._live()
+        if self.index < 0:
+            raise ValueError("release_slot() on the writer ring")
+        if self._q[L.OFF_WRITE_SEQ >> 3] <= self.seq:
+            raise ValueError("release_slot() without a slot")
+        self._ack()
+
     # ------------------------------------------------------------------ reader
 
     def _reader_terminal(self) -> int | None:

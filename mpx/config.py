@@ -89,8 +89,6 @@ class Config:
         for name in ("spin_us", "yield_us"):
             if getattr(self, name) < 0:
                 raise ValueError(f"mpx.Config.{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.max_chunks < 2:
-            raise ValueError("mpx.Config.max_chunks must be >= 2 so a message can stream")
         if self.start_method not in ("fork", "spawn", "forkserver"):
             raise ValueError(f"mpx.Config.start_method must be fork, spawn or forkserver, "
                              f"got {self.start_method!r}")

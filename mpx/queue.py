@@ -1,12 +1,26 @@
 """``MessageQueue``: one writer broadcasting Python objects to n readers.
 
-Method names follow vLLM's ``MessageQueue`` so engines can swap it in. Local readers are
-reached over a shared-memory ring, remote readers over ZeroMQ (``Config.transport``
-chooses; the queue never cares which).
+A drop-in for vLLM's ``MessageQueue`` (``vllm.distributed.device_communicators.
+shm_broadcast``): the same constructor, ``create_from_handle``, ``create_from_process_group``
+and ``create_from_process_group_single_reader``, ``wait_until_ready``, ``enqueue``,
+``dequeue``, ``acquire_write``/``acquire_read``, ``broadcast_object``, ``shutdown``,
+``shutting_down``, ``n_local_reader``/``n_remote_reader``. Where the two differ, vLLM's
+meaning wins; mpx adds ``poll``, ``close``, streams, cancel events and typed errors
+(:mod:`mpx.errors`, subclasses of the ``TimeoutError``/``RuntimeError`` vLLM raises).
+
+Local readers are reached over a shared-memory ring, remote readers over ZeroMQ
+(``Config.transport`` chooses; the queue never cares which).
+
+Reader ranks: as in vLLM, ``local_reader_ranks`` may hold *group* ranks, with the writer's
+own group rank missing: in a group of ``n_reader + 1`` processes, ranks run from 0 to
+``n_reader``. A reader attaches with its group rank; it is local when the rank is in
+``local_reader_ranks``, else remote. (mpx's own executor numbers readers ``0..n_reader-1``;
+both work.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -38,6 +52,31 @@ class Handle:
     max_chunk_bytes: int = 0
     max_chunks: int = 0
 
+    # vLLM's Handle fields, for code that reads them
+    @property
+    def buffer_handle(self) -> tuple[int, int, int, str] | None:
+        """vLLM's ``(n_local_reader, max_chunk_bytes, max_chunks, shm name)`` of the ring."""
+        if self.transport is None:
+            return None
+        return (len(self.transport["shm_ranks"]), self.max_chunk_bytes, self.max_chunks,
+                self.transport["shm_name"])
+
+    @property
+    def remote_subscribe_addr(self) -> str | None:
+        """vLLM's TCP address of the writer (``tcp://host:port``), if readers are remote."""
+        return self.remote["endpoint"] if self.remote is not None else None
+
+    @property
+    def remote_addr_ipv6(self) -> bool:
+        addr = self.remote_subscribe_addr
+        return addr is not None and addr.startswith("tcp://[")
+
+
+def _zmq_usable(config: Config) -> bool:
+    """Whether a ZeroMQ end can be built under ``config`` (it needs a key or an explicit
+    opt-out of authentication)."""
+    return bool(config.auth_key) or config.allow_insecure
+
 
 def _warn_fallback(e: ShmError) -> None:
     warnings.warn(f"mpx: {e}; using the ZeroMQ transport for local readers instead "
@@ -66,9 +105,9 @@ class _Broadcast:
         self.ends: list[Any] = [e for e in (shm_end, zmq_end) if e is not None]
         self.implementation = "+".join(e.implementation for e in self.ends) or "none"
 
-    def wait_ready(self, deadline_ns: int) -> None:
+    def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         for e in self.ends:
-            e.wait_ready(deadline_ns)
+            e.wait_ready(deadline_ns, cancel)
 
     def free_slots(self) -> int:
         return self.shm.free_slots() if self.shm is not None else 1 << 30
@@ -115,19 +154,39 @@ class _Broadcast:
 
 
 class MessageQueue:
-    """A one-writer, n-reader broadcast queue of Python objects.
+    """A one-writer, n-reader broadcast queue of Python objects (vLLM's ``MessageQueue``).
 
     The process that constructs it is the writer. Each reader process calls
     ``MessageQueue.create_from_handle(writer.export_handle(), rank)``. Every reader receives
-    every message, in order. Objects travel as pickle protocol 5; buffers (numpy arrays,
-    bytearrays, CPU tensors) are copied straight into the ring and the reader gets owned,
-    writable copies.
+    every message, in order. Objects travel as pickle protocol 5; out-of-band buffers
+    (numpy arrays, CPU tensors) are copied straight into the ring and the reader gets
+    owned, writable copies (bytearrays travel in band, inside the pickle).
+
+    ``n_reader`` readers, ``n_local_reader`` of them on this node (shared memory), the rest
+    remote (ZeroMQ over TCP on ``connect_ip``, HMAC-signed with ``Config.auth_key``).
+    ``local_reader_ranks``: the local readers' ranks, default ``range(n_local_reader)``; they
+    may be group ranks (see the module docstring). ``max_chunk_bytes`` x ``max_chunks``: the
+    ring's slots (a multiple of 64 bytes, at least one slot; defaults from ``config``, not
+    vLLM's 24 MiB x 10; ``MessageQueue(1, 1, 1024, 1)``, sizes in the ranks' place, works
+    too); a message larger than a slot streams through the ring, so unlike
+    vLLM nothing overflows to a socket. ``enable_shm_tensor_arena`` is accepted for vLLM's
+    signature and changes nothing: mpx already moves large CPU tensors through shared
+    memory out of band (one copy in, one copy out, no aliasing), and ``mpx.share`` sends a
+    tensor by reference.
     """
 
     def __init__(self, n_reader: int, n_local_reader: int,
                  local_reader_ranks: list[int] | None = None,
                  max_chunk_bytes: int | None = None, max_chunks: int | None = None,
-                 connect_ip: str | None = None, *, config: Config | None = None) -> None:
+                 connect_ip: str | None = None, enable_shm_tensor_arena: bool = False, *,
+                 config: Config | None = None) -> None:
+        if isinstance(local_reader_ranks, int) and not isinstance(local_reader_ranks, bool):
+            # MessageQueue(1, 1, 1024, 1): the sizes given positionally, ranks left out (an
+            # int is never a list of ranks)
+            if max_chunks is not None and connect_ip is None:
+                connect_ip = max_chunks  # type: ignore[assignment]
+            local_reader_ranks, max_chunk_bytes, max_chunks = \
+                None, local_reader_ranks, max_chunk_bytes
         if not isinstance(n_reader, int) or n_reader < 0:
             raise ValueError(f"n_reader must be an int >= 0, got {n_reader!r}")
         if not isinstance(n_local_reader, int) or not 0 <= n_local_reader <= n_reader:
@@ -136,21 +195,27 @@ class MessageQueue:
         if local_reader_ranks is None:
             local_reader_ranks = list(range(n_local_reader))
         ranks = list(local_reader_ranks)
+        # ranks may be group ranks of a group of n_reader + 1 (the writer's own is missing)
         if len(ranks) != n_local_reader or len(set(ranks)) != len(ranks) or \
-                any(not isinstance(r, int) or not 0 <= r < n_reader for r in ranks):
+                any(not isinstance(r, int) or not 0 <= r <= n_reader for r in ranks):
             raise ValueError(f"local_reader_ranks must be {n_local_reader} distinct ranks in "
-                             f"[0, {n_reader}), got {local_reader_ranks!r}")
+                             f"[0, {n_reader}] (reader or group ranks), got "
+                             f"{local_reader_ranks!r}")
         base = config or Config.from_env()
         sizes: dict[str, Any] = {k: v for k, v in (("max_chunk_bytes", max_chunk_bytes),
                                                    ("max_chunks", max_chunks)) if v is not None}
         self.config = dataclasses.replace(base, **sizes)
         self.n_reader = n_reader
         self.n_local_reader = n_local_reader
+        self.n_remote_reader = n_reader - n_local_reader
         self.local_reader_ranks = tuple(ranks)
+        self.enable_shm_tensor_arena = bool(enable_shm_tensor_arena)
         self.rank: int | None = None
+        self.local_reader_rank = -1
+        self.shutting_down = False
         self._reader: ShmReader | ZmqReader | None = None
         self._closed = False
-        shm_ranks, zmq_ranks = self._split(ranks)
+        shm_ranks, zmq_ranks, zmq_need = self._split(ranks)
         shm_end = zmq_end = None
         try:
             if shm_ranks:
@@ -159,10 +224,16 @@ class MessageQueue:
                 except ShmError as e:
                     if self.config.transport != "auto":
                         raise
+                    if not _zmq_usable(self.config):
+                        raise ShmError(
+                            f"{e}. (transport='auto' cannot fall back to ZeroMQ for the local "
+                            "readers either: it needs Config.auth_key / MPX_AUTH_KEY)") from e
                     _warn_fallback(e)
-                    zmq_ranks, shm_ranks = sorted(zmq_ranks + shm_ranks), []
+                    zmq_ranks, shm_ranks = sorted(set(zmq_ranks) | set(shm_ranks)), []
+                    zmq_need += n_local_reader
             if zmq_ranks:
-                zmq_end = ZmqWriter(zmq_ranks, self.config, connect_ip or self.config.host)
+                zmq_end = ZmqWriter(zmq_ranks, self.config, connect_ip or self.config.host,
+                                    need=zmq_need)
         except BaseException:
             if shm_end is not None:
                 shm_end.close()
@@ -176,35 +247,46 @@ class MessageQueue:
         logger.debug("mpx: queue for %d readers (shared memory: %s, zmq: %s), %s", n_reader,
                      shm_ranks, zmq_ranks, self.config.describe())
 
-    def _split(self, local: list[int]) -> tuple[list[int], list[int]]:
-        """(ranks over shared memory, ranks over ZeroMQ) for this config's transport."""
-        remote = [r for r in range(self.n_reader) if r not in local]
+    def _split(self, local: list[int]) -> tuple[list[int], list[int], int]:
+        """(ranks over shared memory, ranks ZeroMQ accepts, how many of those must connect).
+
+        Remote readers may use any rank in ``[0, n_reader]`` that is not local: vLLM numbers
+        readers by group rank and the writer's own rank, one of those, is not known here."""
+        remote = [r for r in range(self.n_reader + 1) if r not in local] \
+            if self.n_remote_reader else []
         transport = self.config.transport
         if transport == "shm" and remote:
-            raise ValueError(f"transport 'shm' serves one node only, but reader ranks {remote} "
-                             "are remote; use 'auto' or 'zmq'")
+            raise ValueError(f"transport 'shm' serves one node only, but {self.n_remote_reader} "
+                             "readers are remote; use 'auto' or 'zmq'")
         if transport == "zmq":
-            return [], sorted(local + remote)
-        return list(local), remote
+            return [], sorted(set(local) | set(remote)), self.n_reader
+        return list(local), remote, self.n_remote_reader
 
     @classmethod
     def create_from_handle(cls, handle: Handle, rank: int, *,
                            config: Config | None = None) -> MessageQueue:
-        """Attach to the queue of ``handle`` as reader ``rank`` (``0 <= rank < n_reader``)."""
+        """Attach to the queue of ``handle`` as the reader of ``rank``: a local (shared
+        memory) reader when ``rank in handle.local_reader_ranks``, else a remote one.
+        ``rank`` is in ``[0, n_reader]`` (a reader rank, or a group rank as in vLLM)."""
         if not isinstance(handle, Handle):
             raise HandleError(f"expected an mpx.queue.Handle, got {type(handle).__name__}")
         if handle.layout_version != L.VERSION:
             raise HandleError(f"the handle is for ring layout version {handle.layout_version}, "
                               f"this mpx speaks version {L.VERSION}: mix of mpx versions?")
-        if not isinstance(rank, int) or not 0 <= rank < handle.n_reader:
-            raise ValueError(f"reader rank must be in [0, {handle.n_reader}), got {rank!r}")
+        if not isinstance(rank, int) or not 0 <= rank <= handle.n_reader:
+            raise ValueError(f"reader rank must be in [0, {handle.n_reader}], got {rank!r}")
         self = cls.__new__(cls)
         self.config = config or Config.from_env(max_chunk_bytes=handle.max_chunk_bytes or None,
                                                 max_chunks=handle.max_chunks or None)
         self.n_reader = handle.n_reader
         self.n_local_reader = handle.n_local_reader
+        self.n_remote_reader = handle.n_reader - handle.n_local_reader
         self.local_reader_ranks = handle.local_reader_ranks
+        self.enable_shm_tensor_arena = False
         self.rank = rank
+        self.local_reader_rank = handle.local_reader_ranks.index(rank) \
+            if rank in handle.local_reader_ranks else -1
+        self.shutting_down = False
         self._writer = None
         self._handle = handle
         self._closed = False
@@ -219,6 +301,67 @@ class MessageQueue:
         self._end = self._reader
         return self
 
+    @staticmethod
+    def create_from_process_group(pg: Any, max_chunk_bytes: int, max_chunks: int,
+                                  writer_rank: int = 0, external_writer_handle: Handle | None = None,
+                                  blocking: bool = True) -> MessageQueue:
+        """vLLM's collective constructor: group rank ``writer_rank`` of the
+        ``torch.distributed`` group ``pg`` (or a StatelessProcessGroup-like object with
+        ``rank``, ``world_size``, ``broadcast_obj`` and ``all_gather_obj``) writes, every
+        other rank reads. Readers on the writer's node use shared memory, the others ZeroMQ.
+        Every rank of ``pg`` must call it; each gets its end. With
+        ``external_writer_handle``, the writer rank attaches to that queue (as a reader of
+        it, as vLLM does) instead of creating one. ``blocking``: wait_until_ready() before
+        returning."""
+        from mpx import _pg
+        group_rank, world = _pg.rank_and_size(pg)
+        same_node = _pg.same_node_as(pg, writer_rank)
+        if group_rank == writer_rank:
+            if external_writer_handle is not None:
+                q = MessageQueue.create_from_handle(external_writer_handle, group_rank)
+            else:
+                local = [r for r in range(world) if same_node[r] and r != writer_rank]
+                q = MessageQueue(world - 1, len(local), local_reader_ranks=local,
+                                 max_chunk_bytes=max_chunk_bytes, max_chunks=max_chunks)
+            try:
+                _pg.broadcast(pg, q.export_handle(), writer_rank)
+            except BaseException:
+                q.close()
+                raise
+        else:
+            q = MessageQueue.create_from_handle(_pg.broadcast(pg, None, writer_rank), group_rank)
+        if blocking:
+            try:
+                q.wait_until_ready()
+            except BaseException:
+                q.close()
+                raise
+        return q
+
+    @staticmethod
+    def create_from_process_group_single_reader(
+            pg: Any, max_chunk_bytes: int, max_chunks: int, reader_rank: int = 0,
+            blocking: bool = False) -> tuple[MessageQueue, list[Handle]]:
+        """vLLM's many-writers-one-reader constructor: every rank of ``pg`` (the reader's
+        too) creates a one-reader queue, local if it shares the node of group rank
+        ``reader_rank``, and the handles are gathered there. Returns ``(this rank's writer
+        queue, handles)``; ``handles`` (in group rank order) is empty except on the reader,
+        which attaches to each with ``create_from_handle(handle, 0)``. ``blocking``: each
+        writer waits for its reader to attach before returning."""
+        from mpx import _pg
+        group_rank, world = _pg.rank_and_size(pg)
+        same_node = _pg.same_node_as(pg, reader_rank)[group_rank]
+        q = MessageQueue(1, 1 if same_node else 0, max_chunk_bytes=max_chunk_bytes,
+                         max_chunks=max_chunks)
+        try:
+            handles = _pg.gather(pg, q.export_handle(), reader_rank)
+            if blocking:
+                q.wait_until_ready()
+        except BaseException:
+            q.close()
+            raise
+        return q, handles
+
     # ------------------------------------------------------------------ properties
 
     @property
@@ -226,13 +369,30 @@ class MessageQueue:
         return self._writer is not None
 
     @property
+    def _is_writer(self) -> bool:  # vLLM's name
+        return self._writer is not None
+
+    @property
+    def _is_local_reader(self) -> bool:  # vLLM's name
+        return isinstance(self._reader, ShmReader)
+
+    @property
+    def _is_remote_reader(self) -> bool:  # vLLM's name
+        return isinstance(self._reader, ZmqReader)
+
+    @property
+    def handle(self) -> Handle:
+        """The queue's handle (vLLM's attribute; ``export_handle()`` returns it too)."""
+        return self._handle
+
+    @property
     def ring_implementation(self) -> str:
         """``"cython"`` or ``"python"``: the ring this end of the queue runs on."""
         return self._end.implementation
 
     def export_handle(self) -> Handle:
-        """The picklable handle readers attach with (writer only)."""
-        self._need_writer("export_handle")
+        """The picklable handle readers attach with; on a reader end, the handle it
+        attached with (as in vLLM)."""
         return self._handle
 
     # ------------------------------------------------------------------ operations
@@ -251,19 +411,26 @@ class MessageQueue:
             raise RoleError(f"{what}() is for readers; this end is the writer")
         return self._reader
 
-    def wait_until_ready(self, timeout: float | None = None) -> None:
-        """Writer: wait until every reader attached (QueueTimeout names the missing ranks).
-        Reader: wait until every reader attached."""
+    def wait_until_ready(self, timeout: float | None = None,
+                         cancel: threading.Event | None = None) -> None:
+        """Collective (vLLM): the writer and every reader call it. The writer waits until
+        every reader attached (QueueTimeout names the missing ranks); a local reader until
+        every local reader attached, a remote one until it reached the writer.
+
+        Every wait has an exit: QueueTimeout after ``timeout`` seconds, Cancelled on
+        ``shutdown()`` or when ``cancel`` is set, QueueClosedError when the queue is closed
+        (also from another thread), and on a reader PeerDiedError when the writer died or
+        closed the queue first."""
         deadline = _deadline(timeout)
         if self._closed:
             raise QueueClosedError("wait_until_ready() on a closed queue")
-        self._end.wait_ready(deadline)
+        self._end.wait_ready(deadline, cancel)
 
     def enqueue(self, obj: Any, timeout: float | None = None, *,
                 while_full: Callable[[], bool | None] | None = None) -> None:
         """Broadcast ``obj`` to every reader. Blocks while the ring is full, up to ``timeout``
-        seconds. An object that cannot be pickled raises SerializationError and nothing is
-        sent.
+        seconds (then QueueTimeout, a TimeoutError, naming the readers behind). An object
+        that cannot be pickled raises SerializationError and nothing is sent.
 
         ``while_full``, if given, is called repeatedly while the ring lacks room for the
         message, before anything is written: a caller whose readers may be blocked on
@@ -282,16 +449,63 @@ class MessageQueue:
                     break
         writer.write(kind, parts, deadline)
 
+    @contextlib.contextmanager
+    def acquire_write(self, timeout: float | None = None):
+        """vLLM's raw slot access: a writable memoryview of one free slot
+        (``max_chunk_bytes``), in the ring, no copy. Leaving the block cleanly publishes
+        the whole slot as one message (a ``dequeue`` returns it as bytes; remote readers
+        get a copy); an exception publishes nothing. Waits for a free slot up to
+        ``timeout`` (QueueTimeout). Don't keep views of the slot past the block."""
+        writer = self._need_writer("acquire_write")
+        deadline = _deadline(timeout)
+        if writer.shm is None:
+            buf = bytearray(self.config.max_chunk_bytes)
+            yield memoryview(buf)
+            writer.write(L.K_BYTES, (buf,), deadline)
+            return
+        copy = None
+        remote = writer.zmq
+        with writer.shm.slot(deadline) as view:
+            yield view
+            if remote is not None:
+                copy = bytes(view)
+        if remote is not None:
+            remote.write(L.K_BYTES, (copy,), deadline)
+
+    @contextlib.contextmanager
+    def acquire_read(self, timeout: float | None = None, indefinite: bool = False, *,
+                     cancel: threading.Event | None = None):
+        """vLLM's raw slot access (local readers): a memoryview of the next slot's
+        payload, in the ring, no copy; the slot goes back to the writer when the block
+        exits, also when it exits by an exception. For messages that fit one slot
+        (acquire_write's, or enqueues no bigger than ``max_chunk_bytes``, which arrive
+        serialized). Waits like ``dequeue``: QueueTimeout after ``timeout`` (a
+        TimeoutError), Cancelled (a RuntimeError, "cancelled") on shutdown() or ``cancel``.
+        ``indefinite`` is accepted for vLLM (mpx logs no long-wait warning here)."""
+        reader = self._need_reader("acquire_read")
+        if not isinstance(reader, ShmReader):
+            raise RoleError(f"acquire_read() is for local (shared-memory) readers; reader rank "
+                            f"{self.rank} is remote: use dequeue()")
+        with reader.slot(_deadline(timeout), cancel) as view:
+            yield view
+
     def poll(self) -> bool:
         """Reader: True if a message (or the start of one) is waiting to be dequeued."""
         return self._need_reader("poll").poll()
 
     def dequeue(self, timeout: float | None = None, cancel: threading.Event | None = None,
                 indefinite: bool = False) -> Any:
-        """The next object. Raises QueueTimeout after ``timeout`` seconds, Cancelled when
-        ``cancel`` is set or the queue is shut down, PeerDiedError when the writer is gone
-        and nothing it published remains unread. Unless ``indefinite``, a wait longer than a
-        minute logs a warning naming the writer."""
+        """The next object. Raises QueueTimeout (a TimeoutError) after ``timeout`` seconds,
+        Cancelled (a RuntimeError whose message says "cancelled") when ``cancel`` is set or
+        after ``shutdown()`` once nothing already published is left unread, PeerDiedError
+        when the writer died or closed the queue and nothing it published remains unread.
+        Unless ``indefinite``, a wait longer than a minute logs a warning naming the writer.
+
+        vLLM's signature is ``dequeue(timeout=None, indefinite=False)``: callers written
+        for vLLM (0.33 included) pass ``indefinite`` by keyword, which works here as is; a
+        bool passed in ``cancel``'s place is taken as ``indefinite``."""
+        if type(cancel) is bool:
+            cancel, indefinite = None, cancel
         reader = self._need_reader("dequeue")
         deadline = _deadline(timeout)
         kind, data = reader.read(deadline, cancel, not indefinite)
@@ -329,16 +543,23 @@ class MessageQueue:
         return self.dequeue()
 
     def shutdown(self) -> None:
-        """Wake every waiter of this process with Cancelled. On the writer, readers also
-        get Cancelled once they have read everything already enqueued."""
+        """vLLM's meaning: flag this end (``shutting_down``) and wake this process's
+        waiting reader, whose dequeue/acquire_read raises Cancelled ("cancelled") once
+        nothing already published is left unread; its wait_until_ready is woken too. On the
+        writer it wakes an enqueue of this process that waits for space; the readers are
+        not told, and keep waiting until their timeouts, as in vLLM. To tell them the writer
+        is gone, ``close()`` it: they read what was published, then get PeerDiedError."""
+        self.shutting_down = True
         if self._closed:
             return
         self._end.shutdown()
 
     def close(self) -> None:
-        """Release the queue's resources; idempotent."""
+        """Release the queue's resources; idempotent. Closing the writer tells every reader
+        it is gone (PeerDiedError once they have read what it published)."""
         if self._closed:
             return
+        self.shutting_down = True
         self._closed = True
         self._end.close()
 

@@ -30,6 +30,7 @@ Tensors (``torch.Tensor`` and ``nn.Parameter``, dense, strided):
 from __future__ import annotations
 
 import collections
+import copyreg
 import io
 import pickle
 import struct
@@ -130,6 +131,23 @@ def _dispatch(local_only: bool) -> dict:
     return _tables[local_only]
 
 
+# local_only -> (the copyreg.dispatch_table it was built from, the merged table)
+_merged: dict[bool, tuple[dict, dict]] = {}
+
+
+def _table(local_only: bool) -> dict:
+    """The pickler's dispatch table: every reducer registered with ``copyreg.pickle`` (a
+    pickler's own table hides copyreg's, so it must carry them), then the tensor reducers.
+    Rebuilt when copyreg's table changed since (a dict comparison, ~0.1 us), so later
+    registrations count."""
+    entry = _merged.get(local_only)
+    registered = copyreg.dispatch_table
+    if entry is None or entry[0] != registered:
+        snapshot = dict(registered)
+        entry = _merged[local_only] = (snapshot, {**snapshot, **_dispatch(local_only)})
+    return entry[1]
+
+
 # Each thread keeps its tensor-aware picklers: building one costs ~1 us, more than
 # pickling a small call (0.25 us), and every message pays it once torch is imported.
 _picklers = threading.local()
@@ -147,9 +165,11 @@ def _dumps(obj: Any, buffers: list, local_only: bool) -> bytes:
         f = io.BytesIO()
         out: list = []
         p = pickle.Pickler(f, protocol=5, buffer_callback=out.append)
-        p.dispatch_table = _dispatch(local_only)
-        entry = (f, p, out)
-    f, p, out = entry
+        entry = [f, p, out, None]
+    f, p, out, seen = entry
+    if seen != copyreg.dispatch_table:  # a new registration (or a new pickler)
+        p.dispatch_table = _table(local_only)
+        entry[3] = _merged[local_only][0]
     try:
         p.dump(obj)
         buffers.extend(out)

@@ -12,16 +12,17 @@ from typing import Any, Protocol
 
 
 class TransportWriter(Protocol):
-    def wait_ready(self, deadline_ns: int) -> None:
+    def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         """Return once every reader of this transport is attached; QueueTimeout names the
-        missing ones."""
+        missing ones, Cancelled on shutdown() or ``cancel``."""
 
     def write(self, kind: int, parts: tuple, deadline_ns: int) -> None:
         """Deliver one message to every reader, or raise (QueueTimeout, Cancelled,
         PeerDiedError) leaving the transport usable."""
 
     def shutdown(self) -> None:
-        """Wake this process's waiters (Cancelled) and tell readers no more will come."""
+        """Wake this process's waiters (Cancelled). Readers are not told (vLLM's meaning);
+        close() tells them."""
 
     def close(self) -> None:
         """Release every resource; idempotent."""
@@ -31,8 +32,9 @@ class TransportWriter(Protocol):
 
 
 class TransportReader(Protocol):
-    def wait_ready(self, deadline_ns: int) -> None:
-        """Return once the writer side is ready for this reader."""
+    def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
+        """Return once the writer side is ready for this reader; every exit of a wait
+        (deadline, shutdown, ``cancel``, close, a dead writer) raises."""
 
     def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool) -> tuple[int, Any]:
         """The next message as ``(kind, data)``, or raise (QueueTimeout, Cancelled,

@@ -6,9 +6,11 @@ reap what dead creators left), readiness, and errors that name the peer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
+import select
 import threading
 import time
 import weakref
@@ -18,7 +20,7 @@ from mpx import _debug, shm
 from mpx import layout as L
 from mpx._impl import ring_module
 from mpx.config import Config
-from mpx.errors import Cancelled, HandleError, PeerDiedError, QueueTimeout
+from mpx.errors import Cancelled, HandleError, PeerDiedError, QueueClosedError, QueueTimeout
 
 logger = logging.getLogger("mpx")
 
@@ -44,6 +46,39 @@ def _reader_pids(mm, n: int) -> list[tuple[int, int, bool]]:
 
 def _all_attached(mm, n: int) -> bool:
     return all(L.u32(mm, L.reader_block(i) + L.RB_ATTACHED) for i in range(n))
+
+
+class _PeerWatch:
+    """Whether a process has exited, zombies included (a pidfd turns readable when its
+    process ends; ``kill(pid, 0)`` still succeeds on a zombie nobody reaped yet)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self.fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self.fd = -2
+        except (OSError, AttributeError):
+            self.fd = -1
+
+    def exited(self) -> bool:
+        if self.fd == -2:
+            return True
+        if self.fd == -1:
+            return not shm.pid_alive(self.pid)
+        return bool(select.select([self.fd], [], [], 0)[0])
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+
+def _release_view(mv: memoryview) -> None:
+    try:
+        mv.release()
+    except BufferError:  # the caller kept a view of it: the mapping stays until that dies
+        pass
 
 
 def _cleanup_segment(creator_pid: int, name: str, state: dict) -> None:
@@ -89,12 +124,14 @@ class ShmWriter:
             self._state["unlinked"] = True
             shm.unlink(self.name)
 
-    def wait_ready(self, deadline_ns: int) -> None:
+    def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         n = len(self.ranks)
         delay = 0.0005
         while not _all_attached(self._mm, n):
             if self._closed or self._shut:
                 raise Cancelled("wait_until_ready cancelled: the queue was shut down")
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("wait_until_ready cancelled by its cancel event")
             if 0 <= deadline_ns <= time.monotonic_ns():
                 missing = [self.ranks[i] for i, (_, att, _) in
                            enumerate(_reader_pids(self._mm, n)) if not att]
@@ -141,31 +178,55 @@ class ShmWriter:
         with self._lock:
             if self._closed:
                 raise Cancelled("the queue is closed")
-            if self._shut:
-                raise Cancelled("the queue was shut down")
             st = self._ring.write(kind, parts, deadline_ns, total)
-            if st == L.OK:
-                return
-            if st == L.TIMEOUT:
-                seq = self._ring.seq_number
-                behind = [f"rank {rank} (pid {pid})" for rank, (pid, _, _), read in
-                          zip(self.ranks, _reader_pids(self._mm, len(self.ranks)),
-                              self._read_seqs())
-                          if seq - read >= self.config.max_chunks]
-                raise QueueTimeout("enqueue timed out waiting for ring space; readers that "
-                                   f"have not consumed older messages: {', '.join(behind) or 'none'}")
-            if st == L.INTERRUPTED:
-                raise Cancelled("enqueue cancelled: the queue was shut down")
-            if st == L.PEER_GONE:
-                raise self._peer_error(self._ring.gone_index, "waited for ring space")
-            raise RuntimeError(f"unexpected ring status {st}")
+            if st != L.OK:
+                raise self._write_error(st)
+
+    @contextlib.contextmanager
+    def slot(self, deadline_ns: int):
+        """One free slot's payload (``max_chunk_bytes``) as a writable memoryview; a clean
+        exit publishes it as one K_BYTES message of the whole slot, an exception publishes
+        nothing. Holds the writer's lock throughout."""
+        with self._lock:
+            if self._closed:
+                raise Cancelled("the queue is closed")
+            st = self._ring.begin_slot(deadline_ns)
+            if st != L.OK:
+                raise self._write_error(st)
+            off = self._ring.payload_offset()
+            size = self.config.max_chunk_bytes
+            mv = memoryview(self._mm)[off:off + size]
+            try:
+                yield mv
+            finally:
+                _release_view(mv)
+            self._ring.commit_slot(size, L.K_BYTES)
+
+    def _write_error(self, st: int) -> Exception:
+        if st == L.TIMEOUT:
+            seq = self._ring.seq_number
+            behind = [f"rank {rank} (pid {pid})" for rank, (pid, _, _), read in
+                      zip(self.ranks, _reader_pids(self._mm, len(self.ranks)),
+                          self._read_seqs())
+                      if seq - read >= self.config.max_chunks]
+            return QueueTimeout("enqueue timed out waiting for ring space; readers that "
+                                f"have not consumed older messages: {', '.join(behind) or 'none'}")
+        if st == L.INTERRUPTED:
+            return Cancelled("enqueue cancelled: the queue was shut down")
+        if st == L.PEER_GONE:
+            return self._peer_error(self._ring.gone_index, "waited for ring space")
+        return RuntimeError(f"unexpected ring status {st}")
 
     def shutdown(self) -> None:
+        """Wake an enqueue of this process that waits for ring space (Cancelled; a later
+        one that would wait is Cancelled too). The readers are not told: close() does that."""
         if self._closed or self._shut:
             return
         self._shut = True
-        self._ring.interrupt()
-        self._ring.set_state(L.S_SHUTDOWN)
+        try:
+            self._ring.interrupt()
+        except ValueError:  # close() in another thread released the ring meanwhile
+            pass
 
     def close(self) -> None:
         if self._closed:
@@ -203,6 +264,7 @@ class ShmReader:
             if _all_attached(self._mm, n):
                 shm.unlink(name)
             self.writer_pid = info["writer_pid"]
+            self._shm_ranks = tuple(info["shm_ranks"])
             mod = ring_module()
             self.implementation = mod.IMPLEMENTATION
             self._ring = mod.Ring(self._mm, index, **_ring_args(config))
@@ -229,12 +291,45 @@ class ShmReader:
             raise HandleError(f"segment {info['shm_name']} has {h['n_readers']} readers, "
                               f"the handle says {len(info['shm_ranks'])}")
 
-    def wait_ready(self, deadline_ns: int) -> None:
-        n = L.u64(self._mm, L.OFF_N_READERS)
+    def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
+        """Return once every reader of the ring attached. Every exit of a wait: QueueTimeout
+        at the deadline (naming the missing ranks), Cancelled on shutdown() or ``cancel``,
+        QueueClosedError on close() (also from another thread), PeerDiedError when the
+        writer died or closed the queue."""
+        writer = _PeerWatch(self.writer_pid)
+        try:
+            self._wait_ready(deadline_ns, cancel, writer)
+        finally:
+            writer.close()
+
+    def _wait_ready(self, deadline_ns: int, cancel: threading.Event | None,
+                    writer: _PeerWatch) -> None:
         delay = 0.0005
-        while not _all_attached(self._mm, n):
+        while True:
+            with self._lock:  # close() unmaps under this lock
+                if self._closed:
+                    raise QueueClosedError(f"wait_until_ready on reader rank {self.rank}: "
+                                           "the queue was closed")
+                n = L.u64(self._mm, L.OFF_N_READERS)
+                pids = _reader_pids(self._mm, n)
+                closed = L.u32(self._mm, L.OFF_STATE) & L.S_CLOSED
+            if all(att for _, att, _ in pids):
+                return
+            if closed or writer.exited():
+                what = "closed the queue" if closed else "died"
+                raise PeerDiedError(f"the writer (pid {self.writer_pid}) {what} while reader "
+                                    f"rank {self.rank} waited for the other readers to attach",
+                                    role="writer", pid=self.writer_pid)
+            if self._shut:
+                raise Cancelled(f"wait_until_ready on reader rank {self.rank} cancelled: the "
+                                "queue was shut down")
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"wait_until_ready on reader rank {self.rank} cancelled by its "
+                                "cancel event")
             if 0 <= deadline_ns <= time.monotonic_ns():
-                raise QueueTimeout("not every reader of the queue attached in time")
+                missing = [self._shm_ranks[i] for i, (_, att, _) in enumerate(pids) if not att]
+                raise QueueTimeout(f"reader rank {self.rank}: readers never attached to the "
+                                   f"queue: ranks {missing}")
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
 
@@ -267,21 +362,59 @@ class ShmReader:
                                        self.rank, os.getpid(), WAIT_WARNING_NS // 10**9,
                                        self.writer_pid)
                     continue
-                if st == L.TIMEOUT:
-                    raise QueueTimeout(f"dequeue on reader rank {self.rank} timed out: nothing "
-                                       f"from the writer (pid {self.writer_pid})")
-                if st == L.INTERRUPTED:
-                    raise Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was shut down")
-                if st == L.SHUTDOWN:
-                    raise Cancelled(f"the writer (pid {self.writer_pid}) shut the queue down")
-                if st == L.PEER_GONE:
-                    raise self._gone()
-                raise RuntimeError(f"unexpected ring status {st}")
+                raise self._read_error(st)
+
+    def _read_error(self, st: int) -> Exception:
+        if st == L.TIMEOUT:
+            return QueueTimeout(f"dequeue on reader rank {self.rank} timed out: nothing "
+                                f"from the writer (pid {self.writer_pid})")
+        if st == L.INTERRUPTED:
+            return Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was shut down")
+        if st == L.SHUTDOWN:
+            return Cancelled(f"the writer (pid {self.writer_pid}) shut the queue down")
+        if st == L.PEER_GONE:
+            return self._gone()
+        return RuntimeError(f"unexpected ring status {st}")
+
+    @contextlib.contextmanager
+    def slot(self, deadline_ns: int, cancel: threading.Event | None):
+        """The next slot's payload as a read-only memoryview, in the ring (no copy); the
+        slot goes back to the writer when the block exits, also by an exception. Waits like
+        read(); for messages that fit one slot (acquire_write's, or small enqueues)."""
+        with self._lock:
+            if self._closed:
+                raise Cancelled("the queue is closed")
+            slice_ns = CANCEL_POLL_NS if cancel is not None else -1
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"acquire_read on rank {self.rank} cancelled by its cancel "
+                                    "event")
+                try:
+                    st, length, _ = self._ring.next_slot(deadline_ns, slice_ns)
+                except ValueError as e:
+                    raise ValueError(f"acquire_read on reader rank {self.rank}: {e}; use "
+                                     "dequeue() for it (the message stays unread)") from None
+                if st == L.OK:
+                    break
+                if st != L.SLICE:
+                    raise self._read_error(st)
+            off = self._ring.payload_offset()
+            mv = memoryview(self._mm)[off:off + length].toreadonly()
+            try:
+                yield mv
+            finally:
+                _release_view(mv)
+                self._ring.release_slot()
 
     def shutdown(self) -> None:
+        """Wake this process's dequeue (Cancelled once nothing already published is left
+        unread) and wait_until_ready."""
         if not self._closed and not self._shut:
             self._shut = True
-            self._ring.interrupt()
+            try:
+                self._ring.interrupt()
+            except ValueError:  # close() in another thread released the ring meanwhile
+                pass
 
     def close(self) -> None:
         if self._closed:

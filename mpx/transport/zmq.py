@@ -35,7 +35,7 @@ import zmq.utils.monitor
 
 from mpx._impl import ring_module
 from mpx.config import Config
-from mpx.errors import Cancelled, PeerDiedError, QueueTimeout
+from mpx.errors import Cancelled, PeerDiedError, QueueClosedError, QueueTimeout
 
 logger = logging.getLogger("mpx")
 
@@ -121,9 +121,15 @@ class _DropLog:
 
 
 class ZmqWriter:
-    """The writer end for the remote ``ranks``: binds a ROUTER on ``host``, ephemeral port."""
+    """The writer end for the remote ``ranks``: binds a ROUTER on ``host``, ephemeral port.
 
-    def __init__(self, ranks: list[int], config: Config, host: str) -> None:
+    ``need``: how many distinct readers of ``ranks`` make the queue ready (default: all of
+    them). A vLLM-style queue whose writer's own group rank is unknown accepts any
+    ``need`` of ``n + 1`` candidate ranks; messages go to the readers that connected.
+    """
+
+    def __init__(self, ranks: list[int], config: Config, host: str,
+                 need: int | None = None) -> None:
         if not config.auth_key and not config.allow_insecure:
             raise ValueError("remote readers need an authentication key: set Config.auth_key "
                              "(MPX_AUTH_KEY) on every node, or MPX_ALLOW_INSECURE=1 to accept "
@@ -133,6 +139,7 @@ class ZmqWriter:
             logger.warning("mpx: MPX_ALLOW_INSECURE=1: remote queue traffic is not "
                            "authenticated; anyone who can reach %s can run code here", host)
         self.ranks = list(ranks)
+        self.need = len(self.ranks) if need is None else need
         self.config = config
         self.key = config.auth_key.encode()
         self.token = secrets.randbits(63)
@@ -184,24 +191,36 @@ class ZmqWriter:
         if magic != MAGIC or version != VERSION or token != self.token or rank not in self.ranks:
             self.drops.drop(peer, f"hello for another queue or rank {rank}")
             return
+        if rank not in self._peers and len(self._peers) >= self.need:
+            self.drops.drop(peer, f"hello from rank {rank}: all {self.need} readers are "
+                            f"already connected (ranks {sorted(self._peers)})")
+            return
         self._peers[rank] = peer
 
     def _missing(self) -> list[int]:
         return [r for r in self.ranks if r not in self._peers]
 
-    def wait_ready(self, deadline_ns: int) -> None:
-        while self._missing():
+    def _ready(self) -> bool:
+        return len(self._peers) >= self.need
+
+    def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
+        while not self._ready():
             if self._closed or self._shut:
                 raise Cancelled("wait_until_ready cancelled: the queue was shut down")
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("wait_until_ready cancelled by its cancel event")
             if 0 <= deadline_ns <= time.monotonic_ns():
-                raise QueueTimeout(f"remote readers never connected: ranks {self._missing()}")
+                missing = self._missing()[:self.need - len(self._peers)]
+                also = "" if self.need == len(self.ranks) else \
+                    f" ({self.need} of ranks {self.ranks} must connect)"
+                raise QueueTimeout(f"remote readers never connected: ranks {missing}{also}")
             self._take_hellos(_POLL_MS)
 
     def write(self, kind: int, parts: tuple, deadline_ns: int) -> None:
         with self._lock:
-            if self._closed or self._shut:
-                raise Cancelled("the queue was shut down" if self._shut else "the queue is closed")
-            if len(self._peers) < len(self.ranks):
+            if self._closed:
+                raise Cancelled("the queue is closed")
+            if not self._ready():
                 self._take_hellos(0)
                 self.wait_ready(deadline_ns)
             size = self.config.max_chunk_bytes
@@ -212,7 +231,7 @@ class ZmqWriter:
                     header = _HEADER.pack(MAGIC, VERSION, kind, self.token, self._seq, index,
                                           count, total)
                     frame = seal(self.key, header, chunk)
-                    for rank in self.ranks:
+                    for rank in self._peers:
                         self._send(rank, frame, deadline_ns)
             finally:
                 self._seq += 1  # also when given up part way: readers drop the partial message
@@ -238,6 +257,8 @@ class ZmqWriter:
             time.sleep(_BACKOFF_S)
 
     def shutdown(self) -> None:
+        """Wake an enqueue of this process that waits for a slow reader (Cancelled); the
+        readers are not told (that is close())."""
         self._shut = True
         self._interrupt.set()
 
@@ -299,11 +320,24 @@ class ZmqReader:
         self._shut = threading.Event()
         self.drops = _DropLog(f"queue reader rank {rank}")
 
-    def wait_ready(self, deadline_ns: int) -> None:
+    def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
+        """Return once connected to the writer. Ends with Cancelled on shutdown() or
+        ``cancel``, QueueClosedError on close() (also from another thread), QueueTimeout at
+        the deadline."""
         while not self._connected:
-            self._watch_link()
+            with self._lock:
+                if self._closed:
+                    raise QueueClosedError(f"wait_until_ready on reader rank {self.rank}: "
+                                           "the queue was closed")
+                self._watch_link()
             if self._connected:
                 return
+            if self._shut.is_set():
+                raise Cancelled(f"wait_until_ready on reader rank {self.rank} cancelled: the "
+                                "queue was shut down")
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"wait_until_ready on reader rank {self.rank} cancelled by "
+                                "its cancel event")
             if 0 <= deadline_ns <= time.monotonic_ns():
                 raise QueueTimeout(f"reader rank {self.rank} could not reach the writer at "
                                    f"{self.endpoint}")
