@@ -28,6 +28,7 @@ from mpx.errors import (
     HandleError,
     MpxError,
     NodeLostError,
+    NotOwnerError,
     PeerDiedError,
     QueueClosedError,
     QueueTimeout,
@@ -49,7 +50,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cancelled", "Config", "DeserializationError", "Executor", "ExecutorFailed", "Handle",
-    "HandleError", "MessageQueue", "MpxError", "NodeLostError", "PeerDiedError", "QueueClosedError",
+    "HandleError", "MessageQueue", "MpxError", "NodeLostError", "NotOwnerError", "PeerDiedError",
+    "QueueClosedError",
     "QueueTimeout", "RPCError", "RPCFuture", "RPCTimeoutError", "RoleError",
     "SerializationError", "SharedTensorGoneError", "ShmError", "WorkerContext", "WorkerDiedError",
     "WorkerStalledError", "WorkerStartupError", "ring_implementation", "share", "watchdog",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from typing import Any
 
@@ -83,32 +84,36 @@ class Config:
     master_port: int = _env_field(29555, "the leader's control port")
 
     def __post_init__(self) -> None:
-        for name in ("max_chunk_bytes", "max_chunks", "liveness_poll_ms"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"mpx.Config.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("spin_us", "yield_us"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"mpx.Config.{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.start_method not in ("fork", "spawn", "forkserver"):
-            raise ValueError(f"mpx.Config.start_method must be fork, spawn or forkserver, "
-                             f"got {self.start_method!r}")
-        for name in ("startup_timeout_s", "shutdown_grace_s", "terminate_grace_s",
-                     "watchdog_timeout_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"mpx.Config.{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.transport not in ("auto", "zmq", "shm"):
-            raise ValueError(f"mpx.Config.transport must be auto, zmq or shm, got {self.transport!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kind = type(f.default)
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+                object.__setattr__(self, f.name, value)
+            if f.name == "relay":
+                continue  # a bool or a word, read below
+            if not isinstance(value, kind) or kind is int and isinstance(value, bool):
+                raise _invalid(f.name, value, f"must be a {kind.__name__}")
+            if kind is float and not math.isfinite(value):
+                raise _invalid(f.name, value, "must be a finite number")
+            limits = _LIMITS.get(f.name)
+            if limits is not None and not limits[0] <= value <= limits[1]:
+                raise _invalid(f.name, value, f"must be in [{limits[0]}, {limits[1]}]"
+                               + (f" ({limits[2]})" if len(limits) > 2 else ""))
+        if 0 < self.watchdog_timeout_s < WATCHDOG_MIN_S:
+            raise _invalid("watchdog_timeout_s", self.watchdog_timeout_s,
+                           f"must be 0 (off) or at least {WATCHDOG_MIN_S} s")
+        if self.max_chunk_bytes % 64:
+            raise _invalid("max_chunk_bytes", self.max_chunk_bytes, "must be a multiple of 64")
+        for name, choices in (("start_method", ("fork", "spawn", "forkserver")),
+                              ("transport", ("auto", "zmq", "shm"))):
+            if getattr(self, name) not in choices:
+                raise _invalid(name, getattr(self, name), f"must be one of {', '.join(choices)}")
         relay = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
                  "no": "off"}.get(str(self.relay).strip().lower(), str(self.relay).strip().lower())
         if relay not in ("auto", "on", "off"):
-            raise ValueError(f"mpx.Config.relay must be auto, on or off, got {self.relay!r}")
+            raise _invalid("relay", self.relay, "must be auto, on or off")
         object.__setattr__(self, "relay", relay)
-        if self.heartbeat_s <= 0:
-            raise ValueError(f"mpx.Config.heartbeat_s must be > 0, got {self.heartbeat_s!r}")
-        if self.worker_threads < 0:
-            raise ValueError(f"mpx.Config.worker_threads must be >= 0, got {self.worker_threads!r}")
-        if self.max_chunk_bytes % 64:
-            raise ValueError("mpx.Config.max_chunk_bytes must be a multiple of 64")
 
     def relays(self, local_world_size: int) -> bool:
         """Whether follower nodes with ``local_world_size`` ranks relay calls."""
@@ -135,6 +140,32 @@ class Config:
             value = getattr(self, name)
             return "<set>" if name == "auth_key" and value else repr(value)
         return ", ".join(f"{f.name}={shown(f.name)}" for f in dataclasses.fields(self))
+
+
+# Each number's range: wider values are typos or units mixed up, and some do harm (a spin
+# of hours keeps idle workers at 100% CPU; an infinite grace makes shutdown wait forever).
+_LIMITS: dict[str, tuple] = {
+    "max_chunk_bytes": (64, 1 << 40),
+    "max_chunks": (1, 1 << 20),
+    "spin_us": (0, 10_000, "a pause spin longer than 10 ms burns a core for nothing"),
+    "yield_us": (0, 1_000_000),
+    "liveness_poll_ms": (1, 60_000),
+    "startup_timeout_s": (0.001, 86_400.0),
+    "shutdown_grace_s": (0.0, 3_600.0),
+    "terminate_grace_s": (0.0, 3_600.0),
+    "worker_threads": (0, 4096),
+    "watchdog_timeout_s": (0.0, 86_400.0),
+    "heartbeat_s": (0.01, 3_600.0),
+    "nnodes": (1, 65_536),
+    "master_port": (1, 65_535),
+}
+# A watchdog wakes four times per timeout; shorter timeouts report stalls that are not.
+WATCHDOG_MIN_S = 0.1
+
+
+def _invalid(name: str, value: Any, why: str) -> ValueError:
+    return ValueError(f"mpx.Config.{name} (environment variable MPX_{name.upper()}) {why}, "
+                      f"got {value!r}")
 
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:

@@ -118,6 +118,11 @@ class ExecutorFailed(MpxError, RuntimeError):
     """The executor can no longer serve calls (a worker or node was lost)."""
 
 
+class NotOwnerError(MpxError, RuntimeError):
+    """An executor was used in a process other than the one that created it (a forked
+    child): it serves only its creator; create another executor in this process."""
+
+
 class WorkerDiedError(ExecutorFailed):
     """A worker process died. ``rank``, ``pid`` and ``exitcode`` (negative: -signal)."""
 

@@ -299,7 +299,7 @@ class _Relay:
         except (Cancelled, PeerDiedError, QueueClosedError):
             pass
         finally:
-            self.down.shutdown()  # the workers drain what was relayed, then stop
+            self.down.close()  # the workers read what was relayed, then stop
 
     def stop(self) -> None:
         self._stop.set()

@@ -179,9 +179,12 @@ class Watchdog:
                     fired = C_STALL_HEAD in read_dump(self.path, armed_at)
                     self._on_stall(stalled, fired)
             if left > 0:
-                # the dead man's switch: fires only if this thread cannot push it again
+                # The dead man's switch: it fires only if this thread cannot push it again.
+                # It is set from now, not from the call's start: a later call may begin
+                # and hold the GIL before this thread runs again (within a tick), and must
+                # get its whole timeout. A GIL-held stall is so reported up to 2 ticks late.
                 armed_at = os.fstat(self._file.fileno()).st_size
-                faulthandler.dump_traceback_later(left + tick, file=self._file)
+                faulthandler.dump_traceback_later(self.timeout_s + 2 * tick, file=self._file)
                 wait = tick
             else:
                 wait = min(tick, self.timeout_s - stalled)

@@ -5,6 +5,7 @@ error pickling."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import inspect
 import os
@@ -335,6 +336,7 @@ def _samples() -> list[BaseException]:
         errors.ExecutorFailed("failed"),
         errors.WorkerDiedError("died", rank=1, pid=42, exitcode=-9),
         errors.NodeLostError("lost", 1, [2, 3]),
+        errors.NotOwnerError("not mine"),
         errors.WorkerStartupError("no start", [0], "Traceback ..."),
         errors.SharedTensorGoneError("gone", name="mpx-x"),
     ]
@@ -385,3 +387,34 @@ def test_finished_event_loops_are_not_kept(executor):
         del loop, fut
     gc.collect()
     assert [ref() for ref in loops] == [None, None, None]
+
+
+# ----------------------------------------------------------------- forked children
+
+def test_a_forked_child_cannot_call_and_leaves_the_parent_alone(executor):
+    e = executor()
+    assert e.collective_rpc("ident", args=("before",)) == ["before", "before"]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: calling fails clearly; then it exits as a program does
+        code = 1
+        try:
+            e.collective_rpc("ident", args=("child",))
+        except mpx.NotOwnerError as exc:
+            code = 0 if "forked child" in str(exc) else 2
+        except BaseException:
+            code = 3
+        os.write(w, bytes([code]))
+        try:  # what a child's exit runs: shutdown() (a no-op here) and the atexit hooks
+            e.shutdown()
+            atexit._run_exitfuncs()
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"\x00"
+    os.close(r)
+    os.waitpid(pid, 0)
+    # the parent's calls go on, with its own results
+    for i in range(20):
+        assert e.collective_rpc("ident", args=(i,)) == [i, i]
+    assert not e.is_failed

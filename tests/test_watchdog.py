@@ -71,6 +71,22 @@ def test_stall_in_c_holding_the_gil_is_dumped_by_the_c_thread(make, tmp_path):
     assert ex.collective_rpc("rank", timeout=10) == [0, 1]
 
 
+@pytest.mark.parametrize("rounds", [2, pytest.param(50, marks=pytest.mark.slow)])
+def test_no_false_stall_when_a_gil_holding_call_follows_a_long_one(make, tmp_path, rounds):
+    """A call that holds the GIL for 1.5 s right after a 1.8 s call, under a 2 s watchdog:
+    busy, not stalled, and no dump (the dead man's switch follows the current call)."""
+    ex = make(n=1, watchdog_timeout_s=2.0)
+    for _ in range(rounds):
+        ex.collective_rpc("nap", args=(1.8,))
+        with pytest.raises(mpx.RPCTimeoutError) as ei:
+            ex.collective_rpc("hold_gil", args=(1.5,), timeout=1.0)
+        assert not isinstance(ei.value, mpx.WorkerStalledError), str(ei.value)
+        assert "busy" in str(ei.value), str(ei.value)
+    assert ex.collective_rpc("rank", timeout=10) == [0]
+    dumped = watchdog.read_dump(dump_file(tmp_path, ex, 0))
+    assert "Timeout (" not in dumped and "without progress" not in dumped, dumped[:2000]
+
+
 def test_check_health_names_the_stalled_rank(make):
     ex = make()
     pending = ex.collective_rpc("nap", args=(4.0,), kwargs={"ranks": [0]}, non_block=True)

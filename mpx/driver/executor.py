@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import secrets
 import threading
 import time
@@ -23,7 +24,7 @@ import cloudpickle
 from mpx import watchdog, wire
 from mpx.config import Config
 from mpx.driver.group import WorkerGroup
-from mpx.errors import ExecutorFailed, SerializationError
+from mpx.errors import ExecutorFailed, NotOwnerError, SerializationError
 from mpx.launch import describe_stall
 
 logger = logging.getLogger("mpx")
@@ -74,6 +75,7 @@ class Executor:
         self.world_size = world_size
         logger.info("mpx: starting %d workers of %s; config: %s", world_size,
                     getattr(worker_cls, "__qualname__", worker_cls), cfg.describe())
+        self._pid = os.getpid()
         group = self._group = WorkerGroup(cfg, world_size)
         self._finalizer = weakref.finalize(self, group.shutdown)
         _shutdown_before_thread_join(self._finalizer)
@@ -102,6 +104,8 @@ class Executor:
         (``cancel()`` returns False); a reply that comes after its call timed out is dropped.
         """
         calls = self._group.calls
+        if self._pid != os.getpid():
+            raise self._not_owner()
         calls.check_usable()
         if not (isinstance(method, str) or callable(method)):
             raise TypeError(f"method must be a name or a callable, got {type(method).__name__}")
@@ -126,6 +130,8 @@ class Executor:
         method, for how long, and the top frames), RPCTimeoutError or WorkerStalledError
         when the ping times out, ExecutorFailed when a worker is dead."""
         group = self._group
+        if self._pid != os.getpid():
+            raise self._not_owner()
         group.calls.check_usable()
         group.calls.read_available(timeout)
         group.stalls.raise_reported()
@@ -160,6 +166,11 @@ class Executor:
     def worker_pids(self) -> list[int]:
         """Every worker's pid in rank order (those of follower nodes as they reported)."""
         return self._group.pids
+
+    def _not_owner(self) -> NotOwnerError:
+        return NotOwnerError(f"this executor belongs to process {self._pid}, and this is "
+                             f"process {os.getpid()} (a forked child?): an executor serves "
+                             "only the process that created it; create one here instead")
 
     def shutdown(self) -> None:
         """Stop the workers (stop message, then SIGTERM, then SIGKILL after the grace
