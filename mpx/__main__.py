@@ -9,6 +9,8 @@ import platform
 import sys
 from importlib import metadata
 
+from mpx._units import human_size
+
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
     from mpx import shm, watchdog
@@ -31,13 +33,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return doctor.main(import_torch=not args.no_torch)
 
 
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{n} B"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def _dist_version(name: str) -> str | None:
@@ -60,9 +55,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     shm_dir = "/dev/shm"
     try:
         st = os.statvfs(shm_dir)
-        rows.append((f"{shm_dir} size", _human(st.f_blocks * st.f_frsize)))
+        rows.append((f"{shm_dir} size", human_size(st.f_blocks * st.f_frsize)))
         free = shm.free_bytes(shm_dir)
-        rows.append((f"{shm_dir} free", f"{_human(free)} ({free} bytes)"))
+        rows.append((f"{shm_dir} free", f"{human_size(free)} ({free} bytes)"))
     except OSError as e:
         rows.append((shm_dir, f"unavailable: {e}"))
 

@@ -13,6 +13,8 @@ import multiprocessing
 import os
 from importlib import metadata
 
+from mpx._units import human_size
+
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
 
@@ -25,12 +27,6 @@ class Check:
     detail: str
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _version(dist: str) -> str | None:
@@ -48,7 +44,7 @@ def check_config() -> tuple[list[Check], object | None]:
     except (ValueError, TypeError) as e:
         return [Check(FAIL, "config", f"MPX_* environment is invalid: {e}")], None
     return [Check(OK, "config", f"transport={cfg.transport}, start_method={cfg.start_method}, "
-                                f"ring {cfg.max_chunks} x {_human(cfg.max_chunk_bytes)}")], cfg
+                                f"ring {cfg.max_chunks} x {human_size(cfg.max_chunk_bytes)}")], cfg
 
 
 def check_ring() -> list[Check]:
@@ -73,11 +69,15 @@ def check_ring() -> list[Check]:
 
 def check_shm(cfg) -> list[Check]:
     """/dev/shm (and Config.shm_dir, where free space is checked): present, big enough for
-    one ring, and usable (a one-page segment is created and removed)."""
-    from mpx import layout, shm
+    the rings of a 1-worker executor, and usable (a one-page segment is created and
+    removed)."""
+    from mpx import shm
+    from mpx.driver.preflight import ring_bytes
     from mpx.errors import ShmError
     out = []
-    need = layout.segment_size(cfg.max_chunk_bytes, cfg.max_chunks, 1)
+    # what Executor(W, 1) needs (the checks of its start); each further worker adds more
+    need = ring_bytes(cfg, 1)
+    more = ring_bytes(cfg, 2) - need
     # too little shared memory stops a 'shm' executor; 'auto' falls back to ZeroMQ
     short = FAIL if cfg.transport == "shm" else WARN
     fallback = "" if cfg.transport == "shm" else " (transport 'auto' will use ZeroMQ instead)"
@@ -91,7 +91,8 @@ def check_shm(cfg) -> list[Check]:
             out.append(Check(short, d, f"unusable: {e}{fallback}"))
             continue
         size, free = st.f_blocks * st.f_frsize, shm.free_bytes(d)
-        text = f"size {_human(size)}, free {_human(free)}; one ring needs {_human(need)}"
+        text = (f"size {human_size(size)}, free {human_size(free)}; an executor of 1 worker "
+                f"needs {human_size(need)}, each further worker {human_size(more)}")
         out.append(Check(OK, d, text) if free >= need else
                    Check(short, d, f"{text}: too small{fallback}; enlarge it (docker "
                                    "--shm-size) or lower MPX_MAX_CHUNKS / MPX_MAX_CHUNK_BYTES"))
@@ -104,6 +105,23 @@ def check_shm(cfg) -> list[Check]:
             shm.close(mm)
             shm.unlink(name)
             out.append(Check(OK, "shared-memory segment", "created and removed a test segment"))
+    return out
+
+
+def check_executor_start(cfg) -> list[Check]:
+    """The checks an executor makes before it starts a worker (mpx.driver.preflight)."""
+    from mpx.driver import preflight
+    from mpx.errors import MpxError
+    out = []
+    for what, run in (("process", preflight.check_process),
+                      ("dump directory", lambda: preflight.check_dump_dir(cfg)),
+                      ("executor shared memory", lambda: preflight.check_shared_memory(cfg, 1))):
+        try:
+            got = run()
+        except MpxError as e:
+            out.append(Check(FAIL, what, str(e)))
+        else:
+            out.append(Check(OK, what, got if isinstance(got, str) else "an executor may start"))
     return out
 
 
@@ -167,7 +185,8 @@ def run_checks(import_torch: bool = True) -> list[Check]:
     checks, cfg = check_config()
     checks += check_ring()
     if cfg is not None:
-        checks += check_shm(cfg) + check_start_method(cfg) + check_zmq(cfg)
+        checks += (check_shm(cfg) + check_executor_start(cfg) + check_start_method(cfg)
+                   + check_zmq(cfg))
     checks += check_torch(import_torch) + check_stale()
     return checks
 

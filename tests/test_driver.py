@@ -418,3 +418,45 @@ def test_a_forked_child_cannot_call_and_leaves_the_parent_alone(executor):
     for i in range(20):
         assert e.collective_rpc("ident", args=(i,)) == [i, i]
     assert not e.is_failed
+
+
+CTRL_C_DURING_SHUTDOWN = textwrap.dedent("""
+    import ctypes, os, signal, sys, threading, time
+    sys.path.insert(0, {tests!r})
+    import mpx
+
+    class Stuck:
+        def __init__(self, ctx):
+            pass
+        def stuck(self):
+            ctypes.PyDLL(None).sleep(1000)  # in C, holding the GIL
+
+    if __name__ == "__main__":
+        ex = mpx.Executor(Stuck, 1, start_method={method!r})
+        print("pids", *ex.worker_pids, flush=True)
+        ex.collective_rpc("stuck", non_block=True)
+        time.sleep(0.3)
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        try:
+            ex.shutdown()
+        except KeyboardInterrupt:
+            print("interrupted after", round(time.monotonic() - t0, 2), flush=True)
+        ex.shutdown()  # again: a no-op
+        print("done", flush=True)
+""")
+
+
+def test_ctrl_c_during_shutdown_still_ends_every_worker(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(CTRL_C_DURING_SHUTDOWN.format(tests=TESTS, method=_start_method()))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "interrupted after" in out.stdout and "done" in out.stdout, out.stdout + out.stderr
+    pids = [int(p) for p in next(ln for ln in out.stdout.splitlines()
+                                 if ln.startswith("pids")).split()[1:]]
+    assert not _procs.wait_gone(pids, 1)
+    took = float(next(ln for ln in out.stdout.splitlines()
+                      if ln.startswith("interrupted")).split()[-1])
+    assert took < 5.0  # the interrupt came at 1 s, during the 5 s grace: SIGKILL then

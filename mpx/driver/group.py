@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from mpx import watchdog, wire
 from mpx.config import Config
+from mpx.driver import preflight
 from mpx.driver.calls import CallTable
 from mpx.driver.monitors import NodeMonitor, ProcessMonitor
 from mpx.driver.stalls import StallDiagnosis
@@ -76,6 +77,7 @@ class WorkerGroup:
         attached, then start the monitors. Raises WorkerStartupError naming the rank."""
         cfg, world = self.config, self.world_size
         local = world // cfg.nnodes
+        preflight.check(cfg, local)
         # remote readers: one relay per follower node, or every remote rank directly
         remote = cfg.nnodes - 1 if cfg.relays(local) else world - local
         self.bq = MessageQueue(local + remote, local, local_reader_ranks=list(range(local)),

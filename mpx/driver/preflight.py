@@ -1,0 +1,93 @@
+"""What an executor checks before it starts any worker, so that a setup that cannot work
+fails at once with an error naming the cause. ``python -m mpx doctor`` runs the same checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import warnings
+
+from mpx import layout, shm, watchdog
+from mpx._units import human_size
+from mpx.config import Config
+from mpx.errors import ShmError, WorkerStartupError
+
+logger = logging.getLogger("mpx")
+
+# Local workers per core past which startup warns: each worker is a whole Python process.
+WORKERS_PER_CORE_WARNING = 4
+
+
+
+
+def ring_bytes(cfg: Config, n_local: int) -> int:
+    """Shared memory an executor with ``n_local`` workers on this node needs: the broadcast
+    ring and one response ring per worker."""
+    return (layout.segment_size(cfg.max_chunk_bytes, cfg.max_chunks, n_local)
+            + n_local * layout.segment_size(cfg.max_chunk_bytes, cfg.max_chunks, 1))
+
+
+def check_shared_memory(cfg: Config, n_local: int) -> None:
+    """ShmError naming the bytes needed and free when ``Config.shm_dir`` cannot hold every
+    ring of a ``transport='shm'`` executor (``auto`` falls back to ZeroMQ instead)."""
+    if cfg.transport != "shm":
+        return
+    need = ring_bytes(cfg, n_local)
+    try:
+        free = shm.free_bytes(cfg.shm_dir)
+    except OSError as e:
+        raise ShmError(f"cannot check the free space of {cfg.shm_dir}: {e}") from e
+    if need > free:
+        raise ShmError(
+            f"an executor with {n_local} local worker(s) needs {n_local + 1} rings, "
+            f"{human_size(need)} of shared memory, but {cfg.shm_dir} has {human_size(free)} free; "
+            "enlarge it (docker --shm-size), lower max_chunks / max_chunk_bytes "
+            "(MPX_MAX_CHUNKS, MPX_MAX_CHUNK_BYTES), or use transport 'auto' or 'zmq'")
+
+
+def check_dump_dir(cfg: Config) -> str:
+    """The directory workers write stack dumps to, created if needed; WorkerStartupError
+    naming it when it cannot be written."""
+    where = watchdog.dump_dir(cfg.dump_dir)
+    try:
+        os.makedirs(where, mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise WorkerStartupError(f"cannot use Config.dump_dir (MPX_DUMP_DIR) {where!r} for "
+                                 f"stack dumps: {e}") from e
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise WorkerStartupError(f"cannot write stack dumps to Config.dump_dir (MPX_DUMP_DIR) "
+                                 f"{where!r}: permission denied")
+    return where
+
+
+def check_process() -> None:
+    """WorkerStartupError in a daemonic multiprocessing child, which may not start
+    processes of its own."""
+    if multiprocessing.current_process().daemon:
+        raise WorkerStartupError(
+            "an mpx.Executor cannot start in a daemonic multiprocessing process (daemonic "
+            "processes may not have children): create the executor in the main process, or "
+            "start this process with daemon=False")
+
+
+def warn_crowding(cfg: Config, n_local: int) -> None:
+    """Warn when the local workers far outnumber the cores, saying what each one costs."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    if n_local > WORKERS_PER_CORE_WARNING * cores:
+        rings = 2 * layout.segment_size(cfg.max_chunk_bytes, cfg.max_chunks, 1)
+        warnings.warn(
+            f"mpx: {n_local} workers on {cores} core(s): each is a Python process (tens of "
+            f"MiB of memory, more with torch, and a second or more to start) with "
+            f"{human_size(rings)} of rings; startup and every call will be slow",
+            RuntimeWarning, stacklevel=4)
+
+
+def check(cfg: Config, n_local: int) -> None:
+    """Every check above, before a single worker is started."""
+    check_process()
+    check_shared_memory(cfg, n_local)
+    check_dump_dir(cfg)
+    warn_crowding(cfg, n_local)
