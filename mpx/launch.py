@@ -62,6 +62,30 @@ def describe_stall(pid: int | None) -> str:
     return f"alive (state {state}) but still busy with the call or an earlier one"
 
 
+# The write ends of this process's death pipes. A child this process forks for its own
+# reasons (a helper, a shell) must not hold one: the workers would then not see the driver
+# die. (Workers also watch the driver's pidfd, which covers forks made from C.)
+_death_pipe_fds: set[int] = set()
+
+
+def _release_death_pipes_in_child() -> None:
+    if not _death_pipe_fds:
+        return
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        for fd in _death_pipe_fds:  # dup2, not close: the fd's owner may close it later
+            try:
+                os.dup2(null, fd)
+            except OSError:
+                pass
+    finally:
+        os.close(null)
+    _death_pipe_fds.clear()
+
+
+os.register_at_fork(after_in_child=_release_death_pipes_in_child)
+
+
 class LocalWorkers:
     """The processes for ``ctxs`` (one WorkerContext each) on this node, reading calls from
     the queue of ``handle`` as their global rank, or as their local rank when
@@ -79,6 +103,7 @@ class LocalWorkers:
         self.reap_lock = threading.Lock()
         mp: Any = multiprocessing.get_context(config.start_method)
         death_r, self.death_w = mp.Pipe(duplex=False)
+        _death_pipe_fds.add(self.death_w.fileno())
         arm = threading.current_thread() is threading.main_thread()
         for ctx in ctxs:
             ready_r, ready_w = mp.Pipe(duplex=False)
@@ -149,6 +174,7 @@ class LocalWorkers:
         SIGKILL; then close the handshake pipes. Whatever interrupts the waits (Ctrl-C), the
         workers still alive are SIGKILLed before it propagates."""
         if self.death_w is not None:
+            _death_pipe_fds.discard(self.death_w.fileno())
             self.death_w.close()
             self.death_w = None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -106,14 +107,52 @@ def _set_threads(ctx: WorkerContext) -> None:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-def _watch_parent(death_conn, on_orphaned) -> None:
-    """Thread: the death pipe reads EOF only when the driver closed it or died."""
+def _watch_parent(death_conn, parent_pid: int, on_orphaned) -> None:
+    """Thread: the driver closed the death pipe, or died. The pipe alone can stay open
+    after the driver's death (a process the driver forked holds its write end); the
+    driver's pidfd says so whoever holds what."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    watched: list[Any] = [death_conn]
+    pidfd = -1
     try:
-        death_conn.recv()
-    except (EOFError, OSError):
+        pidfd = os.pidfd_open(parent_pid)
+        watched.append(pidfd)
+    except ProcessLookupError:
+        watched = []  # the driver is gone already
+    except (AttributeError, OSError):
+        pass  # no pidfds here (Linux < 5.3): the pipe alone
+    try:
+        if watched:
+            multiprocessing.connection.wait(watched)
+    except OSError:
         pass
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
     on_orphaned()
+
+
+def _leave_the_group_after_fork() -> None:
+    """In a child that user code forked from a worker: it shares the worker's queues, so
+    it must never touch them, and it dies with the worker (SIGKILL)."""
+    global _forked_from
+    _forked_from = _worker_pid
+    if sys.platform == "linux":
+        try:
+            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+_worker_pid = -1
+_forked_from = -1  # in a process forked from a worker by user code: that worker's pid
+
+
+def _exit_if_forked() -> None:
+    """A process forked by user code that came back into mpx's code leaves at once,
+    without running any finalizer (they would close the worker's queues)."""
+    if _forked_from != -1:
+        os._exit(0)
 
 
 def _exit_on_signal(signum, frame):
@@ -122,6 +161,9 @@ def _exit_on_signal(signum, frame):
 
 def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
     """Entry point of a worker process (see module docstring)."""
+    global _worker_pid
+    _worker_pid = os.getpid()
+    os.register_at_fork(after_in_child=_leave_the_group_after_fork)
     for fd in spec.close_fds:  # fork: the driver's ends of other workers' pipes
         try:
             os.close(fd)
@@ -148,7 +190,8 @@ def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
         timer.daemon = True
         timer.start()
 
-    threading.Thread(target=_debug.counted_thread(_watch_parent), args=(death_conn, on_orphaned),
+    threading.Thread(target=_debug.counted_thread(_watch_parent),
+                     args=(death_conn, spec.parent_pid, on_orphaned),
                      name="mpx-parent-watch", daemon=True).start()
     try:
         bq = MessageQueue.create_from_handle(spec.handle, spec.queue_rank, config=ctx.config)
@@ -181,6 +224,7 @@ def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
     except (Cancelled, PeerDiedError):
         pass  # the driver shut down or died
     finally:
+        _exit_if_forked()
         if out is not None:
             try:
                 out.close()
@@ -228,6 +272,8 @@ def _serve(worker: Any, rank: int, bq: MessageQueue, out: InlineOutput | AsyncOu
             status, result = ERR, error_payload(e)
         finally:
             wd.end()
+            if _forked_from != -1:  # the method forked, and this is the child
+                os._exit(0)
         out.put(seq, status, result, reply_rank is None or reply_rank == rank)
         # Let go of this call's arguments and result now, not when the next call comes:
         # a large result would stay in memory while the worker idles, and a __del__ that

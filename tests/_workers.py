@@ -65,6 +65,14 @@ class Echo:
     def count(self):
         return self.calls
 
+    def fork(self, child_sleeps=0.0):
+        """Fork; the child (after sleeping) returns into mpx's loop as a method would."""
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(child_sleeps)
+            return "from the child"
+        return pid
+
 
 class FailsInInit:
     def __init__(self, ctx, bad_rank=1):

@@ -460,3 +460,77 @@ def test_ctrl_c_during_shutdown_still_ends_every_worker(tmp_path):
     took = float(next(ln for ln in out.stdout.splitlines()
                       if ln.startswith("interrupted")).split()[-1])
     assert took < 5.0  # the interrupt came at 1 s, during the 5 s grace: SIGKILL then
+
+
+def test_a_process_forked_by_a_worker_method_never_serves(executor):
+    e = executor()
+    children = e.collective_rpc("fork")
+    assert all(isinstance(c, int) and c > 0 for c in children)  # the workers' answers
+    assert not _procs.wait_gone(children, 2)  # the children came back into mpx: they left
+    for i in range(50):
+        assert e.collective_rpc("ident", args=(i,)) == [i, i]
+    e.check_health(timeout=10)  # every answer comes from the workers' own pids
+
+
+def test_a_process_forked_by_a_worker_method_dies_with_the_group(executor):
+    e = executor()
+    children = e.collective_rpc("fork", kwargs={"child_sleeps": 60})
+    time.sleep(0.2)
+    assert all(_procs.running(c) for c in children)
+    e.shutdown()
+    assert not _procs.wait_gone(children, 2)
+
+
+KILLED_DRIVER_WITH_A_HELPER = textwrap.dedent("""
+    import ctypes, os, signal, sys, threading, time
+    sys.path.insert(0, {tests!r})
+    import mpx, _workers
+
+    def build(out):
+        out.append(mpx.Executor(_workers.Echo, 2, start_method={method!r}))
+
+    if __name__ == "__main__":
+        made = []
+        t = threading.Thread(target=build, args=(made,))  # off the main thread: no PDEATHSIG
+        t.start(); t.join()
+        ex = made[0]
+        ex.collective_rpc("sleep", args=(60,), non_block=True)  # calls are out
+        how = {how!r}
+        if how == "python":
+            helper = os.fork()
+        else:  # from C: Python's at-fork handlers do not run
+            helper = ctypes.CDLL(None).fork()
+        if helper == 0:
+            os.close(1); os.close(2)  # (so that the test does not wait for it)
+            ctypes.CDLL(None).sleep(30)
+            os._exit(0)
+        print("pids", *ex.worker_pids, helper, flush=True)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+@pytest.mark.parametrize("how", ["python", "c"])
+def test_workers_outlive_no_sigkilled_driver_whose_helper_holds_the_pipe(tmp_path, how):
+    script = tmp_path / "driver.py"
+    script.write_text(KILLED_DRIVER_WITH_A_HELPER.format(tests=TESTS, method=_start_method(),
+                                                         how=how))
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    workers, helper = [], None
+    try:
+        line = driver.stdout.readline()
+        assert line.startswith("pids"), line
+        *workers, helper = [int(p) for p in line.split()[1:]]
+        driver.wait(30)  # it SIGKILLs itself
+        t0 = time.monotonic()
+        assert not _procs.wait_gone(workers, 3), "workers outlived their driver"
+        assert time.monotonic() - t0 < 3
+    finally:
+        driver.kill()
+        driver.wait()
+        driver.stdout.close()
+        for pid in workers + ([helper] if helper else []):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
