@@ -23,6 +23,10 @@ class Sleeper:
             time.sleep(seconds)
         return self.ctx.rank
 
+    def churn(self, n):
+        """Pure Python work: the GIL taken and handed back all the time."""
+        return sum(i * i for i in range(n))
+
     def hold_gil(self, seconds, ranks=None):
         """Sleep in C without releasing the GIL (ctypes.PyDLL keeps it)."""
         if ranks is None or self.ctx.rank in ranks:

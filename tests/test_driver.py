@@ -534,3 +534,11 @@ def test_workers_outlive_no_sigkilled_driver_whose_helper_holds_the_pipe(tmp_pat
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_special_method_names_are_refused_but_callables_work(executor):
+    e = executor()
+    with pytest.raises(ValueError, match="__setattr__"):
+        e.collective_rpc("__setattr__", args=("scale", 0))
+    assert e.collective_rpc(lambda w, *a: w.__class__.__name__) == ["Echo", "Echo"]
+    assert e.collective_rpc("mul", args=(1,)) == [1, 2]  # nothing was sent; all is well

@@ -87,6 +87,22 @@ def test_no_false_stall_when_a_gil_holding_call_follows_a_long_one(make, tmp_pat
     assert "Timeout (" not in dumped and "without progress" not in dumped, dumped[:2000]
 
 
+def test_the_watchdog_floor_holds_under_gil_heavy_calls(make, tmp_path):
+    """At the smallest watchdog timeout Config accepts, 1000 GIL-heavy calls (some just
+    past it, some holding the GIL in C) crash no worker (a tiny timeout once made
+    faulthandler's C thread dump stacks while they ran: SIGSEGV)."""
+    floor = mpx.config.WATCHDOG_MIN_S
+    ex = make(n=2, watchdog_timeout_s=floor)
+    pids = ex.worker_pids
+    for i in range(1000):
+        if i % 100 == 99:
+            ex.collective_rpc("hold_gil", args=(floor / 4,))
+        else:
+            ex.collective_rpc("churn", args=(2000,))
+    assert not ex.is_failed and ex.worker_pids == pids
+    ex.check_health(timeout=10)
+
+
 def test_check_health_names_the_stalled_rank(make):
     ex = make()
     pending = ex.collective_rpc("nap", args=(4.0,), kwargs={"ranks": [0]}, non_block=True)

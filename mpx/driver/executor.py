@@ -94,7 +94,9 @@ class Executor:
         """Call ``method`` on every worker and gather the results in rank order.
 
         ``method`` is a method name or a callable sent with cloudpickle and called as
-        ``method(worker, *args, **kwargs)``. Returns the list of results, the result of
+        ``method(worker, *args, **kwargs)``. A name may be any attribute of the worker,
+        private ones included (whoever can call can already send code), except special
+        ``__names__``, which are refused (ValueError). Returns the list of results, the result of
         ``unique_reply_rank`` alone, or ``aggregator(list)``. ``timeout`` is a deadline for
         the whole call, from now.
 
@@ -107,7 +109,12 @@ class Executor:
         if self._pid != os.getpid():
             raise self._not_owner()
         calls.check_usable()
-        if not (isinstance(method, str) or callable(method)):
+        if isinstance(method, str):
+            if method[:2] == "__" and method[-2:] == "__":
+                raise ValueError(f"collective_rpc refuses the special method {method!r}; "
+                                 "to call it all the same, pass a callable: "
+                                 f"lambda worker, *args: worker.{method}(*args)")
+        elif not callable(method):
             raise TypeError(f"method must be a name or a callable, got {type(method).__name__}")
         if unique_reply_rank is not None and (
                 not isinstance(unique_reply_rank, int) or
