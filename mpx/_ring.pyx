@@ -360,19 +360,7 @@ cdef class Ring:
                 PyBuffer_Release(&buf)
         else:
             length = <uint64_t>total
-        if self.partial:
-            with nogil:
-                st = self._wait_space(deadline_ns)
-            if st == ST_SIGNAL:
-                _propagate()
-            if st != ST_OK:
-                return st
-            self._publish(0, F_ABORT, 0, 0)
-            self.partial = False
-        with nogil:
-            st = self._wait_space(deadline_ns)
-        if st == ST_SIGNAL:
-            _propagate()
+        st = self._claim_slot(deadline_ns)
         if st != ST_OK:
             return st
         payload = self._slot(self.seq) + SLOT_HEADER
@@ -430,6 +418,11 @@ cdef class Ring:
         self._live()
         if self.index >= 0:
             raise ValueError("begin_slot() on a reader ring")
+        return self._claim_slot(deadline_ns)
+
+    cdef int _claim_slot(self, int64_t deadline_ns) except? -9:
+        """Wait for the next free slot, first aborting a message that a failed write left
+        half-written (a signal's handler may raise)."""
         cdef int st
         if self.partial:
             with nogil:

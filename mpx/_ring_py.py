@@ -267,13 +267,7 @@ class Ring:
         if self.index >= 0:
             raise ValueError("write() on a reader ring")
         length = sum(memoryview(p).nbytes for p in parts) if total < 0 else total
-        if self.partial:
-            st = self._wait_space(deadline_ns)
-            if st != L.OK:
-                return st
-            self._publish(0, L.F_ABORT, 0, 0)
-            self.partial = False
-        st = self._wait_space(deadline_ns)
+        st = self._claim_slot(deadline_ns)
         if st != L.OK:
             return st
         chunk = self.chunk_bytes
@@ -318,6 +312,11 @@ class Ring:
         self._live()
         if self.index >= 0:
             raise ValueError("begin_slot() on a reader ring")
+        return self._claim_slot(deadline_ns)
+
+    def _claim_slot(self, deadline_ns: int) -> int:
+        """Wait for the next free slot, first aborting a message that a failed write left
+        half-written."""
         if self.partial:
             st = self._wait_space(deadline_ns)
             if st != L.OK:

@@ -42,7 +42,8 @@ def check_shared_memory(cfg: Config, n_local: int) -> None:
     if need > free:
         raise ShmError(
             f"an executor with {n_local} local worker(s) needs {n_local + 1} rings, "
-            f"{human_size(need)} of shared memory, but {cfg.shm_dir} has {human_size(free)} free; "
+            f"{need} bytes ({human_size(need)}) of shared memory, but {cfg.shm_dir} has "
+            f"{free} bytes free ({human_size(free)}); "
             "enlarge it (docker --shm-size), lower max_chunks / max_chunk_bytes "
             "(MPX_MAX_CHUNKS, MPX_MAX_CHUNK_BYTES), or use transport 'auto' or 'zmq'")
 
