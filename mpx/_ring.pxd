@@ -36,6 +36,7 @@ cdef class Ring:
     cdef uint64_t seq                # writer: next slot to publish; reader: next to read
     cdef uint64_t min_read           # writer: last seen minimum of readers' read_seq
     cdef bint partial                # writer: a message was abandoned half-written
+    cdef bint resting                # reader: its last wait ran out its slice (parks at once)
     cdef int interrupted
     cdef int64_t spin_ns
     cdef int64_t yield_ns

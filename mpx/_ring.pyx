@@ -514,6 +514,9 @@ cdef class Ring:
         t0 = mpx_now_ns()
         now = t0
         slice_end = t0 + slice_ns if slice_ns >= 0 else -1
+        if self.resting:  # the last wait ran out its slice: park again at once
+            self.resting = False
+            t0 -= self.spin_ns + self.yield_ns
         while now - t0 < self.spin_ns:
             for k in range(SPIN_BATCH):
                 if mpx_load64(wseq) > self.seq:
@@ -541,6 +544,7 @@ cdef class Ring:
             if deadline >= 0 and now >= deadline:
                 return ST_TIMEOUT
             if slice_end >= 0 and now >= slice_end:
+                self.resting = True
                 return ST_SLICE
             until = now + self.poll_ns
             if deadline >= 0 and deadline < until:
@@ -621,6 +625,7 @@ cdef class Ring:
             if flags & F_END:
                 d = self.dest
                 self.dest = None
+                self.resting = False
                 return (ST_OK, self.dest_kind, d)
 
     cdef void _begin(self, uint32_t kind, uint64_t total) except *:

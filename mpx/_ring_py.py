@@ -79,6 +79,7 @@ class Ring:
         self.spin_ns, self.yield_ns, self.poll_ns = spin_ns, yield_ns, poll_ns
         self._interrupted = False
         self.partial = False
+        self._resting = False  # reader: its last wait ran out its slice (parks at once)
         self.gone_index = -1
         self._dest: bytearray | None = None
         self._dest_kind = 0
@@ -380,6 +381,9 @@ class Ring:
         q = self._q
         t0 = now = time.monotonic_ns()
         slice_end = t0 + slice_ns if slice_ns >= 0 else -1
+        if self._resting:  # the last wait ran out its slice: park again at once
+            self._resting = False
+            t0 -= self.spin_ns + self.yield_ns
         while now - t0 < self.spin_ns + self.yield_ns:
             if q[wseq] > self.seq:
                 return L.OK
@@ -398,6 +402,7 @@ class Ring:
             if 0 <= deadline <= now:
                 return L.TIMEOUT
             if 0 <= slice_end <= now:
+                self._resting = True
                 return L.SLICE
             until = now + self.poll_ns
             if 0 <= deadline < until:
@@ -469,6 +474,7 @@ class Ring:
             self._ack()
             if flags & L.F_END:
                 self._dest = None
+                self._resting = False
                 kind = self._dest_kind
                 out = dest if kind == L.K_PICKLE_OOB else bytes(dest)
                 return (L.OK, kind, out)

@@ -47,9 +47,11 @@ logger = logging.getLogger("mpx")
 # was woken), so that the replies already written are read first. Part of the 1 s bound on
 # reporting a death.
 FAIL_HANDOVER_S = 0.5
-# While calls with deadlines are pending, a reader waiting for one reply looks at the
-# deadlines at least this often: a later call may have an earlier deadline.
-DEADLINE_POLL_S = 0.05
+# While non-blocking calls with deadlines are pending, a reader waiting for one reply looks
+# at the deadlines at least this often: a later one may have an earlier deadline, and
+# nobody may wait for it. (A blocking call's own thread wakes at its deadline.) Each look
+# costs a wake and a short poll: ~0.4% of a core at this period.
+DEADLINE_POLL_S = 0.25
 # How long the background reader leaves the reading to an event loop (renewed at each of
 # the loop's reading steps): a loop whose thread is blocked elsewhere holds the replies of
 # other threads' futures up no longer than this.
@@ -288,11 +290,15 @@ class CallTable:
                 return  # fail() or close() is under way: they settle the call
 
     def _read_limit(self, wait_until: float | None) -> float | None:
-        """The earliest of ``wait_until`` and the pending deadlines, a poll period at most."""
+        """The earliest of ``wait_until`` and the pending deadlines; while futures with
+        deadlines are pending, a poll period at most."""
         if not self.with_deadline:
             return wait_until
-        deadlines = [c.deadline for c in list(self.pending.values()) if c.deadline is not None]
-        return _min(wait_until, *deadlines, time.monotonic() + DEADLINE_POLL_S)
+        calls = list(self.pending.values())
+        deadlines = [c.deadline for c in calls if c.deadline is not None]
+        poll = any(c.future is not None and c.deadline is not None for c in calls)
+        return _min(wait_until, *deadlines,
+                    time.monotonic() + DEADLINE_POLL_S if poll else None)
 
     def _read_one(self, rank: int, until: float | None,
                   cancel: threading.Event | None = None) -> None:
