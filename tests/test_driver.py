@@ -542,3 +542,30 @@ def test_special_method_names_are_refused_but_callables_work(executor):
         e.collective_rpc("__setattr__", args=("scale", 0))
     assert e.collective_rpc(lambda w, *a: w.__class__.__name__) == ["Echo", "Echo"]
     assert e.collective_rpc("mul", args=(1,)) == [1, 2]  # nothing was sent; all is well
+
+
+class _KVAggregator:
+    """Like vLLM's KVOutputAggregator: every rank's output, one rank's answer."""
+
+    def __init__(self):
+        self.seen = []
+
+    def aggregate(self, outputs, output_rank=0):
+        self.seen.append((list(outputs), output_rank))
+        return {"from": output_rank, "all": sorted(outputs)}
+
+
+def test_vllm_kv_output_aggregator(executor):
+    e = executor()
+    agg = _KVAggregator()
+    assert e.collective_rpc("mul", args=(1,), kv_output_aggregator=agg) == \
+        {"from": 0, "all": [1, 2]}
+    got = e.collective_rpc("mul", args=(2,), aggregator=agg, unique_reply_rank=1,
+                           non_block=True).result(timeout=10)
+    assert got == {"from": 1, "all": [2, 4]}  # every rank replied, rank 1 answers
+    assert agg.seen == [([1, 2], 0), ([2, 4], 1)]
+    assert e.collective_rpc("mul", args=(1,), aggregator=sum) == 3  # mpx's callables stay
+    with pytest.raises(TypeError, match="not both"):
+        e.collective_rpc("mul", args=(1,), aggregator=sum, kv_output_aggregator=agg)
+    with pytest.raises(TypeError, match="aggregate"):
+        e.collective_rpc("mul", args=(1,), kv_output_aggregator=object())

@@ -40,6 +40,14 @@ def _shutdown_before_thread_join(finalizer: Callable[[], Any]) -> None:
         pass  # no such hook in this Python, or the interpreter is already exiting
 
 
+def _vllm_aggregate(agg: Any, output_rank: int) -> Callable[[list], Any]:
+    """vLLM's KV-output aggregator object as an aggregator of the list of results."""
+    if not callable(getattr(agg, "aggregate", None)):
+        raise TypeError(f"kv_output_aggregator must have an aggregate() method, got "
+                        f"{type(agg).__name__}")
+    return lambda outputs: agg.aggregate(outputs, output_rank=output_rank)
+
+
 class Executor:
     """Start ``world_size`` processes each holding ``worker_cls(ctx, **worker_kwargs)`` and
     call their methods collectively.
@@ -90,7 +98,8 @@ class Executor:
     def collective_rpc(self, method: str | Callable, timeout: float | None = None,
                        args: tuple = (), kwargs: dict | None = None, non_block: bool = False,
                        unique_reply_rank: int | None = None,
-                       aggregator: Callable[[list], Any] | None = None) -> Any:
+                       aggregator: Callable[[list], Any] | Any = None,
+                       kv_output_aggregator: Any = None) -> Any:
         """Call ``method`` on every worker and gather the results in rank order.
 
         ``method`` is a method name or a callable sent with cloudpickle and called as
@@ -99,6 +108,10 @@ class Executor:
         ``__names__``, which are refused (ValueError). Returns the list of results, the result of
         ``unique_reply_rank`` alone, or ``aggregator(list)``. ``timeout`` is a deadline for
         the whole call, from now.
+
+        vLLM's aggregator objects work too, as ``kv_output_aggregator=`` or as
+        ``aggregator`` (told apart by their ``aggregate`` attribute): every rank replies, and
+        the call returns ``agg.aggregate(results, output_rank=unique_reply_rank or 0)``.
 
         With ``non_block=True`` it returns an :class:`mpx.RPCFuture` at once: it completes
         when the replies arrive (callbacks, ``concurrent.futures.wait`` and asyncio work, no
@@ -124,7 +137,17 @@ class Executor:
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
         name = method if isinstance(method, str) else getattr(method, "__name__", "<callable>")
-        call = calls.send(method, name, tuple(args), kwargs or None, unique_reply_rank,
+        reply_rank = unique_reply_rank
+        if kv_output_aggregator is not None or hasattr(aggregator, "aggregate"):
+            if kv_output_aggregator is not None and aggregator is not None:
+                raise TypeError("give aggregator or kv_output_aggregator, not both")
+            aggregator = _vllm_aggregate(kv_output_aggregator or aggregator,
+                                         unique_reply_rank or 0)
+            reply_rank = None  # every rank's output goes to the aggregator
+        elif aggregator is not None and not callable(aggregator):
+            raise TypeError(f"aggregator must be a callable or have an aggregate() method, "
+                            f"got {type(aggregator).__name__}")
+        call = calls.send(method, name, tuple(args), kwargs or None, reply_rank,
                           aggregator, timeout, non_block)
         if call.future is not None:
             return call.future
