@@ -174,8 +174,9 @@ class CallTable:
                 self.outstanding += non_block
             assert self.bq is not None
             try:
+                # (with no other call pending, the ring holds none unread: no need to look)
                 self.bq.enqueue(wire.call(seq, method, args, kwargs, reply_rank), timeout,
-                                while_full=self.drain)
+                                while_full=self.drain if len(self.pending) > 1 else None)
             except BaseException as e:
                 self._forget(call)
                 raise self._send_error(e, name) from e
@@ -257,7 +258,7 @@ class CallTable:
         """Release the baton; wake the threads that wait for it, the background reader too."""
         self.reader_ident = None
         self.baton.release()
-        if self.waiting or self._background_may_read():
+        if self.waiting or self.outstanding and self._background_may_read():
             with self.turn:
                 self.turn.notify_all()
         if self._completed:
