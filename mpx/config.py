@@ -159,7 +159,11 @@ _LIMITS: dict[str, tuple] = {
     "nnodes": (1, 65_536),
     "master_port": (1, 65_535),
 }
-# A watchdog wakes four times per timeout; shorter timeouts report stalls that are not.
+# The watchdog's dead man's switch is faulthandler's C thread, which reads the other
+# threads' frames without the GIL: safe while they are stuck (a real stall), not while
+# Python runs. With a timeout of microseconds it fired during ordinary calls and crashed
+# workers with SIGSEGV (3 runs of 3 at 1e-6 s, none at 1e-3 s once the switch was set from
+# now); a floor far above any call's jitter keeps it to real stalls.
 WATCHDOG_MIN_S = 0.1
 
 
