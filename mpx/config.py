@@ -85,7 +85,7 @@ class Config:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
+            value: Any = getattr(self, f.name)
             kind = type(f.default)
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
@@ -94,7 +94,7 @@ class Config:
                 continue  # a bool or a word, read below
             if not isinstance(value, kind) or kind is int and isinstance(value, bool):
                 raise _invalid(f.name, value, f"must be a {kind.__name__}")
-            if kind is float and not math.isfinite(value):
+            if isinstance(value, float) and not math.isfinite(value):
                 raise _invalid(f.name, value, "must be a finite number")
             limits = _LIMITS.get(f.name)
             if limits is not None and not limits[0] <= value <= limits[1]:

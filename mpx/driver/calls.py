@@ -276,10 +276,14 @@ class CallTable:
 
     def _read_until(self, call: Call, wait_until: float | None) -> None:
         while not call.done and not self.stopping:
+            if not self.with_deadline:
+                until = wait_until
+            elif len(self.pending) == 1:  # this call alone: its own deadline
+                until = _min(wait_until, call.deadline)
+            else:
+                until = self._read_limit(wait_until)
             try:
-                self._read_one(call.first_missing(),
-                               wait_until if not self.with_deadline else
-                               self._read_limit(wait_until))
+                self._read_one(call.first_missing(), until)
             except QueueTimeout:
                 self._read_available()  # the stall reports of the other ranks
                 self._expire_due()
