@@ -501,7 +501,8 @@ class CallTable:
         iteration): the background reader hands the baton over after the reply it is
         reading, and leaves the reading to the loop for LOOP_LEASE_S."""
         self.loops_until = time.monotonic() + LOOP_LEASE_S
-        self.give_way.set()
+        if not self.give_way.is_set():
+            self.give_way.set()
 
     def wake_background(self) -> None:
         """The event loop found no reply: the background reader waits for the next."""

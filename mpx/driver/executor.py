@@ -138,7 +138,8 @@ class Executor:
             raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
         name = method if isinstance(method, str) else getattr(method, "__name__", "<callable>")
         reply_rank = unique_reply_rank
-        if kv_output_aggregator is not None or hasattr(aggregator, "aggregate"):
+        if kv_output_aggregator is not None or \
+                aggregator is not None and hasattr(aggregator, "aggregate"):
             if kv_output_aggregator is not None and aggregator is not None:
                 raise TypeError("give aggregator or kv_output_aggregator, not both")
             aggregator = _vllm_aggregate(kv_output_aggregator or aggregator,
