@@ -56,9 +56,9 @@ DEADLINE_POLL_S = 0.25
 # the loop's reading steps): a loop whose thread is blocked elsewhere holds the replies of
 # other threads' futures up no longer than this.
 LOOP_LEASE_S = 0.005
-# How long a sender whose broadcast ring is full and who holds the baton (a done callback
-# calls again), having read the replies that free the workers, sleeps before it looks again.
-DRAIN_PAUSE_S = 0.0002
+# How long a sender whose broadcast ring is full, having read the replies there, waits for
+# the next one before it looks at the ring again.
+DRAIN_WAIT_S = 0.001
 
 
 class Call:
@@ -452,24 +452,33 @@ class CallTable:
                 self._hand_over()
 
     def drain(self) -> bool:
-        """Called by a sender while the broadcast ring is full: read the replies that are
-        there, so that workers blocked on a full response ring go on taking calls; then
-        (False) the sender waits for room while the thread that holds the baton, or the
-        background reader, reads the rest. A sender that holds the baton itself (a done
-        callback calls again) reads on until there is room (True)."""
+        """Called by a sender while the broadcast ring is full (the workers may be blocked
+        on full response rings): when no other thread reads, read the replies, waiting
+        up to DRAIN_WAIT_S for the next one, and look again (True). Else (False) the
+        sender waits for room while the thread that holds the baton, or the background
+        reader (never an event loop's lease), reads them."""
         me = threading.get_ident()
-        if self.reader_ident == me:
-            self._read_available()
-            time.sleep(DRAIN_PAUSE_S)
-            return True
-        if self.baton.acquire(False):
+        mine = self.reader_ident == me
+        if not mine and not self.baton.acquire(False):
+            self.wake_background()
+            return False
+        if not mine:
             self.reader_ident = me
-            try:
-                self._read_available()
-            finally:
+        try:
+            if not self._read_available() and self.pending:
+                oldest = next(iter(list(self.pending.values())), None)
+                if oldest is not None and not oldest.done:
+                    try:
+                        self._read_one(oldest.first_missing(),
+                                       time.monotonic() + DRAIN_WAIT_S)
+                    except (QueueTimeout, Cancelled):
+                        pass
+                    except PeerDiedError as e:
+                        self._peer_gone(e)
+        finally:
+            if not mine:
                 self._hand_over()
-        self.wake_background()
-        return False
+        return True
 
     def _start_background(self) -> None:
         """Make sure the background reader runs while futures are outstanding."""
