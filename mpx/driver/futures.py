@@ -118,11 +118,22 @@ _deliveries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopDelivery]
 _deliveries_lock = threading.Lock()
 
 
+# concurrent.futures' states (stable since Python 3.2): read without the future's lock on
+# the await path, where each lock costs as much as the rest of the step.
+_RUNNING = concurrent.futures._base.RUNNING  # type: ignore[attr-defined]
+_FINISHED = concurrent.futures._base.FINISHED  # type: ignore[attr-defined]
+_last = threading.local()  # this thread's loop and its delivery, the common case's lookup
+
+
 def _delivery(loop: asyncio.AbstractEventLoop) -> _LoopDelivery:
+    found = getattr(_last, "delivery", None)
+    if found is not None and found.loop() is loop:
+        return found
     found = _deliveries.get(loop)
     if found is None:
         with _deliveries_lock:
             found = _deliveries.setdefault(loop, _LoopDelivery(loop))
+    _last.delivery = found
     return found
 
 
@@ -143,7 +154,7 @@ class RPCFuture(concurrent.futures.Future):
         super().__init__()
         self._wait = wait
         self._source = source
-        self.set_running_or_notify_cancel()
+        self._state = _RUNNING  # set_running_or_notify_cancel(), for a future none has seen
 
     def result(self, timeout: float | None = None) -> Any:
         """The call's result; ``TimeoutError`` after ``timeout`` seconds (the call goes on).
@@ -159,7 +170,7 @@ class RPCFuture(concurrent.futures.Future):
         return super().exception(timeout)
 
     def __await__(self) -> Generator[Any, None, Any]:
-        if self.done():
+        if self._state == _FINISHED:
             return self.result(0)
         loop = asyncio.get_running_loop()
         target = loop.create_future()
