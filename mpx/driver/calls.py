@@ -278,8 +278,10 @@ class CallTable:
         while not call.done and not self.stopping:
             if not self.with_deadline:
                 until = wait_until
-            elif len(self.pending) == 1:  # this call alone: its own deadline
-                until = _min(wait_until, call.deadline)
+            elif len(self.pending) == 1:  # this call alone: its own deadline (inline: hot)
+                d = call.deadline
+                until = wait_until if d is None or wait_until is not None and wait_until < d \
+                    else d
             else:
                 until = self._read_limit(wait_until)
             try:
