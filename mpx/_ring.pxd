@@ -59,6 +59,7 @@ cdef class Ring:
     cdef int _wait_space(self, int64_t deadline) nogil
     cdef int _claim_slot(self, int64_t deadline_ns) except? -9
     cdef int _wait_data(self, int64_t deadline, int64_t slice_end) nogil
+    cdef int _next_published(self, int64_t deadline_ns, int64_t slice_ns) except? -9
     cdef int _reader_terminal(self) nogil
     cdef void _publish(self, uint32_t length, uint32_t flags, uint32_t kind,
                        uint64_t total) nogil

@@ -461,13 +461,9 @@ cdef class Ring:
         cdef int st
         cdef uint32_t flags
         while True:
-            if mpx_load64(self._u64(OFF_WRITE_SEQ)) <= self.seq:
-                with nogil:
-                    st = self._wait_data(deadline_ns, slice_ns)
-                if st == ST_SIGNAL:
-                    _propagate()
-                if st != ST_OK:
-                    return (st, 0, 0)
+            st = self._next_published(deadline_ns, slice_ns)
+            if st != ST_OK:
+                return (st, 0, 0)
             slot = self._slot(self.seq)
             flags = (<uint32_t*>(slot + SH_FLAGS))[0]
             if flags & F_ABORT:
@@ -489,6 +485,17 @@ cdef class Ring:
         self._ack()
 
     # ---------------------------------------------------------------- reader
+
+    cdef int _next_published(self, int64_t deadline_ns, int64_t slice_ns) except? -9:
+        """Reader: wait until the next slot is published (a signal's handler may raise)."""
+        cdef int st
+        if mpx_load64(self._u64(OFF_WRITE_SEQ)) > self.seq:
+            return ST_OK
+        with nogil:
+            st = self._wait_data(deadline_ns, slice_ns)
+        if st == ST_SIGNAL:
+            _propagate()
+        return st
 
     cdef int _reader_terminal(self) nogil:
         """Why a reader with nothing to read should stop waiting, or _NOT_TERMINAL."""
@@ -591,15 +598,11 @@ cdef class Ring:
         cdef int st
         cdef object d
         while True:
-            if mpx_load64(self._u64(OFF_WRITE_SEQ)) <= self.seq:
-                with nogil:
-                    st = self._wait_data(deadline_ns, slice_ns)
-                if st == ST_SIGNAL:
-                    _propagate()
-                if st != ST_OK:
-                    if st == ST_SHUTDOWN or st == ST_PEER_GONE:
-                        self.dest = None
-                    return (st, 0, None)
+            st = self._next_published(deadline_ns, slice_ns)
+            if st != ST_OK:
+                if st == ST_SHUTDOWN or st == ST_PEER_GONE:
+                    self.dest = None
+                return (st, 0, None)
             slot = self._slot(self.seq)
             length = (<uint64_t*>(slot + SH_LENGTH))[0]
             flags = (<uint32_t*>(slot + SH_FLAGS))[0]
