@@ -14,13 +14,25 @@ The public API::
             QueueClosedError, RoleError, SerializationError, DeserializationError,
             SharedTensorGoneError, RPCError, RPCTimeoutError, WorkerStalledError,
             ExecutorFailed, WorkerDiedError, NodeLostError, WorkerStartupError
+
+Everything else is internal. The tree, bottom up (each layer imports only those below it):
+
+    _ring.pyx, _ring_py.py, layout.py   the shared-memory ring (compiled, and its Python twin)
+    shm.py, serde.py, sharing.py        segments; objects <-> bytes; tensors by reference
+    transport/                          one interface: shm (local) and zmq (remote) readers
+    queue.py                            MessageQueue over the transports
+    wire.py, config.py, errors.py, dumps.py   shared by every process of a group
+    _driver/                            runs in the driver: Executor and what it owns
+    _worker/                            runs in each worker process
+    _node/                              starts a node's workers; multi-node leader/follower
+    _cli/                               python -m mpx
 """
 
 from mpx import watchdog
+from mpx._driver.executor import Executor
+from mpx._driver.futures import RPCFuture
 from mpx._impl import ring_implementation
 from mpx.config import Config
-from mpx.driver.executor import Executor
-from mpx.driver.futures import RPCFuture
 from mpx.errors import (
     Cancelled,
     DeserializationError,

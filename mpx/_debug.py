@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _compiled_debug() -> bool:

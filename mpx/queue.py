@@ -26,7 +26,8 @@ import logging
 import threading
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpx import _debug, serde
 from mpx import layout as L

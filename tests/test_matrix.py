@@ -487,13 +487,13 @@ def test_interpreter_exit_with_calls_pending(record):
 CRASHING_DRIVER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
-    import mpx, mpx.driver.group, _matrix_workers
+    import mpx, mpx._driver.group, _matrix_workers
 
     def crash(*args, **kwargs):  # the driver dies after creating its ring, before any attach
         print(os.getpid(), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    mpx.driver.group.LocalWorkers = crash
+    mpx._driver.group.LocalWorkers = crash
     mpx.Executor(_matrix_workers.Faulty, 2, start_method={method!r})
 """)
 

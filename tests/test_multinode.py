@@ -64,11 +64,11 @@ def test_two_nodes_two_ranks_each(group):
 
 def test_tensor_parallel_mlp_across_nodes(group):
     torch = pytest.importorskip("torch")
-    from mpx import _demo_mlp
-    ex, _ = group(cls=_demo_mlp.TPWorker)
-    x = torch.randn(4, _demo_mlp.DIM)
+    from mpx._cli import demo_mlp
+    ex, _ = group(cls=demo_mlp.TPWorker)
+    x = torch.randn(4, demo_mlp.DIM)
     y, _ = ex.collective_rpc("execute_model", args=(x,), unique_reply_rank=0, timeout=60)
-    assert torch.allclose(y, _demo_mlp.reference(x), atol=1e-4)
+    assert torch.allclose(y, demo_mlp.reference(x), atol=1e-4)
     ex.collective_rpc("close", timeout=30)
 
 
@@ -181,12 +181,12 @@ def _spec(cfg):
 
 
 def test_the_key_never_crosses_the_wire():
-    from mpx import node
+    from mpx._node.leader import Leader
     port = free_port()
     follower = start_follower(port)
     try:
         cfg = mpx.Config(auth_key=KEY, nnodes=2, master_port=port, heartbeat_s=1.0)
-        leader = node.Leader(cfg, 4)
+        leader = Leader(cfg, 4)
         sent = []
         real_send = leader.send
         leader.send = lambda n, msg: (sent.append(msg), real_send(n, msg))[1]
@@ -203,23 +203,24 @@ def test_the_key_never_crosses_the_wire():
 def test_replayed_hello_gets_no_spec():
     import zmq
 
-    from mpx import node
+    from mpx._node import control
+    from mpx._node.leader import Leader
     port = free_port()
     cfg = mpx.Config(auth_key=KEY, nnodes=2, master_port=port, heartbeat_s=1.0)
-    leader = node.Leader(cfg, 4)
+    leader = Leader(cfg, 4)
     key = KEY.encode()
     spy = zmq.Context.instance().socket(zmq.DEALER)
     spy.setsockopt(zmq.LINGER, 0)
     spy.connect(f"tcp://127.0.0.1:{port}")
     try:
-        hello = node._pack(key, wire.Hello(1, 1234))  # as captured off the wire
+        hello = control.pack(key, wire.Hello(1, 1234))  # as captured off the wire
         spy.send(hello)
         with pytest.raises(mpx.WorkerStartupError, match=r"follower nodes \[1\] did not join"):
             leader.admit(_spec(cfg), time.monotonic() + 1.0)
         # it was challenged; a join with a made-up nonce (or a replayed old one) is refused
-        got = node._unpack(key, spy.recv())
+        got = control.unpack(key, spy.recv())
         assert isinstance(got, wire.Challenge)
-        spy.send(node._pack(key, wire.Join(1, b"0" * 16)))
+        spy.send(control.pack(key, wire.Join(1, b"0" * 16)))
         with pytest.raises(mpx.WorkerStartupError):
             leader.admit(_spec(cfg), time.monotonic() + 0.5)
         assert leader.nodes == {}

@@ -80,8 +80,8 @@ def test_an_executor_in_a_daemonic_child_says_what_to_do(ctx):
 
 
 def test_many_more_workers_than_cores_warn(monkeypatch):
+    from mpx._driver import preflight
     from mpx.config import Config
-    from mpx.driver import preflight
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     with pytest.warns(RuntimeWarning, match="9 workers on 2 core"):
         preflight.warn_crowding(Config(), 9)

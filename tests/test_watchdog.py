@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import mpx
-from mpx import watchdog
+from mpx import dumps
 
 TIMEOUT = 0.5  # watchdog timeout of these tests
 
@@ -34,7 +34,7 @@ def make(tmp_path):
 
 
 def dump_file(tmp_path, ex, rank):
-    return watchdog.dump_path(str(tmp_path), rank, ex.worker_pids[rank])
+    return dumps.dump_path(str(tmp_path), rank, ex.worker_pids[rank])
 
 
 def test_call_sleeping_past_the_timeout_is_reported_stalled(make, tmp_path):
@@ -50,7 +50,7 @@ def test_call_sleeping_past_the_timeout_is_reported_stalled(make, tmp_path):
     assert info["seconds"] >= TIMEOUT
     assert "in nap" in info["stack"] and "time.sleep(seconds)" in info["stack"]
     assert "rank 1" in str(err) and "'nap'" in str(err) and "in nap" in str(err)
-    dumped = watchdog.read_dump(dump_file(tmp_path, ex, 1))
+    dumped = dumps.read_dump(dump_file(tmp_path, ex, 1))
     assert "without progress" in dumped and "most recent call first" in dumped
     assert "nap" in dumped
     assert not os.path.getsize(dump_file(tmp_path, ex, 0))  # rank 0 never stalled
@@ -67,7 +67,7 @@ def test_stall_in_c_holding_the_gil_is_dumped_by_the_c_thread(make, tmp_path):
     assert err.ranks == [0]
     assert "holds the GIL" in str(err) and "in 'hold_gil'" in str(err)
     assert "hold_gil" in err.stalls[0]["stack"] and err.stalls[0]["method"] == "hold_gil"
-    assert "Timeout (" in watchdog.read_dump(dump_file(tmp_path, ex, 0))
+    assert "Timeout (" in dumps.read_dump(dump_file(tmp_path, ex, 0))
     assert ex.collective_rpc("rank", timeout=10) == [0, 1]
 
 
@@ -83,7 +83,7 @@ def test_no_false_stall_when_a_gil_holding_call_follows_a_long_one(make, tmp_pat
         assert not isinstance(ei.value, mpx.WorkerStalledError), str(ei.value)
         assert "busy" in str(ei.value), str(ei.value)
     assert ex.collective_rpc("rank", timeout=10) == [0]
-    dumped = watchdog.read_dump(dump_file(tmp_path, ex, 0))
+    dumped = dumps.read_dump(dump_file(tmp_path, ex, 0))
     assert "Timeout (" not in dumped and "without progress" not in dumped, dumped[:2000]
 
 

@@ -1,7 +1,7 @@
 """``Executor``: N worker processes, one broadcast queue to them, one response queue each.
 
-A thin facade: :class:`~mpx.driver.group.WorkerGroup` owns the processes, queues and
-threads, and :class:`~mpx.driver.calls.CallTable` sends the calls and reads the replies.
+A thin facade: :class:`~mpx._driver.group.WorkerGroup` owns the processes, queues and
+threads, and :class:`~mpx._driver.calls.CallTable` sends the calls and reads the replies.
 A call flows once down and back: ``collective_rpc`` broadcasts ``wire.call(...)``; every
 worker answers ``(seq, status, payload)`` on its response queue, in order; whichever thread
 reads a reply completes its call. A monitor thread fails the executor within a second of a
@@ -17,15 +17,16 @@ import secrets
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 
-from mpx import watchdog, wire
+from mpx import dumps, wire
+from mpx._driver.group import WorkerGroup
+from mpx._node.local_workers import describe_stall
 from mpx.config import Config
-from mpx.driver.group import WorkerGroup
 from mpx.errors import ExecutorFailed, NotOwnerError, SerializationError
-from mpx.launch import describe_stall
 
 logger = logging.getLogger("mpx")
 
@@ -177,7 +178,7 @@ class Executor:
         dump within ``timeout`` seconds gets a line saying why (stopped, dead...)."""
         group = self._group
         deadline = time.monotonic() + timeout
-        out = watchdog.dump_all({r: (p.pid, group.stalls.dump_file(r))
+        out = dumps.dump_all({r: (p.pid, group.stalls.dump_file(r))
                                  for r, p in enumerate(group.procs)}, timeout, describe_stall)
         if group.leader is not None:
             out.update(group.leader.stacks(max(0.0, deadline - time.monotonic())))

@@ -9,11 +9,12 @@ import multiprocessing.connection
 import os
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpx import _debug
+from mpx._node.leader import Leader
 from mpx.errors import ExecutorFailed
-from mpx.node import Leader
 
 logger = logging.getLogger("mpx")
 

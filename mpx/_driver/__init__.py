@@ -1,4 +1,4 @@
-"""The driver: the process that owns an executor and calls its workers.
+"""The driver (internal): the process that owns an executor and calls its workers.
 
 - :mod:`.executor`: ``Executor``, the public facade; it holds no state of its own.
 - :mod:`.group`: the processes, queues and threads one executor owns, how they start, how a
@@ -8,6 +8,10 @@
 - :mod:`.monitors`: the threads that notice a dead worker process or a lost node.
 - :mod:`.stalls`: why a rank has not answered (watchdog reports, dumps, process state).
 - :mod:`.futures`: ``RPCFuture``, awaitable.
+- :mod:`.preflight`: the checks made before any worker starts.
 
-The driver talks to worker processes only through the messages of :mod:`mpx.wire`.
+The driver talks to worker processes only through the messages of :mod:`mpx.wire`. It may
+import the queue and the layers below it, the shared modules (``mpx.wire``, ``mpx.config``,
+``mpx.errors``, ``mpx.dumps``) and ``mpx._node`` (to start workers and lead other nodes),
+never ``mpx._worker`` or ``mpx._cli``.
 """

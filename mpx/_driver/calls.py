@@ -24,11 +24,12 @@ import concurrent.futures
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpx import _debug, wire
-from mpx.driver.futures import RPCFuture
-from mpx.driver.stalls import StallDiagnosis
+from mpx._driver.futures import RPCFuture
+from mpx._driver.stalls import StallDiagnosis
 from mpx.errors import (
     Cancelled,
     DeserializationError,

@@ -1,4 +1,8 @@
-"""``python -m mpx doctor``: can an executor start here, and how will it run?
+"""``python -m mpx doctor``: what mpx finds on this machine, can an executor start here, and
+how will it run?
+
+First the facts (versions, the ring implementation, /dev/shm, CPUs, debug counters), then
+the checks.
 
 Each check is a line ``[ OK ]``, ``[WARN]`` or ``[FAIL] name: detail``. FAIL means an
 executor with the effective configuration (``mpx.Config.from_env()``) would not start;
@@ -27,13 +31,44 @@ class Check:
     detail: str
 
 
-
-
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+def machine_facts() -> list[tuple[str, str]]:
+    """What mpx finds here, as (name, value) rows: versions, the ring, /dev/shm, CPUs."""
+    import platform
+    import sys
+
+    import mpx
+    from mpx import _debug, shm
+
+    rows = [("mpx", f"{mpx.__version__} ({os.path.dirname(mpx.__file__)})"),
+            ("ring implementation", mpx.ring_implementation()),
+            ("python", f"{platform.python_version()} ({sys.executable})"),
+            ("platform", platform.platform())]
+    try:
+        st = os.statvfs("/dev/shm")
+        free = shm.free_bytes()
+        rows += [("/dev/shm size", human_size(st.f_blocks * st.f_frsize)),
+                 ("/dev/shm free", f"{human_size(free)} ({free} bytes)")]
+    except OSError as e:
+        rows.append(("/dev/shm", f"unavailable: {e}"))
+    try:
+        import zmq
+        rows += [("pyzmq", zmq.__version__), ("libzmq", zmq.zmq_version())]
+    except ImportError as e:
+        rows.append(("pyzmq", f"not importable: {e}"))
+    for dist in ("torch", "numpy"):  # find_spec only: importing torch costs seconds
+        found = importlib.util.find_spec(dist) is not None
+        rows.append((dist, (_version(dist) or "version unknown") if found else "not installed"))
+    rows.append(("CPUs", f"{len(os.sched_getaffinity(0))} usable of {os.cpu_count()}"))
+    rows.append(("debug counters", ", ".join(f"{k}={v}" for k, v in _debug.counts().items())
+                 if _debug.ENABLED else "off (build with MPX_DEBUG=1, or set it for the pure ring)"))
+    return rows
 
 
 def check_config() -> tuple[list[Check], object | None]:
@@ -72,7 +107,7 @@ def check_shm(cfg) -> list[Check]:
     the rings of a 1-worker executor, and usable (a one-page segment is created and
     removed)."""
     from mpx import shm
-    from mpx.driver.preflight import ring_bytes
+    from mpx._driver.preflight import ring_bytes
     from mpx.errors import ShmError
     out = []
     # what Executor(W, 1) needs (the checks of its start); each further worker adds more
@@ -109,8 +144,8 @@ def check_shm(cfg) -> list[Check]:
 
 
 def check_executor_start(cfg) -> list[Check]:
-    """The checks an executor makes before it starts a worker (mpx.driver.preflight)."""
-    from mpx.driver import preflight
+    """The checks an executor makes before it starts a worker (mpx._driver.preflight)."""
+    from mpx._driver import preflight
     from mpx.errors import MpxError
     out = []
     for what, run in (("process", preflight.check_process),
@@ -193,8 +228,11 @@ def run_checks(import_torch: bool = True) -> list[Check]:
 
 def main(import_torch: bool = True) -> int:
     """Print the report; 1 if any check failed, else 0."""
-    import mpx
-    print(f"mpx {mpx.__version__} ({os.path.dirname(mpx.__file__)})")
+    rows = machine_facts()
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name + ':':<{width + 1}} {value}")
+    print()
     checks = run_checks(import_torch)
     for c in checks:
         print(f"[{c.status:^4}] {c.name}: {c.detail}")

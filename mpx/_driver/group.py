@@ -14,17 +14,18 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from mpx import watchdog, wire
+from mpx import dumps, wire
+from mpx._driver import preflight
+from mpx._driver.calls import CallTable
+from mpx._driver.monitors import NodeMonitor, ProcessMonitor
+from mpx._driver.stalls import StallDiagnosis
+from mpx._node.leader import Leader
+from mpx._node.local_workers import LocalWorkers, describe_exit
 from mpx.config import Config
-from mpx.driver import preflight
-from mpx.driver.calls import CallTable
-from mpx.driver.monitors import NodeMonitor, ProcessMonitor
-from mpx.driver.stalls import StallDiagnosis
 from mpx.errors import ExecutorFailed, PeerDiedError, WorkerDiedError
-from mpx.launch import LocalWorkers, describe_exit
-from mpx.node import Leader
 from mpx.queue import MessageQueue
 from mpx.wire import WorkerContext
 
@@ -88,7 +89,7 @@ class WorkerGroup:
                               distributed_init_method=dist, config=cfg)
                 for rank in range(local)]
         deadline = time.monotonic() + cfg.startup_timeout_s
-        watchdog.reap_empty_dumps(watchdog.dump_dir(cfg.dump_dir))
+        dumps.reap_empty_dumps(dumps.dump_dir(cfg.dump_dir))
         self.workers = LocalWorkers(cfg, ctxs, self.bq.export_handle(), cls_bytes, kw_bytes)
         if cfg.nnodes > 1:
             self.leader = Leader(cfg, world)

@@ -34,7 +34,8 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 KiB = 1 << 10
 MiB = 1 << 20

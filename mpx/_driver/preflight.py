@@ -9,7 +9,7 @@ import multiprocessing
 import os
 import warnings
 
-from mpx import layout, shm, watchdog
+from mpx import dumps, layout, shm
 from mpx._units import human_size
 from mpx.config import Config
 from mpx.errors import ShmError, WorkerStartupError
@@ -51,7 +51,7 @@ def check_shared_memory(cfg: Config, n_local: int) -> None:
 def check_dump_dir(cfg: Config) -> str:
     """The directory workers write stack dumps to, created if needed; WorkerStartupError
     naming it when it cannot be written."""
-    where = watchdog.dump_dir(cfg.dump_dir)
+    where = dumps.dump_dir(cfg.dump_dir)
     try:
         os.makedirs(where, mode=0o700, exist_ok=True)
     except OSError as e:

@@ -15,10 +15,10 @@ import threading
 import time
 from typing import Any
 
+from mpx._worker.main import worker_main
 from mpx.config import Config
 from mpx.errors import WorkerStartupError
 from mpx.wire import Ready, StartupFailed, WorkerContext, WorkerSpec
-from mpx.worker import worker_main
 
 logger = logging.getLogger("mpx")
 

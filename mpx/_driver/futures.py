@@ -6,8 +6,8 @@ import asyncio
 import concurrent.futures
 import threading
 import weakref
-from collections.abc import Generator
-from typing import Any, Callable, Protocol
+from collections.abc import Callable, Generator
+from typing import Any, Protocol
 
 
 class ReplySource(Protocol):

@@ -7,12 +7,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from mpx import watchdog
+from mpx import dumps
+from mpx._node.local_workers import describe_stall
 from mpx.config import Config
 from mpx.errors import WorkerStalledError
-from mpx.launch import describe_stall
 
 logger = logging.getLogger("mpx")
 
@@ -37,7 +38,7 @@ class StallDiagnosis:
         if info["seq"] < answered_up_to:
             return  # that call has been answered since
         info["since"] = time.monotonic() - info["seconds"]
-        logger.warning("mpx: %s", watchdog.describe(info))
+        logger.warning("mpx: %s", dumps.describe(info))
         self.reports[rank] = info
 
     def answered(self, rank: int, seq: int) -> None:
@@ -54,11 +55,11 @@ class StallDiagnosis:
         stalls = {r: self.reports[r] for r in ranks}
         raise WorkerStalledError(
             f"ranks {ranks} are stalled: "
-            + "; ".join(watchdog.describe(i) for i in stalls.values()), ranks, stalls)
+            + "; ".join(dumps.describe(i) for i in stalls.values()), ranks, stalls)
 
     def dump_file(self, rank: int) -> str:
         """Where local ``rank``'s watchdog writes its stack dumps."""
-        return watchdog.dump_path(watchdog.dump_dir(self.config.dump_dir), rank,
+        return dumps.dump_path(dumps.dump_dir(self.config.dump_dir), rank,
                                   self.pids()[rank])
 
     def describe_missing(self, ranks: list[int], since: float) -> tuple[str, dict[int, dict]]:
@@ -77,7 +78,7 @@ class StallDiagnosis:
                 info = self._dumped(r, time.time() - (time.monotonic() - since))
             if info is not None:
                 stalled[r] = info
-                parts.append(watchdog.describe(info))
+                parts.append(dumps.describe(info))
             elif local and "stopped" in state:
                 stalled[r] = dict(rank=r, pid=pid, state=state)
                 parts.append(f"rank {r} (pid {pid}) is stalled: {state}")
@@ -93,10 +94,10 @@ class StallDiagnosis:
                 return None
         except OSError:
             return None
-        dumped = watchdog.last_c_dump(watchdog.read_dump(path))
+        dumped = dumps.last_c_dump(dumps.read_dump(path))
         if dumped is None:
             return None
-        top = watchdog.top_of_dump(dumped)
-        return dict(rank=rank, pid=self.pids()[rank], method=watchdog.method_of_dump(top),
+        top = dumps.top_of_dump(dumped)
+        return dict(rank=rank, pid=self.pids()[rank], method=dumps.method_of_dump(top),
                     seconds=self.config.watchdog_timeout_s, stack=top, dump_file=path,
                     reported=False)

@@ -3,7 +3,7 @@
 The executor starts one process per rank with :func:`worker_main`. The worker attaches to
 the broadcast queue, builds the user's worker object, creates its response queue, and
 answers every call on it exactly once, in order, with ``(seq, status, payload)``: from the
-RPC loop itself, or from the async output thread (:mod:`mpx.output`). The watchdog
+RPC loop itself, or from the async output thread (:mod:`mpx._worker.output`). The watchdog
 (:mod:`mpx.watchdog`) watches each call and may add a STALL report before its answer.
 """
 
@@ -21,11 +21,11 @@ from typing import Any
 
 import cloudpickle
 
-from mpx import _debug, watchdog
+from mpx import _debug, dumps
+from mpx._worker.output import AsyncOutput, InlineOutput, Replies
+from mpx._worker.watchdog import Watchdog
 from mpx.errors import Cancelled, DeserializationError, PeerDiedError
-from mpx.output import AsyncOutput, InlineOutput, Replies
 from mpx.queue import MessageQueue
-from mpx.watchdog import Watchdog
 from mpx.wire import (
     ERR,
     OK,
@@ -209,7 +209,7 @@ def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
         replies = Replies(resp)
         try:
             wd = Watchdog(ctx.rank, ctx.config.watchdog_timeout_s,
-                          watchdog.dump_dir(ctx.config.dump_dir),
+                          dumps.dump_dir(ctx.config.dump_dir),
                           lambda info: replies.send(info["seq"], STALL, info,
                                                     timeout=STALL_REPORT_TIMEOUT_S))
         except OSError as e:

@@ -1,0 +1,9 @@
+"""The command line, ``python -m mpx <command>`` (internal).
+
+- ``main``: the argument parser and the commands (cleanup, doctor, demo, node, bench);
+- ``doctor``: what mpx finds on this machine, and whether an executor can start here;
+- ``demo``, ``demo_mlp``: the demos (the MessageQueue alone; a tensor-parallel MLP);
+- ``bench``: ``python -m mpx bench``, mpx against Pipe, Queue, zmq and ProcessPoolExecutor.
+
+Runs in the user's shell process; it may import anything in mpx, and nothing imports it.
+"""

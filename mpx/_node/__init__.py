@@ -1,0 +1,13 @@
+"""Multi-node groups and the starting of a node's workers (internal).
+
+- ``local_workers``: starts, hands shakes with and stops one node's worker processes; runs
+  in the process that owns them (the driver, or a follower node);
+- ``leader``: the driver's side of a multi-node group (runs in the driver);
+- ``follower``: a follower node, ``python -m mpx node`` (its own process on each other node);
+- ``relay``: a follower's one network read per call, rebroadcast to its workers over shm;
+- ``control``: the HMAC-sealed control channel between leader and followers.
+
+It may import the queue and the layers below it, the shared modules (``mpx.wire``,
+``mpx.config``, ``mpx.errors``, ``mpx.dumps``) and ``mpx._worker.main`` (a process entry
+point), never ``mpx._driver`` or ``mpx._cli``.
+"""

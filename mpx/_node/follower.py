@@ -1,0 +1,125 @@
+"""A follower node (``python -m mpx node``; runs in its own process on every node but the
+driver's).
+
+It joins the leader (:mod:`mpx._node.leader`), receives the group's spec, starts its local
+workers (which read calls over ZeroMQ, or through a :class:`~mpx._node.relay.Relay`, and
+answer over their own ZeroMQ queues), reports their handles, then beats and reports worker
+deaths until the leader stops it or goes away; its workers end with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import threading
+import time
+
+import zmq
+
+from mpx import _debug, dumps, wire
+from mpx._node import control
+from mpx._node.local_workers import LocalWorkers, describe_stall
+from mpx._node.relay import Relay
+from mpx.config import Config
+from mpx.errors import WorkerStartupError
+from mpx.wire import WorkerContext
+
+logger = logging.getLogger("mpx")
+
+
+def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int,
+                 config: Config) -> int:
+    """Run follower node ``node_rank`` until the leader stops it or goes away."""
+    if not config.auth_key and not config.allow_insecure:
+        raise SystemExit("mpx node: set MPX_AUTH_KEY to the leader's key (or "
+                         "MPX_ALLOW_INSECURE=1)")
+    key = config.auth_key.encode()
+    sock = control.control_socket(zmq.DEALER)
+    sock.connect(f"tcp://{master_addr}:{master_port}")
+    sock.send(control.pack(key, wire.Hello(node_rank, os.getpid())))
+    deadline = time.monotonic() + config.startup_timeout_s
+    spec = None
+    while spec is None:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"mpx node {node_rank}: no leader at {master_addr}:{master_port}")
+        if sock.poll(control.POLL_MS):
+            msg = control.unpack(key, sock.recv())
+            if isinstance(msg, wire.Challenge):
+                sock.send(control.pack(key, wire.Join(node_rank, msg.nonce)))
+            elif isinstance(msg, wire.NodeSpec):
+                spec = msg
+    # the leader's settings, with this node's own address and key
+    cfg = dataclasses.replace(spec.config, host=config.host, auth_key=config.auth_key)
+    local = spec.world_size // nnodes
+    ctxs = [WorkerContext(rank=node_rank * local + i, local_rank=i, world_size=spec.world_size,
+                          local_world_size=local, node_rank=node_rank,
+                          distributed_init_method=spec.distributed_init_method, config=cfg)
+            for i in range(local)]
+    relay = Relay(spec.handle, local + node_rank - 1, local, cfg) \
+        if cfg.relays(local) else None
+    handle = relay.handle if relay is not None else spec.handle
+    workers = LocalWorkers(cfg, ctxs, handle, spec.worker_cls, spec.worker_kwargs,
+                           remote_driver=True, local_queue=relay is not None)
+    try:
+        try:
+            handles = workers.handshake(time.monotonic() + cfg.startup_timeout_s)
+        except WorkerStartupError as e:
+            sock.send(control.pack(key, wire.NodeStartupFailed(str(e), e.ranks, e.remote_traceback)))
+            return 1
+        if relay is not None:
+            relay.start()
+        for rank, pid in zip(workers.ranks, workers.pids):
+            sock.send(control.pack(key, wire.WorkerReady(rank, handles[rank], pid)))
+        return _serve_follower(sock, key, workers, cfg)
+    finally:
+        if relay is not None:
+            relay.stop()
+        workers.stop()
+        if relay is not None:
+            relay.close()
+        sock.close(linger=100)
+
+
+def _dump_in_background(workers: LocalWorkers, cfg: Config, token: int, timeout: float,
+                        answers: queue.SimpleQueue) -> None:
+    """Take this node's workers' stacks in a thread (the control loop keeps beating) and
+    leave the answer in ``answers`` for the loop to send."""
+    where = dumps.dump_dir(cfg.dump_dir)
+    targets = {rank: (p.pid, dumps.dump_path(where, rank, p.pid))
+               for rank, p in zip(workers.ranks, workers.procs)}
+
+    def run() -> None:
+        answers.put(wire.Stacks(token, dumps.dump_all(targets, timeout, describe_stall)))
+
+    threading.Thread(target=_debug.counted_thread(run), name="mpx-dump", daemon=True).start()
+
+
+def _serve_follower(sock: zmq.Socket, key: bytes, workers: LocalWorkers, cfg: Config) -> int:
+    last_seen = time.monotonic()
+    beat_at = 0.0
+    reported: set[int] = set()
+    answers: queue.SimpleQueue = queue.SimpleQueue()  # to "dump", from their threads
+    while True:
+        now = time.monotonic()
+        if now >= beat_at:
+            beat_at = now + cfg.heartbeat_s / 3
+            sock.send(control.pack(key, wire.Beat()))
+        if sock.poll(control.POLL_MS):
+            msg = control.unpack(key, sock.recv())
+            if msg is not None:
+                last_seen = time.monotonic()
+                if isinstance(msg, wire.StopNode):
+                    return 0
+                if isinstance(msg, wire.DumpStacks):
+                    _dump_in_background(workers, cfg, msg.token, msg.timeout, answers)
+        while not answers.empty():
+            sock.send(control.pack(key, answers.get()))
+        if time.monotonic() - last_seen > cfg.heartbeat_s:
+            logger.error("mpx node: the leader sent nothing for %.1f s; stopping", cfg.heartbeat_s)
+            return 1
+        for rank, p in zip(workers.ranks, workers.procs):
+            if rank not in reported and p.exitcode is not None:
+                reported.add(rank)
+                sock.send(control.pack(key, wire.WorkerDead(rank, p.pid, p.exitcode)))

@@ -1,0 +1,183 @@
+"""The leader: the driver's side of a multi-node group (runs in the driver process).
+
+The leader binds a ROUTER on ``master_addr:master_port``. Each follower (``python -m mpx
+node``, see :mod:`mpx._node.follower`) connects and introduces itself; a follower joins
+only by signing a fresh nonce from the leader, so a replayed hello is useless. The leader
+sends it the worker class, kwargs, config and the broadcast queue's handle, collects its
+workers' response-queue handles, then exchanges heartbeats with it and hears of its
+workers' deaths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from mpx import wire
+from mpx._node import control
+from mpx._node.local_workers import describe_exit
+from mpx.config import Config
+from mpx.errors import NodeLostError, WorkerDiedError, WorkerStartupError
+
+logger = logging.getLogger("mpx")
+
+
+class Leader:
+    """The driver's side of a multi-node group (used by mpx.Executor when nnodes > 1)."""
+
+    def __init__(self, config: Config, world_size: int) -> None:
+        self.config = config
+        self.key = config.auth_key.encode()
+        self.local = world_size // config.nnodes
+        self.sock = control.control_socket(zmq.ROUTER)
+        self.sock.bind(f"tcp://{config.master_addr}:{config.master_port}")
+        self.nodes: dict[int, bytes] = {}       # node rank -> routing id
+        self.last_seen: dict[int, float] = {}
+        self.pids: dict[int, int] = {}          # global rank -> pid
+        self.handles: dict[int, Any] = {}       # global rank -> response-queue handle
+        self._spec: wire.NodeSpec | None = None
+        self._challenges: dict[bytes, tuple[int, bytes]] = {}  # routing id -> (node, nonce)
+        self._beat_at = 0.0
+        self.lost: set[int] = set()
+        # Executor.dump_stacks: a request for the watch thread to send, and the answers
+        self._dumps = threading.Condition()
+        self._dump_token = 0
+        self._dump_asks: list[wire.DumpStacks] = []
+        self._dump_answers: dict[int, dict[int, str]] = {}
+
+    def node_ranks(self, node: int) -> list[int]:
+        return list(range(node * self.local, (node + 1) * self.local))
+
+    def _recv(self, timeout_ms: int) -> tuple[int | None, Any]:
+        """(node, message) of the next authenticated message from a joined node. A hello
+        gets a fresh nonce to sign back ("join"): a replayed hello or join joins nothing."""
+        if not self.sock.poll(timeout_ms):
+            return None, None
+        frames = self.sock.recv_multipart()
+        msg = control.unpack(self.key, frames[-1]) if len(frames) == 2 else None
+        if msg is None:
+            logger.warning("mpx: leader dropped an unauthenticated control message")
+            return None, None
+        ident = frames[0]
+        if isinstance(msg, wire.Hello):
+            nonce = secrets.token_bytes(16)
+            self._challenges[ident] = (msg.node_rank, nonce)
+            self.sock.send_multipart([ident, control.pack(self.key, wire.Challenge(nonce))])
+            return None, None
+        if isinstance(msg, wire.Join):
+            if self._challenges.pop(ident, None) != (msg.node_rank, msg.nonce):
+                logger.warning("mpx: leader dropped a join that answers no challenge")
+                return None, None
+            self.nodes[msg.node_rank] = ident
+        node = next((n for n, i in self.nodes.items() if i == ident), None)
+        if node is not None:
+            self.last_seen[node] = time.monotonic()
+        return node, msg
+
+    def send(self, node: int, msg: Any) -> None:
+        self.sock.send_multipart([self.nodes[node], control.pack(self.key, msg)])
+
+    def admit(self, spec: wire.NodeSpec, deadline: float) -> None:
+        """Wait for every follower to say hello and send it ``spec`` (its workers then start
+        while the leader's own finish theirs: torch.distributed needs all of them at once).
+        ``spec.node_rank`` is filled in per node, and the key is taken out of its config."""
+        self._spec = spec
+        self._wait(deadline, lambda: len(self.nodes) == self.config.nnodes - 1)
+
+    def collect(self, deadline: float) -> dict[int, Any]:
+        """The response-queue handles of every follower worker, once all are ready."""
+        self._wait(deadline, lambda: len(self.handles) == self.local * (self.config.nnodes - 1))
+        return self.handles
+
+    def _wait(self, deadline: float, done: Any) -> None:
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(1, self.config.nnodes)) - set(self.nodes))
+                if missing:
+                    raise WorkerStartupError(
+                        f"follower nodes {missing} did not join within "
+                        f"{self.config.startup_timeout_s} s",
+                        [r for n in missing for r in self.node_ranks(n)])
+                late = [r for r in range(self.local, self.local * self.config.nnodes)
+                        if r not in self.handles]
+                raise WorkerStartupError(f"follower workers {late} did not become ready "
+                                         f"within {self.config.startup_timeout_s} s", late)
+            node, msg = self._recv(min(control.POLL_MS, int(left * 1000) + 1))
+            if msg is None or node is None:
+                continue
+            if isinstance(msg, wire.Join):
+                assert self._spec is not None
+                # the key never travels: each follower has its own copy
+                self.send(node, dataclasses.replace(
+                    self._spec, node_rank=node,
+                    config=dataclasses.replace(self._spec.config, auth_key="")))
+            elif isinstance(msg, wire.WorkerReady):
+                self.handles[msg.rank] = msg.handle
+                self.pids[msg.rank] = msg.pid
+            elif isinstance(msg, wire.NodeStartupFailed):
+                raise WorkerStartupError(f"on node {node}: {msg.message}", msg.ranks,
+                                         msg.traceback)
+
+    def poll(self) -> WorkerDiedError | NodeLostError | None:
+        """One step of the leader's watch: heartbeats out, a failure if one was reported."""
+        now = time.monotonic()
+        if now >= self._beat_at:
+            self._beat_at = now + self.config.heartbeat_s / 3
+            for n in self.nodes:
+                self.send(n, wire.Beat())
+        with self._dumps:
+            asks, self._dump_asks = self._dump_asks, []
+        for ask in asks:
+            for n in self.nodes:
+                self.send(n, ask)
+        node, msg = self._recv(control.POLL_MS)
+        if isinstance(msg, wire.Stacks) and node is not None:
+            with self._dumps:
+                if msg.token == self._dump_token:
+                    self._dump_answers[node] = msg.stacks
+                    self._dumps.notify_all()
+        if isinstance(msg, wire.WorkerDead):
+            return WorkerDiedError(f"worker rank {msg.rank} (pid {msg.pid}) on node {node} died: "
+                                   f"{describe_exit(msg.exitcode)}", rank=msg.rank, pid=msg.pid,
+                                   exitcode=msg.exitcode)
+        for n, seen in list(self.last_seen.items()):
+            if n not in self.lost and time.monotonic() - seen > self.config.heartbeat_s:
+                self.lost.add(n)
+                return NodeLostError(f"node {n} (ranks {self.node_ranks(n)}) sent nothing for "
+                                     f"{self.config.heartbeat_s} s: it died or its link was cut",
+                                     n, self.node_ranks(n))
+        return None
+
+    def stacks(self, timeout: float) -> dict[int, str]:
+        """Every follower worker's stacks by rank (see Executor.dump_stacks); ranks of a
+        node that does not answer within ``timeout`` get a line saying so."""
+        deadline = time.monotonic() + timeout
+        with self._dumps:
+            self._dump_token += 1
+            self._dump_answers = {}
+            self._dump_asks.append(wire.DumpStacks(self._dump_token, timeout))
+            nodes = list(self.nodes)
+            self._dumps.wait_for(lambda: len(self._dump_answers) == len(nodes),
+                                 max(0.0, deadline - time.monotonic()))
+            answers = dict(self._dump_answers)
+        out: dict[int, str] = {}
+        for n in nodes:
+            out.update(answers.get(n) or {r: f"<no stacks from rank {r}: node {n} did not "
+                                           f"answer within {timeout} s>"
+                                           for r in self.node_ranks(n)})
+        return out
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            try:
+                self.send(node, wire.StopNode())
+            except zmq.ZMQError:
+                pass
+        self.sock.close(linger=100)
