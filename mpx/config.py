@@ -18,8 +18,8 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def _env_field(default: Any, doc: str) -> Any:
-    return dataclasses.field(default=default, metadata={"doc": doc})
+def _env_field(default: Any, doc: str, repr: bool = True) -> Any:
+    return dataclasses.field(default=default, repr=repr, metadata={"doc": doc})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,8 @@ class Config:
     # Transports. auto: shared memory inside a node, ZeroMQ across; zmq: ZeroMQ for every
     # rank (containers whose /dev/shm is tiny or not shared); shm: one node only.
     transport: str = _env_field("auto", "auto, zmq or shm")
-    auth_key: str = _env_field("", "HMAC key for remote traffic; the same on every node")
+    auth_key: str = _env_field("", "HMAC key for remote traffic; the same on every node",
+                               repr=False)  # a logged or printed Config must not show it
     allow_insecure: bool = _env_field(False, "accept remote traffic without a key")
     host: str = _env_field("127.0.0.1", "address this node's sockets bind to and peers reach")
     heartbeat_s: float = _env_field(3.0, "a remote peer silent this long is lost")

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mpx import shm
+from mpx._procinfo import files_of_dead_pids
 
 # On-demand dumps (Executor.dump_stacks) ask a local worker with this signal.
 DUMP_SIGNAL = signal.SIGUSR1
@@ -38,15 +38,9 @@ _DUMP_NAME = re.compile(r"mpx-rank\d+-pid(\d+)\.stacks$")
 def reap_empty_dumps(directory: str) -> list[str]:
     """Remove the empty dump files of workers that are gone (a SIGKILLed worker cannot
     remove its own); files with stacks in them stay. Returns the paths removed."""
-    removed: list[str] = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    for name in names:
-        m = _DUMP_NAME.match(name)
-        path = os.path.join(directory, name)
-        if m and not shm.pid_alive(int(m.group(1))) and _size(path) == 0:
+    removed = []
+    for path in files_of_dead_pids(directory, _DUMP_NAME):
+        if _size(path) == 0:
             with contextlib.suppress(OSError):
                 os.unlink(path)
                 removed.append(path)

@@ -14,6 +14,7 @@ import secrets
 import posix_ipc
 
 from mpx import _debug
+from mpx._procinfo import files_of_dead_pids
 from mpx.errors import ShmError
 
 PREFIX = "mpx-"
@@ -101,17 +102,6 @@ def unlink(name: str) -> bool:
         return False
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists (one of another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # Where Linux keeps POSIX shared memory, whatever Config.shm_dir says about free space.
 SHM_ROOT = "/dev/shm"
 
@@ -123,16 +113,7 @@ def stale_segments() -> list[str]:
     /dev/shm (containers with --ipc=host) looks dead from here, so don't share /dev/shm
     across pid namespaces with mpx.
     """
-    out: list[str] = []
-    try:
-        entries = os.listdir(SHM_ROOT)
-    except OSError:
-        return out
-    for entry in entries:
-        m = _NAME_RE.match(entry)
-        if m and not pid_alive(int(m.group(1))):
-            out.append("/" + entry)
-    return sorted(out)
+    return ["/" + os.path.basename(p) for p in files_of_dead_pids(SHM_ROOT, _NAME_RE)]
 
 
 def reap_stale() -> list[str]:

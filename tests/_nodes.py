@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
+
+from mpx._procinfo import free_tcp_port
 
 KEY = "multinode-test-key-0123456789abcdef"
 TESTS = os.path.dirname(__file__)
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_tcp_port("127.0.0.1")
 
 
 def start_follower(port, node_rank=1, nnodes=2, key=KEY, heartbeat="1.0"):

@@ -17,12 +17,10 @@ import time
 
 import psutil
 import pytest
+from _env import IMPLS, START_METHOD
 
 from mpx import _debug, shm
-
-IMPLS = [i for i in ("cython", "python")
-         if os.environ.get("MPX_TEST_IMPL", i) == i]
-START_METHOD = os.environ.get("MPX_TEST_START_METHOD", "spawn")
+from mpx._procinfo import pid_alive
 
 
 @pytest.fixture(params=IMPLS)
@@ -42,10 +40,20 @@ def ctx():
 
 
 def _mpx_segments() -> set[str]:
+    """This run's mpx segments: made by this process, a descendant, or a process that is
+    gone. Those of another live process (a test run beside this one) are not ours to judge
+    or remove."""
     try:
-        return {e for e in os.listdir("/dev/shm") if e.startswith(shm.PREFIX)}
+        names = [e for e in os.listdir("/dev/shm") if e.startswith(shm.PREFIX)]
     except OSError:
         return set()
+    ours = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
+    out = set()
+    for name in names:
+        creator = name.split("-")[1]
+        if not creator.isdigit() or int(creator) in ours or not pid_alive(int(creator)):
+            out.add(name)
+    return out
 
 
 def _children() -> list[psutil.Process]:

@@ -83,3 +83,8 @@ def test_an_executor_with_a_bad_override_starts_no_worker():
 def test_describe_hides_the_key():
     cfg = dataclasses.replace(mpx.Config(), auth_key="secret")
     assert "secret" not in cfg.describe() and "auth_key=<set>" in cfg.describe()
+
+
+def test_repr_hides_the_key():
+    cfg = dataclasses.replace(mpx.Config(), auth_key="secret")
+    assert "secret" not in repr(cfg) and "secret" not in str(cfg)

@@ -16,10 +16,10 @@ import sys
 import textwrap
 
 import pytest
+from _env import START_METHOD
 
 from mpx import _debug, shm
 
-START_METHOD = os.environ.get("MPX_TEST_START_METHOD", "spawn")
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 

@@ -20,6 +20,7 @@ import time
 
 import _procs
 import pytest
+from _env import START_METHOD
 
 import mpx
 from mpx import errors
@@ -42,8 +43,8 @@ def test_done_callbacks_run_without_result(executor):
     for i in range(20):
         e.collective_rpc("ident", args=(i,), non_block=True).add_done_callback(cb)
     assert done.wait(10), f"only {len(got)} of 20 callbacks ran"
-    assert sorted(g[0] for g in got) == list(range(20))
-    assert all(g[0] == g[1] for g in got)
+    assert sorted(pair[0] for pair in got) == list(range(20))
+    assert all(pair[0] == pair[1] for pair in got)
 
 
 def test_wait_and_as_completed_without_result(executor):
@@ -318,7 +319,7 @@ def test_leaving_the_with_block_after_a_wait_for_timeout_never_hangs(tmp_path):
 
 
 def _start_method():
-    return os.environ.get("MPX_TEST_START_METHOD", "spawn")
+    return START_METHOD
 
 
 # ----------------------------------------------------------------- errors pickle

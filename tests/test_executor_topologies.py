@@ -14,6 +14,7 @@ import time
 import _workers
 import numpy as np
 import pytest
+from _env import START_METHOD
 from _nodes import KEY, free_port, start_follower, stop_follower
 
 import mpx
@@ -27,7 +28,7 @@ def ex(request):
     made: list = []
 
     def make(**kw):
-        kw.setdefault("start_method", os.environ.get("MPX_TEST_START_METHOD", "spawn"))
+        kw.setdefault("start_method", START_METHOD)
         kw.setdefault("startup_timeout_s", 60)
         if request.param.startswith("1 node"):
             e = mpx.Executor(_workers.Echo, 2, transport=request.param.split()[-1], **kw)
@@ -71,7 +72,9 @@ def test_call_forms(ex):
 def test_many_calls_in_flight_come_back_in_order(ex):
     e = ex()
     futs = [e.collective_rpc("ident", args=(i,), non_block=True) for i in range(200)]
+    # read the last one first: completing it completes every earlier one on the way
     assert futs[-1].result(timeout=60) == [199] * e.world_size
+    assert all(f.done() for f in futs)
     assert [f.result() for f in futs] == [[i] * e.world_size for i in range(200)]
 
 
@@ -113,7 +116,9 @@ def test_errors_keep_the_executor_usable(ex):
         e.collective_rpc("fail", kwargs={"ranks": [last]})
     err = ei.value
     assert err.ranks == [last] and err.exc_type == "ValueError"
-    assert "raise ValueError" in err.remote_traceback
+    assert err.exc_message == f"bad value on rank {last}"
+    assert "in fail" in err.remote_traceback and "raise ValueError" in err.remote_traceback
+    assert "Remote traceback" in str(err) and isinstance(err, RuntimeError)
     with pytest.raises(mpx.RPCError) as ei:
         e.collective_rpc("fail", kwargs={"ranks": [last]}, unique_reply_rank=0)
     assert ei.value.ranks == [last]
@@ -122,13 +127,19 @@ def test_errors_keep_the_executor_usable(ex):
     with pytest.raises(mpx.RPCError) as ei:
         e.collective_rpc("unpicklable_result")
     assert ei.value.exc_type == "SerializationError"
+    assert ei.value.ranks == list(range(e.world_size))
     with pytest.raises(mpx.RPCError) as ei:
         e.collective_rpc("ident", args=(_workers.BadSetState(),))
     assert ei.value.exc_type == "DeserializationError"
+    before = e.collective_rpc("count")
+    # bad arguments raise before anything is sent: no worker runs "mul" (which counts)
     with pytest.raises(mpx.SerializationError):
-        e.collective_rpc("ident", args=(threading.Lock(),))
+        e.collective_rpc("mul", args=(threading.Lock(),))
     with pytest.raises(ValueError, match="unique_reply_rank"):
-        e.collective_rpc("rank", unique_reply_rank=e.world_size)
+        e.collective_rpc("mul", args=(1,), unique_reply_rank=e.world_size)
+    with pytest.raises(TypeError):
+        e.collective_rpc(42)
+    assert e.collective_rpc("count") == before
     assert e.collective_rpc("rank") == list(range(e.world_size))
     assert not e.is_failed
 
@@ -140,7 +151,8 @@ def test_timeout_names_ranks_and_late_reply_is_dropped(ex):
     with pytest.raises(mpx.RPCTimeoutError) as ei:
         e.collective_rpc("sleep", args=(1.0,), kwargs={"ranks": [last]}, timeout=0.3)
     assert time.monotonic() - t0 < 0.9
-    assert ei.value.ranks == [last]
+    assert ei.value.ranks == [last] and isinstance(ei.value, TimeoutError)
+    assert f"[{last}]" in str(ei.value)
     fut = e.collective_rpc("sleep", args=(0.5,), non_block=True)
     with pytest.raises(TimeoutError):
         fut.result(timeout=0.05)

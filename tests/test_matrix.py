@@ -20,6 +20,7 @@ below runs most of them again, back to back, to show that none of them leaks.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -35,11 +36,11 @@ import _matrix_workers as MW
 import _procs
 import psutil
 import pytest
+from _env import START_METHOD
 
 import mpx
 from mpx import shm
 
-START_METHOD = os.environ.get("MPX_TEST_START_METHOD", "spawn")
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # A worker's death is reported within a second (the monitor's sentinel wait answers at
 # once; the rest is scheduling). Twice that here: two cores, shared with other test runs.
@@ -67,18 +68,8 @@ def record():
 
 
 @pytest.fixture
-def ex():
-    executors = []
-
-    def make(cls=MW.Faulty, n=2, **kw):
-        kw.setdefault("start_method", START_METHOD)
-        e = mpx.Executor(cls, n, **kw)
-        executors.append(e)
-        return e
-
-    yield make
-    for e in executors:
-        e.shutdown()
+def ex(executor):
+    return functools.partial(executor, MW.Faulty)
 
 
 def _usage(pid: int) -> tuple[int, int]:
@@ -197,7 +188,7 @@ def test_failing_calls_leak_nothing(ex, record):
     """100 calls that fail in every non-fatal way, then 100 good ones: no request id, ring
     slot, thread, fd or memory is left behind, and every reply matches its call."""
     e = ex(yield_us=200)
-    g = e._group
+    group = e._group
     lock = threading.Lock()
     for i in range(10):  # warm up: whatever is allocated once is not a leak
         e.collective_rpc("ident", args=(i,))
@@ -245,10 +236,10 @@ def test_failing_calls_leak_nothing(ex, record):
     kinds = [args_pickle, raises, args_unpickle, result_pickle, result_unpickle, no_method,
              non_block]
     t0 = time.monotonic()
-    seq0 = g.calls.next_seq
+    seq0 = group.calls.next_seq
     for i in range(100):
         (timeout if i % 20 == 19 else kinds[i % len(kinds)])()
-    sent = g.calls.next_seq - seq0
+    sent = group.calls.next_seq - seq0
     assert sent < 100 + 2 * 100 // len(kinds)  # the args_pickle calls sent nothing
     for i in range(100):
         if i % 10 == 0:
@@ -257,10 +248,10 @@ def test_failing_calls_leak_nothing(ex, record):
             assert e.collective_rpc("ident", args=(i,)) == [i, i]
     took = time.monotonic() - t0
     assert not e.is_failed
-    assert g.calls.pending == {}
-    assert g.calls.next_reply == [g.calls.next_seq] * 2  # every reply read, none owed
-    assert g.bq._writer.free_slots() == e.config.max_chunks  # every slot consumed
-    assert not any(q.poll() for q in g.resp)
+    assert group.calls.pending == {}
+    assert group.calls.next_reply == [group.calls.next_seq] * 2  # every reply read, none owed
+    assert group.broadcast._writer.free_slots() == e.config.max_chunks  # every slot consumed
+    assert not any(q.poll() for q in group.resp)
     for pid, (fds, threads) in sizes.items():
         now_fds, now_threads = _usage(pid)
         assert now_fds <= fds and now_threads <= threads, (pid, (now_fds, now_threads), sizes)
@@ -277,13 +268,13 @@ def test_failing_calls_leak_nothing(ex, record):
 
 def test_sigkill_while_streaming_a_large_reply_into_a_full_ring(ex, record):
     e = ex(max_chunk_bytes=64 << 10, max_chunks=4)
-    g = e._group
+    group = e._group
     # the driver's reader waits for rank 0's answer to the first call, so nobody reads rank
     # 1's queue: rank 1 answers, then fills its ring with the large reply and waits for room
     first = e.collective_rpc("sleep", args=(30,), kwargs={"ranks": [0]}, non_block=True)
     fut = e.collective_rpc("big", args=(32 << 20,), kwargs={"ranks": [1]}, non_block=True)
     deadline = time.monotonic() + 10
-    while not g.resp[1].poll():
+    while not group.resp[1].poll():
         assert time.monotonic() < deadline, "the large reply never started"
         time.sleep(0.01)
     time.sleep(0.1)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import os
+import functools
 import time
 
 import _watchdog_workers as WW
@@ -13,18 +13,8 @@ import mpx
 
 
 @pytest.fixture
-def make():
-    made = []
-
-    def make_(n=2, **kw):
-        kw.setdefault("start_method", os.environ.get("MPX_TEST_START_METHOD", "spawn"))
-        ex = mpx.Executor(WW.Outputs, n, **kw)
-        made.append(ex)
-        return ex
-
-    yield make_
-    for ex in made:
-        ex.shutdown()
+def make(executor):
+    return functools.partial(executor, WW.Outputs)
 
 
 @pytest.mark.parametrize("async_output", [False, True])

@@ -15,13 +15,13 @@ import time
 
 import psutil
 import pytest
+from _env import START_METHOD
 from _matrix_workers import Faulty
 
 import mpx
 
 np = pytest.importorskip("numpy")
 
-START_METHOD = os.environ.get("MPX_TEST_START_METHOD", "spawn")
 SHORT_CALLS = int(os.environ.get("MPX_SOAK_CALLS", "20000"))
 LONG_CALLS = int(os.environ.get("MPX_SOAK_CALLS", "100000"))
 SAMPLES = 20

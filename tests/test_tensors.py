@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("numpy")
 
 import _tensor_procs as tp  # noqa: E402  (imports torch)
+from _env import START_METHOD  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -299,7 +300,7 @@ def test_property_any_view_of_any_dtype_round_trips(ctx):
 
 def test_executor_sends_and_returns_tensors():
     import _workers
-    start = os.environ.get("MPX_TEST_START_METHOD", "spawn")
+    start = START_METHOD
     t = torch.randn(64, 33, dtype=torch.bfloat16).t()
     with mpx.Executor(_workers.Echo, 2, start_method=start) as ex:
         for got in ex.collective_rpc("ident", args=(t,)):

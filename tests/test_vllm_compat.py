@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copyreg
 import dataclasses
-import socket
 import threading
 import time
 import warnings
@@ -19,6 +18,7 @@ import pytest
 
 import mpx
 from mpx import MessageQueue, shm
+from mpx._procinfo import free_tcp_port
 
 KEY = "vllm-compat-test-key"
 
@@ -37,12 +37,6 @@ def _join(procs, timeout=20):
             p.kill()
             p.join()
             raise AssertionError(f"process {p.pid} did not exit")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_random_arrays_to_readers_of_different_speeds(impl, ctx):
@@ -115,7 +109,7 @@ def test_writer_shutdown_is_local_and_close_tells_readers(impl, ctx):
 
 def test_process_group_constructors_over_gloo(impl, ctx):
     pytest.importorskip("torch.distributed")
-    port = _free_port()
+    port = free_tcp_port()
     started = [_procs.start(ctx, V.pg_worker, rank, 3, port) for rank in range(3)]
     results = [_result(conn, timeout=120) for _, conn in started]
     _join([p for p, _ in started], timeout=30)
@@ -356,7 +350,7 @@ def test_remote_reader_wait_until_ready_has_every_exit():
         h = mq.export_handle()
     # nobody listens where the readers go
     h = dataclasses.replace(h, remote={**h.remote,
-                                       "endpoint": f"tcp://127.0.0.1:{_free_port()}"})
+                                       "endpoint": f"tcp://127.0.0.1:{free_tcp_port()}"})
     r0 = MessageQueue.create_from_handle(h, 0, config=cfg)
     r1 = MessageQueue.create_from_handle(h, 1, config=cfg)  # vLLM's group rank: also remote
     try:

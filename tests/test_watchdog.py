@@ -10,6 +10,7 @@ import _procs
 import _watchdog_workers as WW
 import psutil
 import pytest
+from _env import START_METHOD
 
 import mpx
 from mpx import dumps
@@ -18,19 +19,11 @@ TIMEOUT = 0.5  # watchdog timeout of these tests
 
 
 @pytest.fixture
-def make(tmp_path):
-    made = []
-
+def make(executor, tmp_path):
     def make_(n=2, **kw):
-        kw.setdefault("start_method", os.environ.get("MPX_TEST_START_METHOD", "spawn"))
         kw.setdefault("watchdog_timeout_s", TIMEOUT)
-        ex = mpx.Executor(WW.Sleeper, n, dump_dir=str(tmp_path), **kw)
-        made.append(ex)
-        return ex
-
-    yield make_
-    for ex in made:
-        ex.shutdown()
+        return executor(WW.Sleeper, n, dump_dir=str(tmp_path), **kw)
+    return make_
 
 
 def dump_file(tmp_path, ex, rank):
@@ -186,7 +179,7 @@ def test_unusable_dump_dir_fails_startup_with_its_name(tmp_path):
     blocker.write_text("not a directory")
     with pytest.raises(mpx.WorkerStartupError, match="MPX_DUMP_DIR"):
         mpx.Executor(WW.Sleeper, 1, dump_dir=str(blocker / "dumps"), startup_timeout_s=60,
-                     start_method=os.environ.get("MPX_TEST_START_METHOD", "spawn"))
+                     start_method=START_METHOD)
 
 
 def test_empty_dumps_of_dead_workers_are_reaped(make, tmp_path):

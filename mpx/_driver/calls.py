@@ -119,7 +119,7 @@ class CallTable:
         self.n_ranks = n_ranks
         self.stalls = stalls
         self.on_peer_gone = on_peer_gone
-        self.bq: MessageQueue | None = None
+        self.broadcast: MessageQueue | None = None
         self.resp: list[MessageQueue] = []
         self.lock = threading.Lock()        # pending, the counters and the end state
         self.send_lock = threading.Lock()   # sequence numbers go out in order
@@ -144,9 +144,9 @@ class CallTable:
         # in their own thread while their awaited futures' replies keep coming (futures.py)
         self.loops_until = 0.0
 
-    def attach(self, bq: MessageQueue, resp: list[MessageQueue]) -> None:
+    def attach(self, broadcast: MessageQueue, resp: list[MessageQueue]) -> None:
         """The broadcast queue and every rank's response queue, once all are up."""
-        self.bq, self.resp = bq, resp
+        self.broadcast, self.resp = broadcast, resp
 
     # ------------------------------------------------------------------ sending
 
@@ -173,10 +173,10 @@ class CallTable:
                 self.pending[seq] = call
                 self.with_deadline += deadline is not None
                 self.outstanding += non_block
-            assert self.bq is not None
+            assert self.broadcast is not None
             try:
                 # (with no other call pending, the ring holds none unread: no need to look)
-                self.bq.enqueue(wire.call(seq, method, args, kwargs, reply_rank), timeout,
+                self.broadcast.enqueue(wire.call(seq, method, args, kwargs, reply_rank), timeout,
                                 while_full=self.drain if len(self.pending) > 1 else None)
             except BaseException as e:
                 self._forget(call)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from mpx._driver.monitors import NodeMonitor, ProcessMonitor
 from mpx._driver.stalls import StallDiagnosis
 from mpx._node.leader import Leader
 from mpx._node.local_workers import LocalWorkers, describe_exit
+from mpx._procinfo import free_tcp_port
 from mpx.config import Config
 from mpx.errors import ExecutorFailed, PeerDiedError, WorkerDiedError
 from mpx.queue import MessageQueue
@@ -37,9 +37,7 @@ STOP_MESSAGE_TIMEOUT_S = 0.5
 
 
 def _free_tcp_address(host: str = "127.0.0.1") -> str:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return f"tcp://{host}:{s.getsockname()[1]}"
+    return f"tcp://{host}:{free_tcp_port(host)}"
 
 
 def _run_callback(cb: Callable[[], None]) -> None:
@@ -58,7 +56,7 @@ class WorkerGroup:
         self.creator_pid = os.getpid()
         self.workers: LocalWorkers | None = None
         self.leader: Leader | None = None
-        self.bq: MessageQueue | None = None
+        self.broadcast: MessageQueue | None = None
         self.resp: list[MessageQueue] = []
         self.stalls = StallDiagnosis(config, lambda: self.pids, self.is_local)
         self.calls = CallTable(world_size, self.stalls, self._peer_gone)
@@ -81,7 +79,7 @@ class WorkerGroup:
         preflight.check(cfg, local)
         # remote readers: one relay per follower node, or every remote rank directly
         remote = cfg.nnodes - 1 if cfg.relays(local) else world - local
-        self.bq = MessageQueue(local + remote, local, local_reader_ranks=list(range(local)),
+        self.broadcast = MessageQueue(local + remote, local, local_reader_ranks=list(range(local)),
                                connect_ip=cfg.host, config=cfg)
         dist = _free_tcp_address(cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1")
         ctxs = [WorkerContext(rank=rank, local_rank=rank, world_size=world,
@@ -90,12 +88,12 @@ class WorkerGroup:
                 for rank in range(local)]
         deadline = time.monotonic() + cfg.startup_timeout_s
         dumps.reap_empty_dumps(dumps.dump_dir(cfg.dump_dir))
-        self.workers = LocalWorkers(cfg, ctxs, self.bq.export_handle(), cls_bytes, kw_bytes)
+        self.workers = LocalWorkers(cfg, ctxs, self.broadcast.export_handle(), cls_bytes, kw_bytes)
         if cfg.nnodes > 1:
             self.leader = Leader(cfg, world)
             self.leader.admit(wire.NodeSpec(node_rank=0, config=cfg, world_size=world,
                                             distributed_init_method=dist,
-                                            handle=self.bq.export_handle(),
+                                            handle=self.broadcast.export_handle(),
                                             worker_cls=cls_bytes, worker_kwargs=kw_bytes),
                               deadline)
         handles = self.workers.handshake(deadline)
@@ -103,8 +101,8 @@ class WorkerGroup:
             handles.update(self.leader.collect(deadline))
         self.resp = [MessageQueue.create_from_handle(handles[r], 0, config=cfg)
                      for r in range(world)]
-        self.bq.wait_until_ready(timeout=max(1.0, deadline - time.monotonic()))
-        self.calls.attach(self.bq, self.resp)
+        self.broadcast.wait_until_ready(timeout=max(1.0, deadline - time.monotonic()))
+        self.calls.attach(self.broadcast, self.resp)
         self.process_monitor = ProcessMonitor(self.workers.procs, self._died, self.fail)
         self.process_monitor.start()
         if self.leader is not None:
@@ -190,9 +188,9 @@ class WorkerGroup:
                 return
             self._workers_stopped = True
             try:
-                if self.bq is not None:
+                if self.broadcast is not None:
                     try:
-                        self.bq.enqueue(wire.stop(self.calls.next_seq),
+                        self.broadcast.enqueue(wire.stop(self.calls.next_seq),
                                         timeout=STOP_MESSAGE_TIMEOUT_S)
                     except Exception as e:
                         logger.debug("mpx: no stop message for the workers (%s)", e)
@@ -237,5 +235,5 @@ class WorkerGroup:
     def _close_queues(self) -> None:
         for q in self.resp:
             q.close()
-        if self.bq is not None:
-            self.bq.close()
+        if self.broadcast is not None:
+            self.broadcast.close()

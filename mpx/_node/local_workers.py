@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from mpx._procinfo import pid_state
 from mpx._worker.main import worker_main
 from mpx.config import Config
 from mpx.errors import WorkerStartupError
@@ -40,16 +41,10 @@ def describe_stall(pid: int | None) -> str:
     (SIGSTOP)', 'alive, running (state R)', 'gone'... (from /proc/<pid>/stat on Linux)."""
     if pid is None:
         return "in an unknown state"
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return "gone"
-        except PermissionError:
-            pass
+    state = pid_state(pid)
+    if state is None:
+        return "gone"
+    if state == "?":
         return "alive"
     if state == "T":
         return "alive but stopped (SIGSTOP or a job-control signal); SIGCONT resumes it"

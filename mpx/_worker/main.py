@@ -177,15 +177,15 @@ def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
     signal.signal(signal.SIGINT, _exit_on_signal)
     _set_threads(ctx)
 
-    bq = resp = None
+    broadcast = resp = None
     out: InlineOutput | AsyncOutput | None = None
     wd: Watchdog | None = None
     orphaned = threading.Event()
 
     def on_orphaned() -> None:
         orphaned.set()
-        if bq is not None:
-            bq.shutdown()
+        if broadcast is not None:
+            broadcast.shutdown()
         timer = threading.Timer(ORPHAN_GRACE_S, os._exit, (0,))
         timer.daemon = True
         timer.start()
@@ -194,7 +194,7 @@ def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
                      args=(death_conn, spec.parent_pid, on_orphaned),
                      name="mpx-parent-watch", daemon=True).start()
     try:
-        bq = MessageQueue.create_from_handle(spec.handle, spec.queue_rank, config=ctx.config)
+        broadcast = MessageQueue.create_from_handle(spec.handle, spec.queue_rank, config=ctx.config)
         try:
             worker_cls = cloudpickle.loads(spec.worker_cls)
             kwargs = cloudpickle.loads(spec.worker_kwargs) or {}
@@ -220,7 +220,7 @@ def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
         out = (AsyncOutput if ctx.config.async_output else InlineOutput)(replies, worker)
         ready_conn.send(Ready(resp.export_handle(), os.getpid()))
         ready_conn.close()
-        _serve(worker, ctx.rank, bq, out, wd)
+        _serve(worker, ctx.rank, broadcast, out, wd)
     except (Cancelled, PeerDiedError):
         pass  # the driver shut down or died
     finally:
@@ -234,8 +234,8 @@ def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
             wd.stop()
         if resp is not None:
             resp.close()
-        if bq is not None:
-            bq.close()
+        if broadcast is not None:
+            broadcast.close()
 
 
 def _call(worker: Any, method: Any, args: tuple, kwargs: dict | None) -> Any:
@@ -249,12 +249,12 @@ def _call(worker: Any, method: Any, args: tuple, kwargs: dict | None) -> Any:
     return fn(*args, **(kwargs or {}))
 
 
-def _serve(worker: Any, rank: int, bq: MessageQueue, out: InlineOutput | AsyncOutput,
+def _serve(worker: Any, rank: int, broadcast: MessageQueue, out: InlineOutput | AsyncOutput,
            wd: Watchdog) -> None:
     expected = 0  # seq of the next broadcast message: names a call whose args won't unpickle
     while True:
         try:
-            msg = bq.dequeue(indefinite=True)
+            msg = broadcast.dequeue(indefinite=True)
         except DeserializationError as e:
             out.put(expected, ERR, error_payload(e), True)
             expected += 1

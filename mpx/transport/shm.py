@@ -19,6 +19,7 @@ from typing import Any
 from mpx import _debug, shm
 from mpx import layout as L
 from mpx._impl import ring_module
+from mpx._procinfo import pid_alive
 from mpx.config import Config
 from mpx.errors import Cancelled, HandleError, PeerDiedError, QueueClosedError, QueueTimeout
 
@@ -65,7 +66,7 @@ class _PeerWatch:
         if self.fd == -2:
             return True
         if self.fd == -1:
-            return not shm.pid_alive(self.pid)
+            return not pid_alive(self.pid)
         return bool(select.select([self.fd], [], [], 0)[0])
 
     def close(self) -> None:

@@ -1,0 +1,49 @@
+"""Facts about other processes and this host's ports, asked the same way everywhere in mpx."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+
+
+def pid_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` from ``/proc/<pid>/stat`` ('R', 'S', 'T', 'Z'...),
+    '?' when it exists but /proc cannot say (another pid namespace, no /proc), or None when
+    there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # another user's process: it exists
+    return "?"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie nobody reaped yet has)."""
+    return pid_state(pid) not in (None, "Z", "X")
+
+
+def files_of_dead_pids(directory: str, pattern: re.Pattern[str]) -> list[str]:
+    """The paths in ``directory`` whose names match ``pattern`` with the pid of a process
+    that is gone as its first group (files a SIGKILLed owner could not remove), sorted."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(os.path.join(directory, name) for name in names
+                  if (m := pattern.match(name)) and not pid_alive(int(m.group(1))))
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nobody listens on right now (another process may still
+    take it before the caller binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,77 @@
+"""serde's framing in-process: kinds, the out-of-band prelude, alignment, and the typed
+errors on both sides. (Across real processes: test_queue.py, test_tensors.py.)"""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+from mpx import serde
+from mpx.errors import DeserializationError, SerializationError
+from mpx.layout import K_BYTES, K_PICKLE, K_PICKLE_OOB
+
+
+def _joined(parts) -> bytearray:
+    out = bytearray()
+    for p in parts:
+        out += memoryview(p).cast("B")
+    return out
+
+
+def roundtrip(obj):
+    kind, parts = serde.encode(obj)
+    return kind, serde.decode(kind, _joined(parts))
+
+
+def test_plain_bytes_travel_as_they_are():
+    kind, parts = serde.encode(b"abc")
+    assert kind == K_BYTES and parts == (b"abc",)
+    assert serde.decode(K_BYTES, b"abc") == b"abc"
+
+
+@pytest.mark.parametrize("obj", [None, 1, "x" * 1000, ("call", (1, 2), {"k": [1.5]}),
+                                 {"nested": {"ok": True}}, bytearray(b"xy")])
+def test_objects_without_buffers_are_one_pickle(obj):
+    kind, parts = serde.encode(obj)
+    assert kind == K_PICKLE and len(parts) == 1
+    assert serde.decode(kind, _joined(parts)) == obj
+
+
+def test_callables_fall_back_to_cloudpickle():
+    kind, back = roundtrip(lambda x: x * 3)
+    assert kind == K_PICKLE and back(2) == 6
+
+
+def test_out_of_band_buffers_are_framed_and_aligned():
+    arrays = [np.arange(n, dtype=np.float32) for n in (3, 1000, 17)]
+    kind, parts = serde.encode({"a": arrays, "tag": "t"})
+    assert kind == K_PICKLE_OOB
+    data = _joined(parts)
+    n, plen = struct.unpack_from("<QQ", data, 0)
+    lens = struct.unpack_from(f"<{n}Q", data, 16)
+    assert n == 3 and list(lens) == [a.nbytes for a in arrays]
+    off = 16 + 8 * n + plen
+    for a, ln in zip(arrays, lens):
+        off = -(-off // 64) * 64  # every buffer starts on a 64-byte boundary
+        assert bytes(data[off:off + ln]) == a.tobytes()
+        off += ln
+    assert off == len(data)
+    back = serde.decode(kind, data)
+    assert back["tag"] == "t"
+    for a, b in zip(arrays, back["a"]):
+        assert np.array_equal(a, b)
+
+
+def test_unpicklable_objects_raise_serialization_error_naming_the_type():
+    with pytest.raises(SerializationError, match="lock"):
+        serde.encode(threading.Lock())
+
+
+@pytest.mark.parametrize("kind, data", [(K_PICKLE, b"not a pickle"), (99, b""),
+                                        (K_PICKLE_OOB, b"\x01")])
+def test_bad_messages_raise_deserialization_error(kind, data):
+    with pytest.raises(DeserializationError, match="cannot unpickle"):
+        serde.decode(kind, data)
