@@ -15,6 +15,7 @@ import posix_ipc
 
 from mpx import _debug
 from mpx._procinfo import files_of_dead_pids
+from mpx._units import human_size
 from mpx.errors import ShmError
 
 PREFIX = "mpx-"
@@ -32,21 +33,28 @@ def free_bytes(shm_dir: str = "/dev/shm") -> int:
     return st.f_bavail * st.f_frsize
 
 
-def create(size: int, shm_dir: str = "/dev/shm") -> tuple[str, mmap.mmap]:
-    """Create a zero-filled segment of ``size`` bytes, mode 0600, and map it.
-
-    The pages are reserved up front (``posix_fallocate``), so a full /dev/shm is an
-    ``ShmError`` here and never a SIGBUS later.
-    """
+def require_free(size: int, shm_dir: str, what: str) -> None:
+    """ShmError unless ``shm_dir`` has ``size`` bytes free for ``what`` (e.g. 'a ring'),
+    naming the bytes needed and free and what to do about it."""
     try:
         free = free_bytes(shm_dir)
     except OSError as e:
         raise ShmError(f"cannot check the free space of {shm_dir}: {e}") from e
     if size > free:
         raise ShmError(
-            f"mpx needs {size} bytes of shared memory for a ring but {shm_dir} has only "
-            f"{free} bytes free; enlarge it (e.g. docker --shm-size), lower "
-            f"max_chunks/max_chunk_bytes, or use the zmq transport")
+            f"{what} needs {size} bytes ({human_size(size)}) of shared memory, but "
+            f"{shm_dir} has {free} bytes free ({human_size(free)}); enlarge it (e.g. docker "
+            "--shm-size), lower max_chunks / max_chunk_bytes (MPX_MAX_CHUNKS, "
+            "MPX_MAX_CHUNK_BYTES), or use transport 'auto' or 'zmq'")
+
+
+def create(size: int, shm_dir: str = "/dev/shm") -> tuple[str, mmap.mmap]:
+    """Create a zero-filled segment of ``size`` bytes, mode 0600, and map it.
+
+    The pages are reserved up front (``posix_fallocate``), so a full /dev/shm is an
+    ``ShmError`` here and never a SIGBUS later.
+    """
+    require_free(size, shm_dir, "a ring")
     name = new_name()
     try:
         seg = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)

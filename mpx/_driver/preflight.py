@@ -12,7 +12,7 @@ import warnings
 from mpx import dumps, layout, shm
 from mpx._units import human_size
 from mpx.config import Config
-from mpx.errors import ShmError, WorkerStartupError
+from mpx.errors import WorkerStartupError
 
 logger = logging.getLogger("mpx")
 
@@ -34,18 +34,8 @@ def check_shared_memory(cfg: Config, n_local: int) -> None:
     ring of a ``transport='shm'`` executor (``auto`` falls back to ZeroMQ instead)."""
     if cfg.transport != "shm":
         return
-    need = ring_bytes(cfg, n_local)
-    try:
-        free = shm.free_bytes(cfg.shm_dir)
-    except OSError as e:
-        raise ShmError(f"cannot check the free space of {cfg.shm_dir}: {e}") from e
-    if need > free:
-        raise ShmError(
-            f"an executor with {n_local} local worker(s) needs {n_local + 1} rings, "
-            f"{need} bytes ({human_size(need)}) of shared memory, but {cfg.shm_dir} has "
-            f"{free} bytes free ({human_size(free)}); "
-            "enlarge it (docker --shm-size), lower max_chunks / max_chunk_bytes "
-            "(MPX_MAX_CHUNKS, MPX_MAX_CHUNK_BYTES), or use transport 'auto' or 'zmq'")
+    shm.require_free(ring_bytes(cfg, n_local), cfg.shm_dir,
+                     f"an executor with {n_local} local worker(s), {n_local + 1} rings,")
 
 
 def check_dump_dir(cfg: Config) -> str:
