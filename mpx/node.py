@@ -25,9 +25,11 @@ import cloudpickle
 import zmq
 
 from mpx import _debug, watchdog, wire
+from mpx.auth import seal, unseal
 from mpx.config import Config
 from mpx.errors import (
     Cancelled,
+    MessageAbortedError,
     NodeLostError,
     PeerDiedError,
     QueueClosedError,
@@ -36,7 +38,6 @@ from mpx.errors import (
 )
 from mpx.launch import LocalWorkers, describe_exit, describe_stall
 from mpx.queue import MessageQueue
-from mpx.transport.zmq import MessageAborted, seal, unseal
 from mpx.wire import WorkerContext
 
 logger = logging.getLogger("mpx")
@@ -294,7 +295,7 @@ class _Relay:
                 kind, total, pieces = self.up.dequeue_stream(cancel=self._stop)
                 try:
                     self.down.enqueue_stream(kind, total, pieces)
-                except MessageAborted:
+                except MessageAbortedError:
                     pass  # the driver gave up on it part way; the workers never see it
         except (Cancelled, PeerDiedError, QueueClosedError):
             pass
