@@ -259,7 +259,7 @@ def test_failing_calls_leak_nothing(ex, record):
     assert not e.is_failed
     assert g.calls.pending == {}
     assert g.calls.next_reply == [g.calls.next_seq] * 2  # every reply read, none owed
-    assert g.bq._writer.free_slots() == e.config.max_chunks  # every slot consumed
+    assert g.bq._writer.ends[0].free_slots() == e.config.max_chunks  # every slot consumed
     assert not any(q.poll() for q in g.resp)
     for pid, (fds, threads) in sizes.items():
         now_fds, now_threads = _usage(pid)
