@@ -1,4 +1,4 @@
-"""Builds mpx/_ring.pyx.
+"""Builds mpx/_ring.pyx and mpx/_buffers.pyx.
 
 Without a C compiler or the Python headers the build warns and installs mpx without the
 extension: it then runs on the pure-Python ring (slower). Set MPX_REQUIRE_EXTENSION=1 to make
@@ -41,16 +41,22 @@ class OptionalBuildExt(build_ext):
             "headers (e.g. apt-get install gcc python3-dev) and reinstall.\n")
 
 
-ext = Extension(
-    "mpx._ring",
-    ["mpx/_ring.pyx"],
-    include_dirs=["mpx"],
-    extra_compile_args=["-O0", "-g"] if debug else ["-O3"],
-    # MPX_DEBUG: mpx._ring.DEBUG, which turns on mpx._debug's live-resource counters
-    define_macros=[("MPX_DEBUG", "1")] if debug else [("NDEBUG", "1")],
-)
+
+def _extension(name: str) -> Extension:
+    return Extension(
+        f"mpx.{name}",
+        [f"mpx/{name}.pyx"],
+        include_dirs=["mpx"],
+        extra_compile_args=["-O0", "-g"] if debug else ["-O3"],
+        # MPX_DEBUG: mpx._ring.DEBUG, which turns on mpx._debug's live-resource counters
+        define_macros=[("MPX_DEBUG", "1")] if debug else [("NDEBUG", "1")],
+    )
+
+
+# _ring cimports _buffers: both are built, or (without a compiler) neither is used.
+extensions = [_extension("_buffers"), _extension("_ring")]
 
 setup(
-    ext_modules=cythonize([ext], compiler_directives={"language_level": "3"}),
+    ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -69,7 +69,8 @@ from _report import (
 import mpx
 import mpx._impl
 from mpx import serde
-from mpx.transport.zmq import _HEADER, MAGIC, VERSION, digest, seal, split
+from mpx.auth import digest, seal
+from mpx.transport.zmq import _HEADER, MAGIC, VERSION, split
 
 try:
     import torch
@@ -398,7 +399,7 @@ def bench_tensor(tensor, reps, warm):
 
 
 def bench_breakdown(tensor, reps):
-    """In the driver: HMAC-SHA256 of 64 MiB under the key (as mpx.transport.zmq.digest);
+    """In the driver: HMAC-SHA256 of 64 MiB under the key (as mpx.auth.digest);
     seal() of every chunk of the call's message (what ZmqWriter.write does once per call),
     and the bytes of those frames; and the reassembly of 64 MiB from 1 MiB chunks into a
     fresh buffer (what each remote reader does after checking each chunk's HMAC)."""
@@ -415,12 +416,12 @@ def bench_breakdown(tensor, reps):
     def do_seal():
         frame_len[0] = sum(len(seal(key, _HEADER.pack(MAGIC, VERSION, kind, 0, 0, i, count,
                                                        total), chunk))
-                           for i, chunk in enumerate(split(parts, size)))
+                           for i, chunk in enumerate(split(parts, size, total)))
     seal_ts = copy_times(do_seal, reps)
-    ring = mpx._impl.ring_module()
+    buffers = mpx._impl.buffers_module()
 
     def reassemble():
-        out = ring.Assembler(kind, BIG)
+        out = buffers.Assembler(BIG, False)
         for i in range(0, BIG, size):
             out.add(payload[i:i + size])
         return out.result()

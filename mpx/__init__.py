@@ -10,7 +10,8 @@ The public API::
     mpx.ring_implementation()   "cython" or "python"
     mpx.watchdog          feed() and paused() for long calls inside a worker
     mpx.share(tensor)     a CPU tensor in shared memory, sent by reference (mpx/sharing.py)
-    errors: mpx.MpxError, Cancelled, QueueTimeout, PeerDiedError, ShmError, HandleError,
+    errors: mpx.MpxError, Cancelled, QueueTimeout, PeerDiedError, MessageAbortedError,
+            ShmError, HandleError,
             QueueClosedError, RoleError, SerializationError, DeserializationError,
             SharedTensorGoneError, RPCError, RPCTimeoutError, WorkerStalledError,
             ExecutorFailed, WorkerDiedError, NodeLostError, WorkerStartupError
@@ -38,6 +39,7 @@ from mpx.errors import (
     DeserializationError,
     ExecutorFailed,
     HandleError,
+    MessageAbortedError,
     MpxError,
     NodeLostError,
     NotOwnerError,
@@ -54,16 +56,17 @@ from mpx.errors import (
     WorkerStalledError,
     WorkerStartupError,
 )
-from mpx.queue import Handle, MessageQueue
+from mpx.queue import MessageQueue
 from mpx.sharing import share
+from mpx.transport.base import Handle
 from mpx.wire import WorkerContext
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Cancelled", "Config", "DeserializationError", "Executor", "ExecutorFailed", "Handle",
-    "HandleError", "MessageQueue", "MpxError", "NodeLostError", "NotOwnerError", "PeerDiedError",
-    "QueueClosedError",
+    "HandleError", "MessageAbortedError", "MessageQueue", "MpxError", "NodeLostError",
+    "NotOwnerError", "PeerDiedError", "QueueClosedError",
     "QueueTimeout", "RPCError", "RPCFuture", "RPCTimeoutError", "RoleError",
     "SerializationError", "SharedTensorGoneError", "ShmError", "WorkerContext", "WorkerDiedError",
     "WorkerStalledError", "WorkerStartupError", "ring_implementation", "share", "watchdog",

@@ -1,5 +1,6 @@
-# C-level declarations of the shared-memory ring (see mpx/layout.py for the layout).
+# C-level declarations of the shared-memory ring (layout: mpx/_ring_layout.pxi).
 from libc.stdint cimport uint32_t, uint64_t, int64_t
+from cpython.buffer cimport Py_buffer
 
 cdef extern from "_ring_sync.h" nogil:
     uint64_t mpx_load64(const uint64_t* p)
@@ -7,6 +8,7 @@ cdef extern from "_ring_sync.h" nogil:
     uint32_t mpx_load32(const uint32_t* p)
     void mpx_store32(uint32_t* p, uint32_t v)
     void mpx_bump32(uint32_t* p)
+    int mpx_claim32(uint32_t* p)
     void mpx_fence()
     void mpx_relax()
     int64_t mpx_now_ns()
@@ -16,14 +18,11 @@ cdef extern from "_ring_sync.h" nogil:
     int mpx_pidfd_open(int pid)
     int mpx_pidfd_exited(int fd)
     void mpx_close_fd(int fd)
-    void mpx_advise_huge(void* p, size_t n)
     void mpx_set_flag(int* p)
     int mpx_get_flag(int* p)
 
 
-from cpython.buffer cimport Py_buffer
-
-cdef class Ring:
+cdef class _RingEnd:
     cdef Py_buffer pybuf
     cdef bint has_buf
     cdef char* base
@@ -32,38 +31,51 @@ cdef class Ring:
     cdef uint64_t chunk_bytes
     cdef uint64_t stride
     cdef uint64_t n_readers
-    cdef readonly int index          # reader index, or -1 for the writer
     cdef uint64_t seq                # writer: next slot to publish; reader: next to read
-    cdef uint64_t min_read           # writer: last seen minimum of readers' read_seq
-    cdef bint partial                # writer: a message was abandoned half-written
-    cdef bint resting                # reader: its last wait ran out its slice (parks at once)
     cdef int interrupted
+    cdef bint resting                # its last wait ran out its slice: the next parks at once
     cdef int64_t spin_ns
     cdef int64_t yield_ns
     cdef int64_t poll_ns
     cdef int* pidfds                 # writer: one per reader; reader: [writer]
     cdef int n_pidfds
-    cdef readonly int gone_index     # after PEER_GONE on the writer: which reader
-    # reader: the message being assembled
+    cdef uint32_t* futex             # the word this end parks on
+    cdef uint32_t* parked            # set while it is parked, so the peer knows to wake it
+    cdef uint32_t* gate              # it parks only while this word is 0 (NULL: no gate)
+
+    cdef int _map(self, buf, int64_t spin_ns, int64_t yield_ns, int64_t poll_ns,
+                  bint writer) except -1
+    cdef inline uint64_t* _u64(self, size_t off) noexcept nogil
+    cdef inline uint32_t* _u32(self, size_t off) noexcept nogil
+    cdef inline char* _slot(self, uint64_t seq) noexcept nogil
+    cdef inline int _live(self) except -1
+    cdef bint _ready(self) noexcept nogil
+    cdef int _terminal(self) noexcept nogil
+    cdef int _wait(self, int64_t deadline, int64_t slice_ns) noexcept nogil
+    cdef int _await(self, int64_t deadline, int64_t slice_ns) except? -9
+    cdef void _close_fds(self) noexcept
+
+
+cdef class RingWriter(_RingEnd):
+    cdef uint64_t min_read           # the readers' lowest read_seq when last looked at
+    cdef bint partial                # a message was abandoned half-written
+    cdef readonly int gone_index     # after PEER_GONE: which reader
+
+    cdef bint _has_space(self, uint64_t need) noexcept nogil
+    cdef int _await_space(self, int64_t deadline) except? -9
+    cdef int _claim_slot(self, int64_t deadline) except? -9
+    cdef void _publish(self, uint32_t length, uint32_t flags, uint32_t kind,
+                       uint64_t total) noexcept nogil
+
+
+cdef class RingReader(_RingEnd):
+    cdef readonly int index
+    cdef uint64_t* write_seq
+    # the message being assembled
     cdef object dest
     cdef char* dest_ptr
     cdef uint64_t dest_off
     cdef uint32_t dest_kind
     cdef uint64_t dest_total
 
-    cdef uint64_t* _u64(self, size_t off) nogil
-    cdef uint32_t* _u32(self, size_t off) nogil
-    cdef char* _slot(self, uint64_t seq) nogil
-    cdef bint _has_space(self) nogil
-    cdef int _check_readers(self) nogil
-    cdef int _wait_space(self, int64_t deadline) nogil
-    cdef int _claim_slot(self, int64_t deadline_ns) except? -9
-    cdef int _wait_data(self, int64_t deadline, int64_t slice_end) nogil
-    cdef int _next_published(self, int64_t deadline_ns, int64_t slice_ns) except? -9
-    cdef int _reader_terminal(self) nogil
-    cdef void _publish(self, uint32_t length, uint32_t flags, uint32_t kind,
-                       uint64_t total) nogil
-    cdef void _ack(self) nogil
-    cdef void _begin(self, uint32_t kind, uint64_t total) except *
-    cdef void _close_fds(self)
-    cdef inline void _live(self) except *
+    cdef void _ack(self) noexcept nogil

@@ -1,5 +1,6 @@
 """Pure-Python twin of ``mpx/_ring.pyx``: the same layout (``mpx.layout``), API and
-behaviour, for machines without the compiled extension or with ``MPX_PURE_PYTHON=1``.
+behaviour (``RingWriter`` and ``RingReader`` over a shared ``_RingEnd``), for machines
+without the compiled extension or with ``MPX_PURE_PYTHON=1``.
 
 Python has no atomics, so this relies on what CPython and the hardware give: aligned
 8-byte stores through ``memoryview.cast('Q')`` are single stores, x86 keeps stores in
@@ -52,11 +53,16 @@ def _pidfd_exited(fd: int) -> bool:
     return bool(r)
 
 
-class Ring:
-    """See ``mpx._ring.Ring``."""
+class _RingEnd:
+    """See ``mpx._ring._RingEnd``."""
 
-    def __init__(self, buf, index: int, spin_ns: int = 0, yield_ns: int = 1000000,
-                 poll_ns: int = 100000000) -> None:
+    # set by the subclasses: the word this end parks on, the word that says it is parked,
+    # and the word that must be 0 for it to park (None: no gate)
+    _futex: int
+    _parked: int
+    _gate: int | None
+
+    def __init__(self, buf, spin_ns: int, yield_ns: int, poll_ns: int) -> None:
         mv = memoryview(buf)
         if mv.readonly:
             raise TypeError("ring buffer must be writable")
@@ -71,28 +77,15 @@ class Ring:
         self.n_readers = q[L.OFF_N_READERS // 8]
         self.stride = q[L.OFF_SLOT_STRIDE // 8]
         self._slots = L.slots_offset(self.n_readers)
+        self._released = False
+        self._pidfds: list[int] = []
         if self._mv.nbytes < self._slots + self.stride * self.n_chunks:
+            self.release()
             raise ValueError("ring buffer is smaller than its header's geometry")
-        if index < -1 or index >= self.n_readers:
-            raise ValueError(f"reader index {index} out of range for {self.n_readers} readers")
-        self.index = index
         self.spin_ns, self.yield_ns, self.poll_ns = spin_ns, yield_ns, poll_ns
         self._interrupted = False
-        self.partial = False
-        self._resting = False  # reader: its last wait ran out its slice (parks at once)
-        self.gone_index = -1
-        self._dest: bytearray | None = None
-        self._dest_kind = 0
-        self._dest_off = 0
-        self._released = False
-        if index < 0:
-            self.seq = q[L.OFF_WRITE_SEQ // 8]
-            self._min_read = 0
-            self._pidfds = [-1] * self.n_readers
-        else:
-            self._rb = L.reader_block(index)
-            self.seq = q[(self._rb + L.RB_READ_SEQ) // 8]
-            self._pidfds = [_pidfd_open(q[L.OFF_WRITER_PID // 8])]
+        self._resting = False
+        self.seq = 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -133,7 +126,7 @@ class Ring:
             raise ValueError("ring was released")
 
     def release(self) -> None:
-        """Drop the buffer export and pidfds; the Ring is unusable afterwards."""
+        """Drop the buffer export and pidfds; the ring end is unusable afterwards."""
         if self._released:
             return
         self._released = True
@@ -141,47 +134,136 @@ class Ring:
             if fd >= 0:
                 os.close(fd)
         self._pidfds = []
-        self._dest = None
         del self._addr_obj
         self._i.release()
         self._q.release()
         self._mv.release()
 
+    # ------------------------------------------------------------------ waiting
+
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
+    def _terminal(self) -> int | None:
+        raise NotImplementedError
+
+    def _wait(self, deadline: int, slice_ns: int) -> int:
+        """See ``mpx._ring._RingEnd._wait`` (Python runs signal handlers between bytecodes,
+        so there is no SIGNALLED here)."""
+        if self._ready():
+            return L.OK
+        t0 = now = time.monotonic_ns()
+        slice_end = t0 + slice_ns if slice_ns >= 0 else -1
+        if self._resting:
+            self._resting = False
+            t0 -= self.spin_ns + self.yield_ns
+        while now - t0 < self.spin_ns + self.yield_ns:
+            os.sched_yield()
+            if self._ready():
+                return L.OK
+            if self._interrupted:
+                return L.INTERRUPTED
+            now = time.monotonic_ns()
+            if 0 <= deadline <= now:
+                return L.TIMEOUT
+        while True:
+            st = self._terminal()
+            if st is not None:
+                return st
+            now = time.monotonic_ns()
+            if 0 <= deadline <= now:
+                return L.TIMEOUT
+            if 0 <= slice_end <= now:
+                self._resting = True
+                return L.SLICE
+            until = now + self.poll_ns
+            if 0 <= deadline < until:
+                until = deadline
+            if 0 <= slice_end < until:
+                until = slice_end
+            v = self._w32(self._futex)
+            self._set32(self._parked, 1)
+            L.fence()
+            if self._ready():
+                self._set32(self._parked, 0)
+                return L.OK
+            signalled = False
+            if (self._gate is None or self._w32(self._gate) == 0) and not self._interrupted:
+                signalled = self._futex_wait(self._futex, v, until - now)
+            self._set32(self._parked, 0)
+            if self._ready():
+                return L.OK
+            if signalled:
+                return L.SLICE
+
     # ------------------------------------------------------------------ state
 
     def interrupt(self) -> None:
+        """Wake this process's waiters on this end: they return INTERRUPTED (sticky)."""
         self._live()
         self._interrupted = True
-        off = L.OFF_SPACE_FUTEX if self.index < 0 else L.OFF_DATA_FUTEX
-        self._bump32(off)
-        self._futex_wake(off)
+        self._bump32(self._futex)
+        self._futex_wake(self._futex)
+
+    def state(self) -> int:
+        """The segment's state bits (S_SHUTDOWN, S_CLOSED)."""
+        self._live()
+        return self._w32(L.OFF_STATE)
+
+    def readers(self) -> list[tuple[int, bool, bool, int]]:
+        """``(pid, attached, closed, read_seq)`` of every reader block."""
+        self._live()
+        out = []
+        for i in range(self.n_readers):
+            blk = L.reader_block(i)
+            out.append((self._w64(blk + L.RB_PID), bool(self._w32(blk + L.RB_ATTACHED)),
+                        bool(self._w32(blk + L.RB_CLOSED)), self._w64(blk + L.RB_READ_SEQ)))
+        return out
+
+    def all_attached(self) -> bool:
+        """Whether every reader has attached."""
+        self._live()
+        return all(self._w32(L.reader_block(i) + L.RB_ATTACHED) for i in range(self.n_readers))
+
+    @property
+    def seq_number(self) -> int:
+        """Writer: slots published; reader: slots consumed."""
+        return self.seq
+
+    def published(self) -> int:
+        """Slots the writer has published so far."""
+        self._live()
+        return self._w64(L.OFF_WRITE_SEQ)
+
+    def payload_offset(self) -> int:
+        """See ``mpx._ring._RingEnd.payload_offset``."""
+        self._live()
+        return self._slot(self.seq) + L.SLOT_HEADER
+
+
+class RingWriter(_RingEnd):
+    """See ``mpx._ring.RingWriter``."""
+
+    def __init__(self, buf, spin_ns: int = 0, yield_ns: int = 1000000,
+                 poll_ns: int = 100000000) -> None:
+        super().__init__(buf, spin_ns, yield_ns, poll_ns)
+        self.seq = self._q[L.OFF_WRITE_SEQ // 8]
+        self._min_read = 0
+        self.partial = False
+        self.gone_index = -1
+        self._pidfds = [-1] * self.n_readers
+        self._futex, self._parked, self._gate = L.OFF_SPACE_FUTEX, L.OFF_WRITER_PARKED, None
 
     def set_state(self, bits: int) -> None:
+        """Set S_SHUTDOWN/S_CLOSED bits in the segment and wake every parked reader."""
         self._live()
         self._set32(L.OFF_STATE, self._w32(L.OFF_STATE) | bits)
         L.fence()
         self._bump32(L.OFF_DATA_FUTEX)
         self._futex_wake(L.OFF_DATA_FUTEX)
 
-    def mark_reader_closed(self) -> None:
-        self._live()
-        self._set32(self._rb + L.RB_CLOSED, 1)
-        L.fence()
-        self._bump32(L.OFF_SPACE_FUTEX)
-        self._futex_wake(L.OFF_SPACE_FUTEX)
-
-    @property
-    def seq_number(self) -> int:
-        return self.seq
-
-    def published(self) -> int:
-        self._live()
-        return self._w64(L.OFF_WRITE_SEQ)
-
-    # ------------------------------------------------------------------ writer
-
-    def _has_space(self) -> bool:
-        if self.seq - self._min_read < self.n_chunks:
+    def _has_space(self, need: int) -> bool:
+        if self.seq - self._min_read + need <= self.n_chunks:
             return True
         q = self._q
         m = self.seq
@@ -190,9 +272,14 @@ class Ring:
             if r < m:
                 m = r
         self._min_read = m
-        return self.seq - m < self.n_chunks
+        return self.seq - m + need <= self.n_chunks
 
-    def _check_readers(self) -> int | None:
+    def _ready(self) -> bool:
+        return self._has_space(1)
+
+    def _terminal(self) -> int | None:
+        if self._interrupted:
+            return L.INTERRUPTED
         for i in range(self.n_readers):
             blk = L.reader_block(i)
             if self.seq - self._w64(blk + L.RB_READ_SEQ) < self.n_chunks:
@@ -210,42 +297,21 @@ class Ring:
         return None
 
     def _wait_space(self, deadline: int) -> int:
-        if self._has_space():
-            return L.OK
-        t0 = now = time.monotonic_ns()
-        while now - t0 < self.spin_ns + self.yield_ns:
-            os.sched_yield()
-            if self._has_space():
-                return L.OK
-            if self._interrupted:
-                return L.INTERRUPTED
-            now = time.monotonic_ns()
-        while True:
-            if self._interrupted:
-                return L.INTERRUPTED
-            st = self._check_readers()
-            if st is not None:
-                return st
-            now = time.monotonic_ns()
-            if 0 <= deadline <= now:
-                return L.TIMEOUT
-            until = now + self.poll_ns
-            if 0 <= deadline < until:
-                until = deadline
-            v = self._w32(L.OFF_SPACE_FUTEX)
-            self._set32(L.OFF_WRITER_PARKED, 1)
-            L.fence()
-            if self._has_space():
-                self._set32(L.OFF_WRITER_PARKED, 0)
-                return L.OK
-            signalled = False
-            if not self._interrupted:
-                signalled = self._futex_wait(L.OFF_SPACE_FUTEX, v, until - now)
-            self._set32(L.OFF_WRITER_PARKED, 0)
-            if self._has_space():
-                return L.OK
-            if signalled:
-                return L.SLICE
+        st = L.SLICE
+        while st == L.SLICE:
+            st = self._wait(deadline, -1)
+        return st
+
+    def free_slots(self) -> int:
+        """Slots the writer can fill now without waiting for any reader."""
+        self._live()
+        self._has_space(self.n_chunks + 1)  # never true: refreshes _min_read
+        return self.n_chunks - (self.seq - self._min_read)
+
+    def has_room(self, need: int) -> bool:
+        """Whether ``need`` slots are free now."""
+        self._live()
+        return self._has_space(need)
 
     def _publish(self, length: int, flags: int, kind: int, total: int) -> None:
         s = self._slot(self.seq)
@@ -263,10 +329,20 @@ class Ring:
                 self._futex_wake(L.OFF_DATA_FUTEX)
                 break
 
+    def _claim_slot(self, deadline_ns: int) -> int:
+        """Wait for the next free slot, first aborting a message that a failed write left
+        half-written."""
+        if self.partial:
+            st = self._wait_space(deadline_ns)
+            if st != L.OK:
+                return st
+            self._publish(0, L.F_ABORT, 0, 0)
+            self.partial = False
+        return self._wait_space(deadline_ns)
+
     def write(self, kind: int, parts, deadline_ns: int = -1, total: int = -1) -> int:
+        """See ``mpx._ring.RingWriter.write``."""
         self._live()
-        if self.index >= 0:
-            raise ValueError("write() on a reader ring")
         length = sum(memoryview(p).nbytes for p in parts) if total < 0 else total
         st = self._claim_slot(deadline_ns)
         if st != L.OK:
@@ -303,68 +379,60 @@ class Ring:
         self.partial = False
         return L.OK
 
-    # ------------------------------------------------------------------ raw slots
-
-    def payload_offset(self) -> int:
-        self._live()
-        return self._slot(self.seq) + L.SLOT_HEADER
-
     def begin_slot(self, deadline_ns: int = -1) -> int:
+        """See ``mpx._ring.RingWriter.begin_slot``."""
         self._live()
-        if self.index >= 0:
-            raise ValueError("begin_slot() on a reader ring")
         return self._claim_slot(deadline_ns)
 
-    def _claim_slot(self, deadline_ns: int) -> int:
-        """Wait for the next free slot, first aborting a message that a failed write left
-        half-written."""
-        if self.partial:
-            st = self._wait_space(deadline_ns)
-            if st != L.OK:
-                return st
-            self._publish(0, L.F_ABORT, 0, 0)
-            self.partial = False
-        return self._wait_space(deadline_ns)
-
     def commit_slot(self, length: int, kind: int) -> None:
+        """See ``mpx._ring.RingWriter.commit_slot``."""
         self._live()
         if length > self.chunk_bytes:
             raise ValueError(f"slot length {length} exceeds the slot size {self.chunk_bytes}")
         self._publish(length, L.F_BEGIN | L.F_END, kind, length)
 
-    def next_slot(self, deadline_ns: int = -1, slice_ns: int = -1):
+
+class RingReader(_RingEnd):
+    """See ``mpx._ring.RingReader``."""
+
+    def __init__(self, buf, index: int, spin_ns: int = 0, yield_ns: int = 1000000,
+                 poll_ns: int = 100000000) -> None:
+        super().__init__(buf, spin_ns, yield_ns, poll_ns)
+        self._dest: bytearray | None = None
+        self._dest_kind = 0
+        self._dest_off = 0
+        if not 0 <= index < self.n_readers:
+            self.release()
+            raise ValueError(f"reader index {index} out of range for {self.n_readers} readers")
+        blk = self._rb = L.reader_block(index)
+        if self._w32(blk + L.RB_ATTACHED):  # no compare-and-swap in Python: check, then set
+            self.release()
+            raise ValueError(f"reader {index} is already attached to this ring")
+        self._set32(blk + L.RB_ATTACHED, 1)
+        self._q[(blk + L.RB_PID) >> 3] = os.getpid()
+        L.fence()
+        self.index = index
+        self.seq = self._w64(blk + L.RB_READ_SEQ)
+        self._pidfds = [_pidfd_open(self._w64(L.OFF_WRITER_PID))]
+        self._futex, self._parked, self._gate = L.OFF_DATA_FUTEX, blk + L.RB_PARKED, L.OFF_STATE
+
+    def release(self) -> None:
+        """Drop the buffer export and pidfds; the ring end is unusable afterwards."""
+        self._dest = None
+        super().release()
+
+    def mark_closed(self) -> None:
+        """Tell the writer this reader is gone, waking it if it waits for space."""
         self._live()
-        if self.index < 0:
-            raise ValueError("next_slot() on the writer ring")
-        if self._dest is not None:
-            raise ValueError("next_slot() in the middle of a multi-slot message")
-        q = self._q
-        while True:
-            if q[L.OFF_WRITE_SEQ >> 3] <= self.seq:
-                st = self._wait_data(deadline_ns, slice_ns)
-                if st != L.OK:
-                    return (st, 0, 0)
-            s = self._slot(self.seq)
-            flags = self._i[(s + L.SH_FLAGS) >> 2]
-            if flags & L.F_ABORT:
-                self._ack()
-                continue
-            if flags & (L.F_BEGIN | L.F_END) != (L.F_BEGIN | L.F_END):
-                raise ValueError(f"the next message spans several slots "
-                                 f"({q[(s + L.SH_TOTAL) >> 3]} bytes); read it with read()")
-            return (L.OK, q[(s + L.SH_LENGTH) >> 3], self._i[(s + L.SH_KIND) >> 2])
+        self._set32(self._rb + L.RB_CLOSED, 1)
+        L.fence()
+        self._bump32(L.OFF_SPACE_FUTEX)
+        self._futex_wake(L.OFF_SPACE_FUTEX)
 
-    def release_slot(self) -> None:
-        self._live()
-        if self.index < 0:
-            raise ValueError("release_slot() on the writer ring")
-        if self._q[L.OFF_WRITE_SEQ >> 3] <= self.seq:
-            raise ValueError("release_slot() without a slot")
-        self._ack()
+    def _ready(self) -> bool:
+        return self._q[L.OFF_WRITE_SEQ >> 3] > self.seq
 
-    # ------------------------------------------------------------------ reader
-
-    def _reader_terminal(self) -> int | None:
+    def _terminal(self) -> int | None:
         if self._interrupted:
             return L.INTERRUPTED
         state = self._w32(L.OFF_STATE)
@@ -376,54 +444,6 @@ class Ring:
             return L.SHUTDOWN
         return L.PEER_GONE
 
-    def _wait_data(self, deadline: int, slice_ns: int) -> int:
-        wseq = L.OFF_WRITE_SEQ >> 3
-        q = self._q
-        t0 = now = time.monotonic_ns()
-        slice_end = t0 + slice_ns if slice_ns >= 0 else -1
-        if self._resting:  # the last wait ran out its slice: park again at once
-            self._resting = False
-            t0 -= self.spin_ns + self.yield_ns
-        while now - t0 < self.spin_ns + self.yield_ns:
-            if q[wseq] > self.seq:
-                return L.OK
-            if self._interrupted:
-                return L.INTERRUPTED
-            os.sched_yield()
-            now = time.monotonic_ns()
-            if 0 <= deadline <= now:
-                return L.TIMEOUT
-        parked = self._rb + L.RB_PARKED
-        while True:
-            st = self._reader_terminal()
-            if st is not None:
-                return st
-            now = time.monotonic_ns()
-            if 0 <= deadline <= now:
-                return L.TIMEOUT
-            if 0 <= slice_end <= now:
-                self._resting = True
-                return L.SLICE
-            until = now + self.poll_ns
-            if 0 <= deadline < until:
-                until = deadline
-            if 0 <= slice_end < until:
-                until = slice_end
-            v = self._w32(L.OFF_DATA_FUTEX)
-            self._set32(parked, 1)
-            L.fence()
-            if q[wseq] > self.seq:
-                self._set32(parked, 0)
-                return L.OK
-            signalled = False
-            if self._w32(L.OFF_STATE) == 0 and not self._interrupted:
-                signalled = self._futex_wait(L.OFF_DATA_FUTEX, v, until - now)
-            self._set32(parked, 0)
-            if q[wseq] > self.seq:
-                return L.OK
-            if signalled:
-                return L.SLICE
-
     def _ack(self) -> None:
         self.seq += 1
         self._q[(self._rb + L.RB_READ_SEQ) >> 3] = self.seq
@@ -432,30 +452,56 @@ class Ring:
             self._bump32(L.OFF_SPACE_FUTEX)
             self._futex_wake(L.OFF_SPACE_FUTEX)
 
-    def read(self, deadline_ns: int = -1, slice_ns: int = -1):
+    def next_slot(self, deadline_ns: int = -1, slice_ns: int = -1) -> tuple[int, int, int]:
+        """See ``mpx._ring.RingReader.next_slot``."""
         self._live()
-        if self.index < 0:
-            raise ValueError("read() on the writer ring")
+        if self._dest is not None:
+            raise ValueError("next_slot() in the middle of a multi-slot message")
+        q = self._q
+        while True:
+            st = self._wait(deadline_ns, slice_ns)
+            if st != L.OK:
+                return (st, 0, 0)
+            s = self._slot(self.seq)
+            flags = self._i[(s + L.SH_FLAGS) >> 2]
+            if flags & L.F_ABORT:
+                self._ack()
+                continue
+            if flags & (L.F_BEGIN | L.F_END) != (L.F_BEGIN | L.F_END):
+                raise ValueError(f"the next message spans several slots "
+                                 f"({q[(s + L.SH_TOTAL) >> 3]} bytes); read it with read()")
+            return (L.OK, q[(s + L.SH_LENGTH) >> 3], self._i[(s + L.SH_KIND) >> 2])
+
+    def release_slot(self) -> None:
+        """See ``mpx._ring.RingReader.release_slot``."""
+        self._live()
+        if self._q[L.OFF_WRITE_SEQ >> 3] <= self.seq:
+            raise ValueError("release_slot() without a slot")
+        self._ack()
+
+    def read(self, deadline_ns: int = -1, slice_ns: int = -1):
+        """See ``mpx._ring.RingReader.read``."""
+        self._live()
         q, i32, mv = self._q, self._i, self._mv
         while True:
-            if q[L.OFF_WRITE_SEQ >> 3] <= self.seq:
-                st = self._wait_data(deadline_ns, slice_ns)
-                if st != L.OK:
-                    if st in (L.SHUTDOWN, L.PEER_GONE):
-                        self._dest = None
-                    return (st, 0, None)
+            st = self._wait(deadline_ns, slice_ns)
+            if st != L.OK:
+                if st in (L.SHUTDOWN, L.PEER_GONE):
+                    self._dest = None
+                return (st, 0, None)
             s = self._slot(self.seq)
             length = q[(s + L.SH_LENGTH) >> 3]
             flags = i32[(s + L.SH_FLAGS) >> 2]
             kind = i32[(s + L.SH_KIND) >> 2]
             total = q[(s + L.SH_TOTAL) >> 3]
+            as_bytes = kind & L.KIND_AS_BYTES
             if flags & L.F_ABORT:
                 self._dest = None
                 self._ack()
                 continue
             p = s + L.SLOT_HEADER
             if flags & L.F_BEGIN:
-                if flags & L.F_END and kind != L.K_PICKLE_OOB:
+                if flags & L.F_END and as_bytes:
                     if length != total or length > self.chunk_bytes:
                         raise RuntimeError("mpx ring corrupted: slot length exceeds the message")
                     data = bytes(mv[p:p + length])
@@ -476,35 +522,5 @@ class Ring:
                 self._dest = None
                 self._resting = False
                 kind = self._dest_kind
-                out = dest if kind == L.K_PICKLE_OOB else bytes(dest)
+                out = bytes(dest) if kind & L.KIND_AS_BYTES else dest
                 return (L.OK, kind, out)
-
-
-class Assembler:
-    """Builds one message of ``total`` bytes from consecutive pieces (the ZeroMQ reader's
-    chunks) in memory the caller will own: bytes for K_PICKLE/K_BYTES, a bytearray
-    otherwise."""
-
-    def __init__(self, kind: int, total: int) -> None:
-        self._kind = kind
-        self._dest = bytearray(total)
-        self._off = 0
-
-    def add(self, piece) -> None:
-        """Append ``piece``; ValueError if it would overrun the message."""
-        n = memoryview(piece).nbytes
-        if n > len(self._dest) - self._off:
-            raise ValueError(f"a piece of {n} bytes overruns the message "
-                             f"({self._off} of {len(self._dest)} bytes filled)")
-        self._dest[self._off:self._off + n] = piece
-        self._off += n
-
-    @property
-    def complete(self) -> bool:
-        return self._off == len(self._dest)
-
-    def result(self):
-        """The message; ValueError unless every byte was added."""
-        if not self.complete:
-            raise ValueError(f"message incomplete: {self._off} of {len(self._dest)} bytes")
-        return self._dest if self._kind == L.K_PICKLE_OOB else bytes(self._dest)

@@ -25,6 +25,11 @@ static inline void mpx_store64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v,
 static inline uint32_t mpx_load32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void mpx_store32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 static inline void mpx_bump32(uint32_t *p) { __atomic_add_fetch(p, 1, __ATOMIC_SEQ_CST); }
+/* Set *p from 0 to 1; 1 if this call did, 0 if it was not 0. */
+static inline int mpx_claim32(uint32_t *p) {
+    uint32_t zero = 0;
+    return __atomic_compare_exchange_n(p, &zero, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
 static inline void mpx_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 static inline void mpx_relax(void) {

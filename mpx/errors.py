@@ -51,6 +51,11 @@ class PeerDiedError(MpxError, RuntimeError):
         self.pid = pid
 
 
+class MessageAbortedError(MpxError, RuntimeError):
+    """The writer gave up on a message part way while it was being streamed to this reader
+    (``MessageQueue.dequeue_stream``); the next message follows."""
+
+
 class ShmError(MpxError, OSError):
     """A shared-memory segment could not be created or attached."""
 

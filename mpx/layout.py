@@ -1,5 +1,8 @@
 """The memory layout of a ring segment, shared by the Cython ring and its pure-Python twin.
 
+The Cython ring takes its numbers from ``mpx/_ring_layout.pxi``; this module carries the
+same names and values for Python (a test checks that they agree).
+
 A segment is a header, one 64-byte block per reader, then ``max_chunks`` slots. Every
 word that more than one process writes sits on its own 64-byte cache line. All integers
 are little-endian; u64 words are 8-byte aligned, u32 words 4-byte aligned.
@@ -19,6 +22,9 @@ Header (offsets in bytes)::
 
 Slot ``seq`` lives at ``slots_offset + (seq % max_chunks) * slot_stride``: a 64-byte slot
 header (+0 length u64, +8 flags u32, +12 kind u32, +16 total u64) and the payload at +64.
+
+A message's kind is the caller's, opaque to the ring, but for one bit: ``KIND_AS_BYTES``
+has the reader deliver the message as ``bytes`` (else as a writable ``bytearray``).
 """
 
 from __future__ import annotations
@@ -27,18 +33,15 @@ import struct
 import threading
 
 MAGIC = int.from_bytes(b"MPXRING\x00", "little")
-VERSION = 1
+VERSION = 2  # 2: kinds are opaque but for KIND_AS_BYTES
 
 CACHE_LINE = 64
 
-OFF_MAGIC = 0
-OFF_VERSION = 8
-OFF_HEADER_SIZE = 12
+# The fixed fields up to writer_pid are packed by init_header (_HEAD); the ring reads these:
 OFF_CHUNK_BYTES = 16
 OFF_N_CHUNKS = 24
 OFF_N_READERS = 32
 OFF_SLOT_STRIDE = 40
-OFF_TOKEN = 48
 OFF_WRITER_PID = 56
 OFF_WRITE_SEQ = 64
 OFF_DATA_FUTEX = 128
@@ -46,6 +49,7 @@ OFF_STATE = 132
 OFF_SPACE_FUTEX = 192
 OFF_WRITER_PARKED = 196
 OFF_READERS = 256
+SLOTS_ALIGN = 4096  # the slots start at the first multiple of this after the reader blocks
 
 READER_BLOCK = 64
 RB_READ_SEQ = 0
@@ -69,22 +73,17 @@ F_ABORT = 4  # the writer gave up on a half-written message: readers drop it
 S_SHUTDOWN = 1
 S_CLOSED = 2
 
-# message kinds (what the reader allocates for the message)
-K_PICKLE = 1      # the message is one in-band pickle: delivered as bytes
-K_PICKLE_OOB = 2  # prelude + pickle + out-of-band buffers: delivered as a bytearray
-K_BYTES = 3       # a raw bytes object
+# the bit of a message's kind that has it delivered as bytes (else a bytearray); kinds
+# travel in 16 bits over ZeroMQ
+KIND_AS_BYTES = 0x8000
 
-# wait results returned by Ring.read / Ring.write
+# wait results returned by the rings' reads and writes
 OK = 0
 TIMEOUT = 1
 INTERRUPTED = 2
 PEER_GONE = 3      # writer: reader `gone_index` died or closed; reader: the writer did
 SHUTDOWN = 4       # the writer called shutdown() and nothing unread remains
 SLICE = 5          # a reader waited `slice_ns` without data; call again to resume
-
-# Large destinations get transparent-huge-page advice: 4 KiB page faults would otherwise
-# cap a copy into fresh memory at ~3 GB/s.
-HUGE_ADVICE_MIN = 4 << 20
 
 _HEAD = struct.Struct("<QIIQQQQQQ")
 
@@ -98,7 +97,7 @@ def header_size(n_readers: int) -> int:
 
 
 def slots_offset(n_readers: int) -> int:
-    return _round_up(header_size(n_readers), 4096)
+    return _round_up(header_size(n_readers), SLOTS_ALIGN)
 
 
 def slot_stride(max_chunk_bytes: int) -> int:
@@ -127,22 +126,6 @@ def read_header(buf) -> dict:
 
 def reader_block(index: int) -> int:
     return OFF_READERS + READER_BLOCK * index
-
-
-def u32(buf, off: int) -> int:
-    return int.from_bytes(buf[off:off + 4], "little")
-
-
-def u64(buf, off: int) -> int:
-    return int.from_bytes(buf[off:off + 8], "little")
-
-
-def put_u32(buf, off: int, value: int) -> None:
-    buf[off:off + 4] = value.to_bytes(4, "little")
-
-
-def put_u64(buf, off: int, value: int) -> None:
-    buf[off:off + 8] = value.to_bytes(8, "little")
 
 
 _fence_lock = threading.Lock()

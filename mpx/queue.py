@@ -31,46 +31,14 @@ from typing import Any
 
 from mpx import _debug, serde
 from mpx import layout as L
+from mpx._impl import ring_implementation
 from mpx.config import Config
 from mpx.errors import HandleError, QueueClosedError, QueueTimeout, RoleError, ShmError
+from mpx.transport.base import Handle, Reader, Writer
 from mpx.transport.shm import ShmReader, ShmWriter
 from mpx.transport.zmq import ZmqReader, ZmqWriter
 
 logger = logging.getLogger("mpx")
-
-
-@dataclasses.dataclass(frozen=True)
-class Handle:
-    """What a reader process needs to attach to a queue: small and picklable."""
-
-    layout_version: int
-    n_reader: int
-    n_local_reader: int
-    local_reader_ranks: tuple[int, ...]
-    transport: dict[str, Any] | None      # the shared-memory ring, if any reader uses it
-    connect_ip: str | None = None
-    remote: dict[str, Any] | None = None  # the ZeroMQ endpoint, if any reader uses it
-    max_chunk_bytes: int = 0
-    max_chunks: int = 0
-
-    # vLLM's Handle fields, for code that reads them
-    @property
-    def buffer_handle(self) -> tuple[int, int, int, str] | None:
-        """vLLM's ``(n_local_reader, max_chunk_bytes, max_chunks, shm name)`` of the ring."""
-        if self.transport is None:
-            return None
-        return (len(self.transport["shm_ranks"]), self.max_chunk_bytes, self.max_chunks,
-                self.transport["shm_name"])
-
-    @property
-    def remote_subscribe_addr(self) -> str | None:
-        """vLLM's TCP address of the writer (``tcp://host:port``), if readers are remote."""
-        return self.remote["endpoint"] if self.remote is not None else None
-
-    @property
-    def remote_addr_ipv6(self) -> bool:
-        addr = self.remote_subscribe_addr
-        return addr is not None and addr.startswith("tcp://[")
 
 
 def _zmq_usable(config: Config) -> bool:
@@ -98,52 +66,65 @@ _PARALLEL_MIN_BYTES = 4 << 20
 
 
 class _Broadcast:
-    """The writer side: one transport per group of readers, one ``write`` reaching all."""
+    """The writer side: one transport end per group of readers, one ``write`` reaching all."""
 
-    def __init__(self, shm_end: ShmWriter | None, zmq_end: ZmqWriter | None) -> None:
-        self.shm = shm_end
-        self.zmq = zmq_end
-        self.ends: list[Any] = [e for e in (shm_end, zmq_end) if e is not None]
-        self.implementation = "+".join(e.implementation for e in self.ends) or "none"
+    def __init__(self, ends: list[Writer]) -> None:
+        # an end that lends its slots in place (shared memory) first: see slot()
+        self.ends = sorted(ends, key=lambda e: not e.shares_memory)
+        self.shares_memory = all(e.shares_memory for e in ends)
 
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         for e in self.ends:
             e.wait_ready(deadline_ns, cancel)
 
-    def free_slots(self) -> int:
-        return self.shm.free_slots() if self.shm is not None else 1 << 30
+    def has_room(self, parts: tuple) -> bool:
+        return all(e.has_room(parts) for e in self.ends)
 
-    def has_room(self, need: int) -> bool:
-        return self.shm.has_room(need) if self.shm is not None else True
-
-    def slots_needed(self, parts: tuple) -> int:
-        return self.shm.slots_needed(parts) if self.shm is not None else 1
-
-    def write(self, kind: int, parts: tuple, deadline_ns: int) -> None:
-        if self.shm is None or self.zmq is None or \
-                sum(memoryview(p).nbytes for p in parts) < _PARALLEL_MIN_BYTES:
-            for e in self.ends:
-                e.write(kind, parts, deadline_ns)
+    def write(self, kind: int, parts: Any, deadline_ns: int, total: int = -1) -> None:
+        """Write to every end. ``parts`` may be an iterable taken as it streams (given
+        ``total``) when there is one end; for several it is gathered first."""
+        if len(self.ends) == 1:
+            self.ends[0].write(kind, parts, deadline_ns, total)
             return
-        # A large message to both: the network send starts at once, beside the ring write
-        # (both release the GIL while they copy, sign and wait).
+        parts = tuple(parts)
+        if total < 0:
+            total = sum(memoryview(p).nbytes for p in parts)
+        if total < _PARALLEL_MIN_BYTES:
+            for e in self.ends:
+                e.write(kind, parts, deadline_ns, total)
+            return
+        # A large message to several ends: each but the first gets a thread, so the
+        # network sends start at once, beside the ring write (both release the GIL while
+        # they copy, sign and wait).
         failed: list[BaseException] = []
 
-        def send_remote() -> None:
+        def send(end: Writer) -> None:
             try:
-                self.zmq.write(kind, parts, deadline_ns)  # type: ignore[union-attr]
+                end.write(kind, parts, deadline_ns, total)
             except BaseException as e:
                 failed.append(e)
 
-        remote = threading.Thread(target=_debug.counted_thread(send_remote),
-                                  name="mpx-zmq-send", daemon=True)
-        remote.start()
+        threads = [threading.Thread(target=_debug.counted_thread(send), args=(e,),
+                                    name="mpx-send", daemon=True) for e in self.ends[1:]]
+        for t in threads:
+            t.start()
         try:
-            self.shm.write(kind, parts, deadline_ns)
+            self.ends[0].write(kind, parts, deadline_ns, total)
         finally:
-            remote.join()
+            for t in threads:
+                t.join()
         if failed:
             raise failed[0]
+
+    @contextlib.contextmanager
+    def slot(self, deadline_ns: int, kind: int):
+        """The first end's slot to fill in place; the other ends get a copy of it."""
+        first, *rest = self.ends
+        with first.slot(deadline_ns, kind) as view:
+            yield view
+            copy = bytes(view) if rest else b""
+        for e in rest:
+            e.write(kind, (copy,), deadline_ns)
 
     def shutdown(self) -> None:
         for e in self.ends:
@@ -214,10 +195,12 @@ class MessageQueue:
         self.rank: int | None = None
         self.local_reader_rank = -1
         self.shutting_down = False
-        self._reader: ShmReader | ZmqReader | None = None
+        self._reader: Reader | None = None
+        self._implementation = ring_implementation()
         self._closed = False
         shm_ranks, zmq_ranks, zmq_need = self._split(ranks)
-        shm_end = zmq_end = None
+        shm_end: ShmWriter | None = None
+        zmq_end: ZmqWriter | None = None
         try:
             if shm_ranks:
                 try:
@@ -239,8 +222,8 @@ class MessageQueue:
             if shm_end is not None:
                 shm_end.close()
             raise
-        self._writer: _Broadcast | None = _Broadcast(shm_end, zmq_end)
-        self._end: _Broadcast | ShmReader | ZmqReader = self._writer
+        self._writer: _Broadcast | None = _Broadcast([e for e in (shm_end, zmq_end) if e])
+        self._end: _Broadcast | Reader = self._writer
         self._handle = Handle(L.VERSION, n_reader, n_local_reader, tuple(ranks),
                               shm_end.handle_info() if shm_end else None, connect_ip,
                               zmq_end.handle_info() if zmq_end else None,
@@ -291,12 +274,12 @@ class MessageQueue:
         self._writer = None
         self._handle = handle
         self._closed = False
-        shm_info = handle.transport
-        if shm_info is not None and rank in shm_info["shm_ranks"]:
-            self._reader = ShmReader(shm_info, shm_info["shm_ranks"].index(rank), rank,
+        self._implementation = ring_implementation()
+        if handle.shm is not None and rank in handle.shm["shm_ranks"]:
+            self._reader = ShmReader(handle.shm, handle.shm["shm_ranks"].index(rank), rank,
                                      self.config)
-        elif handle.remote is not None and rank in handle.remote["zmq_ranks"]:
-            self._reader = ZmqReader(handle.remote, rank, self.config)
+        elif handle.zmq is not None and rank in handle.zmq["zmq_ranks"]:
+            self._reader = ZmqReader(handle.zmq, rank, self.config)
         else:
             raise HandleError(f"the handle has no transport for reader rank {rank}")
         self._end = self._reader
@@ -375,11 +358,11 @@ class MessageQueue:
 
     @property
     def _is_local_reader(self) -> bool:  # vLLM's name
-        return isinstance(self._reader, ShmReader)
+        return self._reader is not None and self._reader.shares_memory
 
     @property
     def _is_remote_reader(self) -> bool:  # vLLM's name
-        return isinstance(self._reader, ZmqReader)
+        return self._reader is not None and not self._reader.shares_memory
 
     @property
     def handle(self) -> Handle:
@@ -388,8 +371,9 @@ class MessageQueue:
 
     @property
     def ring_implementation(self) -> str:
-        """``"cython"`` or ``"python"``: the ring this end of the queue runs on."""
-        return self._end.implementation
+        """``"cython"`` or ``"python"``: the implementation of the ring (and of the
+        ZeroMQ reassembler) this end of the queue runs on."""
+        return self._implementation
 
     def export_handle(self) -> Handle:
         """The picklable handle readers attach with; on a reader end, the handle it
@@ -405,7 +389,7 @@ class MessageQueue:
             raise RoleError(f"{what}() is for the writer; this end is reader rank {self.rank}")
         return self._writer
 
-    def _need_reader(self, what: str) -> ShmReader | ZmqReader:
+    def _need_reader(self, what: str) -> Reader:
         if self._closed:
             raise QueueClosedError(f"{what}() on a closed queue")
         if self._reader is None:
@@ -440,10 +424,9 @@ class MessageQueue:
         """
         writer = self._need_writer("enqueue")
         deadline = _deadline(timeout)
-        kind, parts = serde.encode(obj, local_only=writer.zmq is None)
+        kind, parts = serde.encode(obj, local_only=writer.shares_memory)
         if while_full is not None:
-            need = writer.slots_needed(parts)
-            while not writer.has_room(need):
+            while not writer.has_room(parts):
                 if 0 <= deadline <= time.monotonic_ns():
                     raise QueueTimeout("enqueue timed out waiting for ring space")
                 if while_full() is False:
@@ -458,20 +441,8 @@ class MessageQueue:
         get a copy); an exception publishes nothing. Waits for a free slot up to
         ``timeout`` (QueueTimeout). Don't keep views of the slot past the block."""
         writer = self._need_writer("acquire_write")
-        deadline = _deadline(timeout)
-        if writer.shm is None:
-            buf = bytearray(self.config.max_chunk_bytes)
-            yield memoryview(buf)
-            writer.write(L.K_BYTES, (buf,), deadline)
-            return
-        copy = None
-        remote = writer.zmq
-        with writer.shm.slot(deadline) as view:
+        with writer.slot(_deadline(timeout), serde.K_BYTES) as view:
             yield view
-            if remote is not None:
-                copy = bytes(view)
-        if remote is not None:
-            remote.write(L.K_BYTES, (copy,), deadline)
 
     @contextlib.contextmanager
     def acquire_read(self, timeout: float | None = None, indefinite: bool = False, *,
@@ -484,9 +455,6 @@ class MessageQueue:
         TimeoutError), Cancelled (a RuntimeError, "cancelled") on shutdown() or ``cancel``.
         ``indefinite`` is accepted for vLLM (mpx logs no long-wait warning here)."""
         reader = self._need_reader("acquire_read")
-        if not isinstance(reader, ShmReader):
-            raise RoleError(f"acquire_read() is for local (shared-memory) readers; reader rank "
-                            f"{self.rank} is remote: use dequeue()")
         with reader.slot(_deadline(timeout), cancel) as view:
             yield view
 
@@ -518,11 +486,7 @@ class MessageQueue:
         its bytes as they arrive (a remote reader streams chunks; a local one yields the
         whole message). For relays, with :meth:`enqueue_stream`."""
         reader = self._need_reader("dequeue_stream")
-        deadline = _deadline(timeout)
-        if isinstance(reader, ZmqReader):
-            return reader.read_stream(deadline, cancel)
-        kind, data = reader.read(deadline, cancel, False)
-        return kind, memoryview(data).nbytes, (data,)
+        return reader.read_stream(_deadline(timeout), cancel)
 
     def enqueue_stream(self, kind: int, total: int, pieces: Any,
                        timeout: float | None = None) -> None:
@@ -530,11 +494,7 @@ class MessageQueue:
         (to readers over shared memory; ZeroMQ readers get it once it is whole). An
         exception from ``pieces`` propagates, and readers never see the message."""
         writer = self._need_writer("enqueue_stream")
-        deadline = _deadline(timeout)
-        if writer.zmq is not None or writer.shm is None:
-            writer.write(kind, tuple(pieces), deadline)
-        else:
-            writer.shm.write(kind, pieces, deadline, total)
+        writer.write(kind, pieces, _deadline(timeout), total)
 
     def broadcast_object(self, obj: Any = None) -> Any:
         """vLLM's helper: the writer enqueues ``obj`` and returns it, a reader dequeues."""

@@ -42,10 +42,15 @@ import cloudpickle
 
 from mpx import sharing
 from mpx.errors import DeserializationError, SerializationError
-from mpx.layout import K_BYTES, K_PICKLE, K_PICKLE_OOB
+from mpx.layout import KIND_AS_BYTES
+
+# Message kinds. The transports carry a kind untouched and look only at KIND_AS_BYTES:
+# whether the reader gets the message as bytes or as a writable bytearray.
+K_PICKLE = 1 | KIND_AS_BYTES  # one in-band pickle
+K_PICKLE_OOB = 2              # prelude + pickle + out-of-band buffers (views of it stay writable)
+K_BYTES = 3 | KIND_AS_BYTES   # a raw bytes object
 
 _ALIGN = 64
-_U64 = struct.Struct("<Q")
 _PAD = bytes(_ALIGN)
 
 

@@ -328,6 +328,7 @@ def _samples() -> list[BaseException]:
     return [
         errors.MpxError("base"), errors.Cancelled("cancelled"), errors.QueueTimeout("late"),
         errors.PeerDiedError("gone", role="writer", rank=3, pid=42),
+        errors.MessageAbortedError("given up"),
         errors.ShmError("no room"), errors.HandleError("bad handle"),
         errors.QueueClosedError("closed"), errors.RoleError("role"),
         errors.SerializationError("cannot pickle"), errors.DeserializationError("cannot load"),

@@ -131,7 +131,7 @@ def test_idle_parked_reader_uses_no_cpu(ctx):
 
 def test_stale_segment_of_dead_creator_is_reaped(ctx):
     w, conn, handle = spawn_writer(ctx, [], "hang")
-    name = handle.transport["shm_name"]
+    name = handle.shm["shm_name"]
     os.kill(w.pid, signal.SIGKILL)  # before any reader attached: the name is still there
     w.join(5)
     assert os.path.exists("/dev/shm" + name)
@@ -145,7 +145,7 @@ def test_stale_segment_of_dead_creator_is_reaped(ctx):
 
 def test_new_queue_reaps_stale_segments(ctx):
     w, conn, handle = spawn_writer(ctx, [], "hang")
-    name = handle.transport["shm_name"]
+    name = handle.shm["shm_name"]
     os.kill(w.pid, signal.SIGKILL)
     w.join(5)
     with mpx.MessageQueue(1, 1):

@@ -211,13 +211,13 @@ def test_messages_before_writer_shutdown_and_exit_then_peer_died(ctx):
 def test_segment_is_0600_and_unlinked_once_readers_attach(ctx):
     q = mpx.MessageQueue(2, 2)
     try:
-        name = q.export_handle().transport["shm_name"]
+        name = q.export_handle().shm["shm_name"]
         path = "/dev/shm" + name
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert name.startswith(f"/mpx-{os.getpid()}-")
         r0 = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
         assert os.path.exists(path)
-        with pytest.raises(mpx.HandleError, match="rank 0 is already attached"):
+        with pytest.raises(mpx.HandleError, match="rank 0 cannot attach: reader 0 is already attached"):
             mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
         r1 = mpx.MessageQueue.create_from_handle(q.export_handle(), 1)
         assert not os.path.exists(path)
@@ -337,7 +337,7 @@ def test_auto_transport_falls_back_to_zmq_when_shm_is_too_small():
         q = mpx.MessageQueue(1, 1, config=cfg)
     with q:
         h = q.export_handle()
-        assert h.transport is None and h.remote["zmq_ranks"] == (0,)
+        assert h.shm is None and h.zmq["zmq_ranks"] == (0,)
         r = mpx.MessageQueue.create_from_handle(h, 0, config=mpx.Config(auth_key="k" * 16))
         q.wait_until_ready(10)
         q.enqueue("over zmq")
@@ -370,10 +370,10 @@ def test_handle_with_other_geometry_is_refused():
     import dataclasses
     with mpx.MessageQueue(1, 1) as q:
         h = q.export_handle()
-        bad = dataclasses.replace(h, transport={**h.transport, "max_chunks": 99})
+        bad = dataclasses.replace(h, shm={**h.shm, "max_chunks": 99})
         with pytest.raises(mpx.HandleError, match="max_chunks is 16, the handle says 99"):
             mpx.MessageQueue.create_from_handle(bad, 0)
-        bad = dataclasses.replace(h, transport={**h.transport, "token": 1})
+        bad = dataclasses.replace(h, shm={**h.shm, "token": 1})
         with pytest.raises(mpx.HandleError, match="token"):
             mpx.MessageQueue.create_from_handle(bad, 0)
         # the real handle still attaches afterwards

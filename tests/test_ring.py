@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from mpx import _impl
 from mpx import layout as L
+
+# Kinds are the caller's; the ring looks only at KIND_AS_BYTES.
+BYTES = 7 | L.KIND_AS_BYTES  # delivered as bytes
+ARRAY = 9                    # delivered as a writable bytearray
 
 
 def make_ring(n_readers=1, chunk=256, nchunks=4, spin_ns=20_000, yield_ns=200_000,
@@ -19,8 +25,8 @@ def make_ring(n_readers=1, chunk=256, nchunks=4, spin_ns=20_000, yield_ns=200_00
     mm = mmap.mmap(-1, L.segment_size(chunk, nchunks, n_readers))
     L.init_header(mm, chunk, nchunks, n_readers, 1234, os.getpid())
     kw = dict(spin_ns=spin_ns, yield_ns=yield_ns, poll_ns=poll_ns)
-    w = mod.Ring(mm, -1, **kw)
-    rs = [mod.Ring(mm, i, **kw) for i in range(n_readers)]
+    w = mod.RingWriter(mm, **kw)
+    rs = [mod.RingReader(mm, i, **kw) for i in range(n_readers)]
     return mm, w, rs
 
 
@@ -59,9 +65,9 @@ def test_sizes_around_slot_boundaries_single_message(ring, size):
     w, (r,) = ring(chunk=256, nchunks=4)
     payload = bytes(range(256)) * (size // 256 + 1)
     payload = payload[:size]
-    assert w.write(L.K_BYTES, (payload,), in_s(2)) == L.OK
+    assert w.write(BYTES, (payload,), in_s(2)) == L.OK
     kind, data = read_ok(r)
-    assert kind == L.K_BYTES and data == payload
+    assert kind == BYTES and data == payload
 
 
 def test_message_larger_than_ring_streams(ring):
@@ -70,10 +76,10 @@ def test_message_larger_than_ring_streams(ring):
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("v", read_ok(r, int(5e9))))
     t.start()
-    assert w.write(L.K_PICKLE_OOB, (payload[:100], payload[100:]), in_s(5)) == L.OK
+    assert w.write(ARRAY, (payload[:100], payload[100:]), in_s(5)) == L.OK
     t.join(5)
     kind, data = out["v"]
-    assert kind == L.K_PICKLE_OOB and isinstance(data, bytearray) and bytes(data) == payload
+    assert kind == ARRAY and isinstance(data, bytearray) and bytes(data) == payload
 
 
 def test_many_messages_in_order_two_readers(ring):
@@ -89,7 +95,7 @@ def test_many_messages_in_order_two_readers(ring):
     for t in ts:
         t.start()
     for m in msgs:
-        assert w.write(L.K_BYTES, (m,), in_s(5)) == L.OK
+        assert w.write(BYTES, (m,), in_s(5)) == L.OK
     for t in ts:
         t.join(10)
     assert got[0] == msgs and got[1] == msgs
@@ -97,24 +103,24 @@ def test_many_messages_in_order_two_readers(ring):
 
 def test_writer_times_out_on_full_ring_and_recovers(ring):
     w, (r,) = ring(chunk=64, nchunks=2)
-    assert w.write(L.K_BYTES, (b"a",), in_s(1)) == L.OK
-    assert w.write(L.K_BYTES, (b"b",), in_s(1)) == L.OK
+    assert w.write(BYTES, (b"a",), in_s(1)) == L.OK
+    assert w.write(BYTES, (b"b",), in_s(1)) == L.OK
     t0 = time.monotonic()
-    assert w.write(L.K_BYTES, (b"c",), in_s(0.2)) == L.TIMEOUT
+    assert w.write(BYTES, (b"c",), in_s(0.2)) == L.TIMEOUT
     assert 0.15 < time.monotonic() - t0 < 2
     assert read_ok(r)[1] == b"a"
-    assert w.write(L.K_BYTES, (b"c",), in_s(1)) == L.OK
+    assert w.write(BYTES, (b"c",), in_s(1)) == L.OK
     assert [read_ok(r)[1] for _ in range(2)] == [b"b", b"c"]
 
 
 def test_half_written_message_is_aborted(ring):
     w, (r,) = ring(chunk=64, nchunks=2)
     # 3 slots' worth into a 2-slot ring with nobody reading: the writer gives up mid-message
-    assert w.write(L.K_BYTES, (b"x" * 64 * 3,), in_s(0.2)) == L.TIMEOUT
+    assert w.write(BYTES, (b"x" * 64 * 3,), in_s(0.2)) == L.TIMEOUT
     out = []
     t = threading.Thread(target=lambda: out.extend(read_ok(r, int(5e9))[1] for _ in range(1)))
     t.start()
-    assert w.write(L.K_BYTES, (b"next",), in_s(5)) == L.OK
+    assert w.write(BYTES, (b"next",), in_s(5)) == L.OK
     t.join(5)
     assert out == [b"next"]
 
@@ -124,7 +130,7 @@ def test_reader_timeout_and_slice_then_resume(ring):
     st, _, _ = r.read(in_s(0.1))
     assert st == L.TIMEOUT
     assert r.read(-1, 20_000_000)[0] == L.SLICE
-    w.write(L.K_BYTES, (b"y" * 64 * 2,), in_s(1))
+    w.write(BYTES, (b"y" * 64 * 2,), in_s(1))
     st, kind, data = r.read(-1, 20_000_000)
     assert st == L.OK and data == b"y" * 128
 
@@ -144,10 +150,10 @@ def test_interrupt_wakes_parked_reader(ring):
 
 def test_interrupt_wakes_writer_waiting_for_space(ring):
     w, (r,) = ring(chunk=64, nchunks=2)
-    w.write(L.K_BYTES, (b"1",), -1)
-    w.write(L.K_BYTES, (b"2",), -1)
+    w.write(BYTES, (b"1",), -1)
+    w.write(BYTES, (b"2",), -1)
     res = []
-    t = threading.Thread(target=lambda: res.append(w.write(L.K_BYTES, (b"3",), in_s(10))))
+    t = threading.Thread(target=lambda: res.append(w.write(BYTES, (b"3",), in_s(10))))
     t.start()
     time.sleep(0.3)
     w.interrupt()
@@ -157,7 +163,7 @@ def test_interrupt_wakes_writer_waiting_for_space(ring):
 
 def test_shutdown_state_delivers_pending_then_reports(ring):
     w, (r,) = ring()
-    w.write(L.K_BYTES, (b"last",), -1)
+    w.write(BYTES, (b"last",), -1)
     w.set_state(L.S_SHUTDOWN)
     assert read_ok(r)[1] == b"last"
     assert r.read(in_s(1))[0] == L.SHUTDOWN
@@ -165,7 +171,7 @@ def test_shutdown_state_delivers_pending_then_reports(ring):
 
 def test_closed_writer_reports_peer_gone_after_drain(ring):
     w, (r,) = ring()
-    w.write(L.K_BYTES, (b"m",), -1)
+    w.write(BYTES, (b"m",), -1)
     w.set_state(L.S_CLOSED)
     assert read_ok(r)[1] == b"m"
     assert r.read(in_s(1))[0] == L.PEER_GONE
@@ -184,7 +190,7 @@ def test_parked_reader_wakes_fast_on_publish(ring):
     t.start()
     time.sleep(0.3)
     t0 = time.monotonic()
-    w.write(L.K_BYTES, (b"wake",), -1)
+    w.write(BYTES, (b"wake",), -1)
     t.join(5)
     assert res[0][1] == b"wake"
     assert res[1] - t0 < 1.0  # a futex wake, not the 5 s liveness poll
@@ -192,48 +198,142 @@ def test_parked_reader_wakes_fast_on_publish(ring):
 
 def test_closed_reader_unblocks_writer(ring):
     w, (r,) = ring(chunk=64, nchunks=2)
-    w.write(L.K_BYTES, (b"1",), -1)
-    w.write(L.K_BYTES, (b"2",), -1)
+    w.write(BYTES, (b"1",), -1)
+    w.write(BYTES, (b"2",), -1)
     res = []
-    t = threading.Thread(target=lambda: res.append(w.write(L.K_BYTES, (b"3",), in_s(10))))
+    t = threading.Thread(target=lambda: res.append(w.write(BYTES, (b"3",), in_s(10))))
     t.start()
     time.sleep(0.2)
-    r.mark_reader_closed()
+    r.mark_closed()
     t.join(5)
     assert res == [L.PEER_GONE] and w.gone_index == 0
 
 
-def test_cross_implementation_same_layout():
-    """A Cython writer and a pure-Python reader share a segment: the layouts agree."""
+def _segment(chunk, nchunks, n_readers):
+    mm = mmap.mmap(-1, L.segment_size(chunk, nchunks, n_readers))
+    L.init_header(mm, chunk, nchunks, n_readers, 1, os.getpid())
+    return mm
+
+
+@pytest.mark.parametrize("writer_impl", ["cython", "python"])
+def test_cross_implementation_same_layout(writer_impl):
+    """A writer of one implementation and a reader of the other share a segment: the
+    layouts agree."""
     pytest.importorskip("mpx._ring")
     from mpx import _ring, _ring_py
-    mm = mmap.mmap(-1, L.segment_size(128, 3, 1))
-    L.init_header(mm, 128, 3, 1, 1, os.getpid())
-    w = _ring.Ring(mm, -1)
-    r = _ring_py.Ring(mm, 0)
+    wmod, rmod = (_ring, _ring_py) if writer_impl == "cython" else (_ring_py, _ring)
+    mm = _segment(128, 3, 1)
+    w = wmod.RingWriter(mm)
+    r = rmod.RingReader(mm, 0)
     payload = os.urandom(1000)
     got = []
-    t = threading.Thread(target=lambda: got.append(r.read(in_s(5))))
+    t = threading.Thread(target=lambda: got.extend([r.read(in_s(5)), r.read(in_s(5))]))
     t.start()
-    assert w.write(L.K_PICKLE_OOB, (payload,), in_s(5)) == L.OK
+    assert w.write(ARRAY, (payload,), in_s(5)) == L.OK
+    assert w.write(BYTES, (b"back",), in_s(5)) == L.OK
     t.join(5)
-    assert got[0][0] == L.OK and bytes(got[0][2]) == payload
-    w2 = _ring_py.Ring(mm, -1)
-    r2 = _ring.Ring(mm, 0)
-    assert w2.write(L.K_BYTES, (b"back",), in_s(5)) == L.OK
-    assert r2.read(in_s(5))[2] == b"back"
-    for x in (w, r, w2, r2):
+    assert got[0][:2] == (L.OK, ARRAY) and isinstance(got[0][2], bytearray)
+    assert bytes(got[0][2]) == payload
+    assert got[1] == (L.OK, BYTES, b"back")
+    assert w.readers()[0][:3] == (os.getpid(), True, False)
+    for x in (w, r):
         x.release()
     mm.close()
 
 
 def test_reader_index_out_of_range(impl):
     mod = _impl.ring_module()
-    mm = mmap.mmap(-1, L.segment_size(64, 2, 1))
-    L.init_header(mm, 64, 2, 1, 1, os.getpid())
+    mm = _segment(64, 2, 1)
     with pytest.raises(ValueError):
-        mod.Ring(mm, 1)
+        mod.RingReader(mm, 1)
+    with pytest.raises(ValueError):
+        mod.RingReader(mm, -1)
     mm.close()
+
+
+def test_attach_claims_the_reader_block_once(impl):
+    """Building a reader attaches it (pid, attached): the writer sees who is there, and a
+    second reader for the same index is refused."""
+    mod = _impl.ring_module()
+    mm = _segment(64, 2, 2)
+    w = mod.RingWriter(mm)
+    assert not w.all_attached()
+    r0 = mod.RingReader(mm, 0)
+    with pytest.raises(ValueError, match="already attached"):
+        mod.RingReader(mm, 0)
+    assert [rd[:3] for rd in w.readers()] == [(os.getpid(), True, False), (0, False, False)]
+    assert not r0.all_attached()
+    r1 = mod.RingReader(mm, 1)
+    assert w.all_attached() and r0.all_attached()
+    r1.mark_closed()
+    assert w.readers()[1][2] is True
+    for x in (w, r0, r1):
+        x.release()
+    mm.close()
+
+
+@pytest.mark.parametrize("kind", [0, 1, 2, 3, 0x7FFF, 0xABCD0000, BYTES, ARRAY])
+@pytest.mark.parametrize("size", [10, 700])  # one slot, several
+def test_kind_is_opaque_but_for_the_bytes_bit(ring, kind, size):
+    w, (r,) = ring(chunk=256, nchunks=4)
+    payload = os.urandom(size)
+    assert w.write(kind, (payload,), in_s(5)) == L.OK
+    got_kind, data = read_ok(r, int(5e9))
+    assert got_kind == kind and bytes(data) == payload
+    assert type(data) is (bytes if kind & L.KIND_AS_BYTES else bytearray)
+
+
+def test_free_slots_and_has_room(ring):
+    w, (r,) = ring(chunk=64, nchunks=3)
+    assert w.free_slots() == 3 and w.has_room(3) and not w.has_room(4)
+    w.write(BYTES, (b"x" * 100,), in_s(1))  # two slots
+    assert w.free_slots() == 1 and w.has_room(1) and not w.has_room(2)
+    read_ok(r)
+    assert w.has_room(3) and w.free_slots() == 3
+
+
+def test_writer_park_interrupted_by_a_signal_waits_on(ring):
+    """A signal whose handler returns wakes a writer parked for space; it runs the handler
+    and keeps waiting (the write succeeds once a reader frees a slot)."""
+    w, (r,) = ring(chunk=64, nchunks=1, spin_ns=0, yield_ns=1000)
+    w.write(BYTES, (b"full",), -1)
+    seen = []
+    old = signal.signal(signal.SIGALRM, lambda *a: seen.append(1))
+    t = threading.Timer(0.6, lambda: read_ok(r, int(5e9)))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        t.start()
+        assert w.write(BYTES, (b"next",), in_s(5)) == L.OK
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        t.join(5)
+    assert seen == [1]
+    assert read_ok(r, int(5e9))[1] == b"next"
+
+
+def _pxi_constants() -> dict[str, int]:
+    text = (Path(L.__file__).parent / "_ring_layout.pxi").read_text()
+    body = text.split("cdef enum:", 1)[1]
+    out = {}
+    for line in body.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, value = (x.strip() for x in line.split("="))
+            out[name] = int(value, 0)
+    return out
+
+
+def test_the_pxi_and_layout_py_agree():
+    """The compiled ring takes its layout from _ring_layout.pxi, the pure one from
+    layout.py: every constant of one is in the other, with the same value."""
+    pxi = _pxi_constants()
+    assert len(pxi) > 30
+    for name, value in pxi.items():
+        assert getattr(L, name) == value, name
+    py = {n for n, v in vars(L).items()
+          if n.isupper() and not n.startswith("_") and isinstance(v, int)}
+    assert py - set(pxi) == {"MAGIC", "VERSION", "CACHE_LINE"}
 
 
 def test_streamed_write_takes_pieces_as_they_come(ring):
@@ -246,18 +346,35 @@ def test_streamed_write_takes_pieces_as_they_come(ring):
                                                         for _ in range(3)))
     reader.start()
     pieces = [bytes([i]) * 100 for i in range(10)]  # 1000 bytes over 4 slots of 256
-    assert w.write(L.K_BYTES, (p for p in pieces), in_s(5), 1000) == L.OK
+    assert w.write(BYTES, (p for p in pieces), in_s(5), 1000) == L.OK
 
     def broken():
         yield b"x" * 600  # past two slots: published before the failure
         raise RuntimeError("the network stream broke")
     with pytest.raises(RuntimeError, match="broke"):
-        w.write(L.K_BYTES, broken(), in_s(5), 1000)
+        w.write(BYTES, broken(), in_s(5), 1000)
     with pytest.raises(ValueError, match="exceed"):
-        w.write(L.K_BYTES, iter([b"y" * 600, b"y" * 600]), in_s(5), 1000)
+        w.write(BYTES, iter([b"y" * 600, b"y" * 600]), in_s(5), 1000)
     with pytest.raises(ValueError, match="add up to 600"):
-        w.write(L.K_BYTES, iter([b"z" * 600]), in_s(5), 1000)
-    assert w.write(L.K_BYTES, iter([b"after"]), in_s(5), 5) == L.OK
-    assert w.write(L.K_BYTES, [b"a", b"b"], in_s(5)) == L.OK  # total from the parts
+        w.write(BYTES, iter([b"z" * 600]), in_s(5), 1000)
+    assert w.write(BYTES, iter([b"after"]), in_s(5), 5) == L.OK
+    assert w.write(BYTES, [b"a", b"b"], in_s(5)) == L.OK  # total from the parts
     reader.join(10)
-    assert got == [(L.K_BYTES, b"".join(pieces)), (L.K_BYTES, b"after"), (L.K_BYTES, b"ab")]
+    assert got == [(BYTES, b"".join(pieces)), (BYTES, b"after"), (BYTES, b"ab")]
+
+
+@pytest.mark.parametrize("as_bytes", [True, False])
+def test_assembler_builds_an_owned_message(impl, as_bytes):
+    out = _impl.buffers_module().Assembler(10, as_bytes)
+    out.add(b"abc")
+    assert not out.complete
+    with pytest.raises(ValueError, match="incomplete"):
+        out.result()
+    with pytest.raises(ValueError, match="overruns"):
+        out.add(b"x" * 8)
+    out.add(memoryview(bytearray(b"defghij")))
+    assert out.complete
+    data = out.result()
+    assert data == b"abcdefghij" and type(data) is (bytes if as_bytes else bytearray)
+    with pytest.raises(ValueError, match="already taken"):
+        out.result()

@@ -11,7 +11,7 @@ import pytest
 
 from mpx import serde
 from mpx.errors import DeserializationError, SerializationError
-from mpx.layout import K_BYTES, K_PICKLE, K_PICKLE_OOB
+from mpx.serde import K_BYTES, K_PICKLE, K_PICKLE_OOB
 
 
 def _joined(parts) -> bytearray:

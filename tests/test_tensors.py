@@ -21,7 +21,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import mpx  # noqa: E402
 from mpx import serde, sharing, shm  # noqa: E402
-from mpx.layout import K_PICKLE_OOB  # noqa: E402
+from mpx.serde import K_PICKLE_OOB  # noqa: E402
 
 
 def _copyable(dtype) -> bool:

@@ -349,8 +349,8 @@ def test_remote_reader_wait_until_ready_has_every_exit():
     with MessageQueue(1, 0, connect_ip="127.0.0.1", config=cfg) as mq:
         h = mq.export_handle()
     # nobody listens where the readers go
-    h = dataclasses.replace(h, remote={**h.remote,
-                                       "endpoint": f"tcp://127.0.0.1:{free_tcp_port()}"})
+    h = dataclasses.replace(h, zmq={**h.zmq,
+                                    "endpoint": f"tcp://127.0.0.1:{free_tcp_port()}"})
     r0 = MessageQueue.create_from_handle(h, 0, config=cfg)
     r1 = MessageQueue.create_from_handle(h, 1, config=cfg)  # vLLM's group rank: also remote
     try:

@@ -10,7 +10,7 @@ from typing import Any
 import cloudpickle
 import zmq
 
-from mpx.transport.zmq import seal, unseal
+from mpx.auth import seal, unseal
 
 _TAG = b"MPXC"
 POLL_MS = 100

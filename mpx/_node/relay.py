@@ -9,9 +9,8 @@ from typing import Any
 
 from mpx import _debug
 from mpx.config import Config
-from mpx.errors import Cancelled, PeerDiedError, QueueClosedError
+from mpx.errors import Cancelled, MessageAbortedError, PeerDiedError, QueueClosedError
 from mpx.queue import MessageQueue
-from mpx.transport.zmq import MessageAborted
 
 
 class Relay:
@@ -36,7 +35,7 @@ class Relay:
                 kind, total, pieces = self.up.dequeue_stream(cancel=self._stop)
                 try:
                     self.down.enqueue_stream(kind, total, pieces)
-                except MessageAborted:
+                except MessageAbortedError:
                     pass  # the driver gave up on it part way; the workers never see it
         except (Cancelled, PeerDiedError, QueueClosedError):
             pass

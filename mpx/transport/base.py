@@ -1,47 +1,169 @@
-"""The transport interface: a writer side that broadcasts framed messages, and a reader
-side that receives them. The queue above never knows which transport it talks to.
+"""The transport interface: a writer end that delivers each message to its readers, and a
+reader end that receives them, plus the handle a reader attaches with. The queue above
+talks to ``Writer`` and ``Reader`` only, never to a particular transport.
 
-A message is ``(kind, parts)`` from :mod:`mpx.serde`. Deadlines are absolute
-``time.monotonic_ns()`` values, ``-1`` for none.
+A message is ``(kind, pieces)``: a kind the transport carries untouched (it looks only at
+``layout.KIND_AS_BYTES``, which says whether the reader gets ``bytes`` or a writable
+``bytearray``) and buffers to concatenate. Deadlines are absolute ``time.monotonic_ns()``
+values, ``-1`` for none. Every wait ends with QueueTimeout at its deadline, Cancelled on
+``shutdown()`` or a cancel event, or PeerDiedError when the other side is gone.
 """
 
 from __future__ import annotations
 
+import abc
+import contextlib
+import dataclasses
 import threading
-from typing import Any, Protocol
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar
+
+from mpx.config import Config
+from mpx.errors import Cancelled, RoleError
 
 
-class TransportWriter(Protocol):
-    def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
-        """Return once every reader of this transport is attached; QueueTimeout names the
-        missing ones, Cancelled on shutdown() or ``cancel``."""
+@dataclasses.dataclass(frozen=True)
+class Handle:
+    """What a reader process needs to attach to a queue: small and picklable.
 
-    def write(self, kind: int, parts: tuple, deadline_ns: int) -> None:
-        """Deliver one message to every reader, or raise (QueueTimeout, Cancelled,
-        PeerDiedError) leaving the transport usable."""
+    ``shm``: the shared-memory ring's attach info, if any reader uses it; ``zmq``: the
+    ZeroMQ writer's, if any reader uses it (each from its writer's ``handle_info()``).
+    """
+
+    layout_version: int
+    n_reader: int
+    n_local_reader: int
+    local_reader_ranks: tuple[int, ...]
+    shm: dict[str, Any] | None
+    connect_ip: str | None = None
+    zmq: dict[str, Any] | None = None
+    max_chunk_bytes: int = 0
+    max_chunks: int = 0
+
+    # vLLM's Handle fields, for code that reads them
+    @property
+    def buffer_handle(self) -> tuple[int, int, int, str] | None:
+        """vLLM's ``(n_local_reader, max_chunk_bytes, max_chunks, shm name)`` of the ring."""
+        if self.shm is None:
+            return None
+        return (len(self.shm["shm_ranks"]), self.max_chunk_bytes, self.max_chunks,
+                self.shm["shm_name"])
+
+    @property
+    def remote_subscribe_addr(self) -> str | None:
+        """vLLM's TCP address of the writer (``tcp://host:port``), if readers are remote."""
+        return self.zmq["endpoint"] if self.zmq is not None else None
+
+    @property
+    def remote_addr_ipv6(self) -> bool:
+        """vLLM's: whether the writer's address is IPv6."""
+        addr = self.remote_subscribe_addr
+        return addr is not None and addr.startswith("tcp://[")
+
+
+class Endpoint(abc.ABC):
+    """The lifecycle every transport end shares: open, then shut down (this process's
+    waiters are woken and end with Cancelled; the peers are not told), then closed
+    (resources released, once; the peers are told). ``_lock`` serialises the end's
+    operations with ``close()``."""
+
+    #: the peers map this process's shared memory (serde may then send references)
+    shares_memory: ClassVar[bool] = False
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._closed = False
+        self._shut = False
 
     def shutdown(self) -> None:
-        """Wake this process's waiters (Cancelled). Readers are not told (vLLM's meaning);
-        close() tells them."""
+        """Wake this process's waiters on this end (Cancelled, also for later waits)."""
+        if self._closed or self._shut:
+            return
+        self._shut = True
+        self._wake()
 
     def close(self) -> None:
-        """Release every resource; idempotent."""
+        """Release every resource and tell the peers; idempotent."""
+        if self._closed:
+            return
+        self._shut = True
+        self._wake()
+        self._closed = True
+        with self._lock:
+            self._release()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Cancelled("the queue is closed")
+
+    @abc.abstractmethod
+    def _wake(self) -> None:
+        """Wake this process's waiters (they see ``_shut``)."""
+
+    @abc.abstractmethod
+    def _release(self) -> None:
+        """Release the end's resources (once, under ``_lock``)."""
+
+    @abc.abstractmethod
+    def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
+        """Return once the peers this end needs are attached or connected."""
+
+
+class Writer(Endpoint):
+    """The writer end of a transport: delivers each message to every one of its readers."""
+
+    @abc.abstractmethod
+    def write(self, kind: int, pieces: Iterable, deadline_ns: int, total: int = -1) -> None:
+        """Deliver one message to every reader, or raise (QueueTimeout, Cancelled,
+        PeerDiedError) leaving the transport usable. Given ``total`` (the message's length),
+        ``pieces`` may be any iterable, taken as the message goes out; pieces that do not
+        add up to ``total`` raise ValueError, and readers never see the message."""
+
+    @abc.abstractmethod
     def handle_info(self) -> dict[str, Any]:
         """What a reader needs to attach (picklable)."""
 
+    def has_room(self, pieces: tuple) -> bool:
+        """Whether a message of ``pieces`` can be written now without waiting."""
+        return True
 
-class TransportReader(Protocol):
-    def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
-        """Return once the writer side is ready for this reader; every exit of a wait
-        (deadline, shutdown, ``cancel``, close, a dead writer) raises."""
+    @contextlib.contextmanager
+    def slot(self, deadline_ns: int, kind: int) -> Iterator[memoryview]:
+        """A writable buffer of ``max_chunk_bytes``; a clean exit delivers all of it as one
+        message of ``kind``, an exception delivers nothing. A transport with slots in
+        shared memory lends one in place."""
+        buf = bytearray(self.config.max_chunk_bytes)
+        yield memoryview(buf)
+        self.write(kind, (buf,), deadline_ns)
 
-    def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool) -> tuple[int, Any]:
-        """The next message as ``(kind, data)``, or raise (QueueTimeout, Cancelled,
-        PeerDiedError)."""
 
-    def shutdown(self) -> None:
-        """Wake this process's waiters with Cancelled."""
+class Reader(Endpoint):
+    """A reader end of a transport: receives every message, in order."""
 
-    def close(self) -> None:
-        """Detach; idempotent."""
+    rank: int
+
+    @abc.abstractmethod
+    def poll(self) -> bool:
+        """Whether a message (or the start of one) is waiting."""
+
+    @abc.abstractmethod
+    def read(self, deadline_ns: int, cancel: threading.Event | None,
+             warn: bool) -> tuple[int, Any]:
+        """The next message as ``(kind, data)``; ``data`` is owned (bytes or bytearray).
+        ``warn``: log the wait when it grows long."""
+
+    def read_stream(self, deadline_ns: int,
+                    cancel: threading.Event | None) -> tuple[int, int, Iterable]:
+        """The next message as ``(kind, total, pieces)``: ``pieces`` yields its bytes as they
+        arrive, and raises MessageAbortedError if the writer gives up on it part way."""
+        kind, data = self.read(deadline_ns, cancel, False)
+        return kind, memoryview(data).nbytes, (data,)
+
+    def slot(self, deadline_ns: int,
+             cancel: threading.Event | None) -> contextlib.AbstractContextManager[memoryview]:
+        """The next message, when it fits one slot, as a read-only view of that slot in
+        shared memory (given back to the writer when the block exits). Only readers that
+        share memory with the writer have slots: RoleError here."""
+        raise RoleError(f"acquire_read() is for local (shared-memory) readers; reader rank "
+                        f"{self.rank} is remote: use dequeue()")

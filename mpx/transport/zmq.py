@@ -21,66 +21,56 @@ and a reader that disconnected makes it raise PeerDiedError.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import hmac
 import logging
 import secrets
 import struct
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import zmq
 import zmq.utils.monitor
 
-from mpx._impl import ring_module
+from mpx import layout as L
+from mpx._impl import buffers_module
+from mpx.auth import seal, unseal
 from mpx.config import Config
-from mpx.errors import Cancelled, PeerDiedError, QueueClosedError, QueueTimeout
+from mpx.errors import (
+    Cancelled,
+    MessageAbortedError,
+    PeerDiedError,
+    QueueClosedError,
+    QueueTimeout,
+)
+from mpx.transport.base import Reader, Writer
 
 logger = logging.getLogger("mpx")
 
 MAGIC = b"MPXZ"
-VERSION = 2
+VERSION = 3  # 3: kinds are opaque but for layout.KIND_AS_BYTES
 # magic, version, kind, token, seq, chunk index, chunk count, message length
 _HEADER = struct.Struct("<4sHHQQIIQ")
 _HELLO = struct.Struct("<4sHHQI")   # magic, version, 0, token, rank
-_DIGEST = hashlib.sha256().digest_size
 # How long a writer or reader sleeps between tries while a peer is not ready.
 _BACKOFF_S = 0.0005
 _POLL_MS = 20
 
 
-def digest(key: bytes, data) -> bytes:
-    """HMAC-SHA256 of ``data`` under ``key``."""
-    return hmac.new(key, data, hashlib.sha256).digest()
-
-
-def seal(key: bytes, header: bytes, parts) -> bytes:
-    """One frame: header, the parts, and the HMAC of both. (One frame, not a multipart
-    message: libzmq 4.3 aborts when a multipart message meets a reader's full pipe.)"""
-    h = hmac.new(key, header, hashlib.sha256)
-    for p in parts:
-        h.update(p)
-    return b"".join([header, *parts, h.digest()])
-
-
-def unseal(key: bytes, frame) -> memoryview | None:
-    """The frame without its HMAC if the HMAC checks out, else None."""
-    mv = memoryview(frame)
-    if mv.nbytes < _DIGEST:
-        return None
-    body = mv[:-_DIGEST]
-    return body if hmac.compare_digest(digest(key, body), mv[-_DIGEST:]) else None
-
-
-def split(parts, size: int):
-    """The message ``parts`` as consecutive chunks of ``size`` bytes (the last one shorter;
-    one empty chunk for an empty message), each a list of memoryviews into the parts."""
+def split(parts: Iterable, size: int, total: int) -> Iterator[list]:
+    """The message ``parts`` of ``total`` bytes as consecutive chunks of ``size`` bytes (the
+    last one shorter; one empty chunk for an empty message), each a list of memoryviews
+    into the parts. ValueError, before the chunk that holds them, if the parts exceed
+    ``total``, and at the end if they fall short."""
     chunk: list = []
     room = size
     sent = False
+    seen = 0
     for p in parts:
         v = memoryview(p).cast("B")
+        seen += v.nbytes
+        if seen > total:
+            raise ValueError(f"the message's pieces exceed its length {total}")
         while v.nbytes:
             take = v[:room]
             chunk.append(take)
@@ -89,6 +79,8 @@ def split(parts, size: int):
             if not room:
                 yield chunk
                 chunk, room, sent = [], size, True
+    if seen != total:
+        raise ValueError(f"the message's pieces add up to {seen} bytes, not {total}")
     if chunk or not sent:
         yield chunk
 
@@ -120,7 +112,7 @@ class _DropLog:
                            "peer are counted, not logged)", self.where, peer, why)
 
 
-class ZmqWriter:
+class ZmqWriter(Writer):
     """The writer end for the remote ``ranks``: binds a ROUTER on ``host``, ephemeral port.
 
     ``need``: how many distinct readers of ``ranks`` make the queue ready (default: all of
@@ -138,12 +130,11 @@ class ZmqWriter:
         if not config.auth_key:
             logger.warning("mpx: MPX_ALLOW_INSECURE=1: remote queue traffic is not "
                            "authenticated; anyone who can reach %s can run code here", host)
+        super().__init__(config)
         self.ranks = list(ranks)
         self.need = len(self.ranks) if need is None else need
-        self.config = config
         self.key = config.auth_key.encode()
         self.token = secrets.randbits(63)
-        self.implementation = "zmq"
         self._ctx: zmq.Context = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         _configure(self._sock, config)
@@ -161,10 +152,6 @@ class ZmqWriter:
         self.endpoint = f"tcp://{host}:{port}"
         self._peers: dict[int, bytes] = {}    # rank -> routing id
         self._seq = 0
-        self._lock = threading.Lock()
-        self._closed = False
-        self._shut = False
-        self._interrupt = threading.Event()
         self.drops = _DropLog(f"queue writer {self.endpoint}")
 
     def handle_info(self) -> dict[str, Any]:
@@ -216,18 +203,19 @@ class ZmqWriter:
                 raise QueueTimeout(f"remote readers never connected: ranks {missing}{also}")
             self._take_hellos(_POLL_MS)
 
-    def write(self, kind: int, parts: tuple, deadline_ns: int) -> None:
+    def write(self, kind: int, pieces: Iterable, deadline_ns: int, total: int = -1) -> None:
         with self._lock:
-            if self._closed:
-                raise Cancelled("the queue is closed")
+            self._check_open()
             if not self._ready():
                 self._take_hellos(0)
                 self.wait_ready(deadline_ns)
             size = self.config.max_chunk_bytes
-            total = sum(memoryview(p).nbytes for p in parts)
+            if total < 0:
+                pieces = tuple(pieces)
+                total = sum(memoryview(p).nbytes for p in pieces)
             count = max(1, -(-total // size))
             try:
-                for index, chunk in enumerate(split(parts, size)):
+                for index, chunk in enumerate(split(pieces, size, total)):
                     header = _HEADER.pack(MAGIC, VERSION, kind, self.token, self._seq, index,
                                           count, total)
                     frame = seal(self.key, header, chunk)
@@ -249,30 +237,19 @@ class ZmqWriter:
                     raise PeerDiedError(f"remote reader rank {rank} disconnected (died, or its "
                                         "link was cut)", role="reader", rank=rank) from None
                 raise
-            if self._interrupt.is_set():
+            if self._shut:
                 raise Cancelled("enqueue cancelled: the queue was shut down")
             if 0 <= deadline_ns <= time.monotonic_ns():
                 raise QueueTimeout(f"enqueue timed out: remote reader rank {rank} is not "
                                    "taking messages")
             time.sleep(_BACKOFF_S)
 
-    def shutdown(self) -> None:
-        """Wake an enqueue of this process that waits for a slow reader (Cancelled); the
-        readers are not told (that is close())."""
-        self._shut = True
-        self._interrupt.set()
+    def _wake(self) -> None:
+        """Nothing to do: an enqueue waiting for a slow reader polls ``_shut`` (Cancelled);
+        the readers are not told (that is close())."""
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._interrupt.set()
-        self._closed = True
-        with self._lock:
-            self._sock.close(linger=0)
-
-
-class MessageAborted(Exception):
-    """The writer gave up on the message being streamed (``ZmqReader.read_stream``)."""
+    def _release(self) -> None:
+        self._sock.close(linger=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,16 +262,15 @@ class _Chunk:
     data: memoryview
 
 
-class ZmqReader:
+class ZmqReader(Reader):
     """Remote reader ``rank``: a DEALER connected to the writer's ROUTER."""
 
     def __init__(self, info: dict[str, Any], rank: int, config: Config) -> None:
+        super().__init__(config)
         self.rank = rank
-        self.config = config
         self.key = config.auth_key.encode()
         self.token = info["token"]
         self.endpoint = info["endpoint"]
-        self.implementation = "zmq"
         self._heartbeat_s = info.get("heartbeat_s", config.heartbeat_s)
         self._ctx: zmq.Context = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
@@ -311,13 +287,10 @@ class ZmqReader:
         self._sock.connect(self.endpoint)
         self._sock.send(seal(self.key, _HELLO.pack(MAGIC, VERSION, 0, self.token, rank), ()))
         self._seq = 0          # the lowest sequence number a new message may have
-        self._ring = ring_module()
+        self._assembler = buffers_module().Assembler
         self._stash: _Chunk | None = None  # a chunk read ahead: the start of a message
         self._connected = False
         self._lost_since: float | None = time.monotonic()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._shut = threading.Event()
         self.drops = _DropLog(f"queue reader rank {rank}")
 
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
@@ -332,7 +305,7 @@ class ZmqReader:
                 self._watch_link()
             if self._connected:
                 return
-            if self._shut.is_set():
+            if self._shut:
                 raise Cancelled(f"wait_until_ready on reader rank {self.rank} cancelled: the "
                                 "queue was shut down")
             if cancel is not None and cancel.is_set():
@@ -358,11 +331,11 @@ class ZmqReader:
         with self._lock:
             while True:
                 first = self._next_start(deadline_ns, cancel)
-                out = self._ring.Assembler(first.kind, first.total)
+                out = self._assembler(first.total, bool(first.kind & L.KIND_AS_BYTES))
                 try:
                     for piece in self._pieces(first, deadline_ns, cancel, locked=True):
                         out.add(piece)
-                except MessageAborted:
+                except MessageAbortedError:
                     continue
                 except ValueError as e:  # more bytes than the header says
                     self.drops.drop(self.endpoint, f"message {first.seq}: {e}")
@@ -376,7 +349,8 @@ class ZmqReader:
     def read_stream(self, deadline_ns: int, cancel: threading.Event | None):
         """``(kind, total, pieces)`` of the next message without gathering it: ``pieces``
         yields each checked chunk as it arrives (a relay writes them on at once). It raises
-        MessageAborted if the writer gave up on the message part way; one consumer only."""
+        MessageAbortedError if the writer gave up on the message part way; one consumer
+        only."""
         with self._lock:
             first = self._next_start(deadline_ns, cancel)
         return first.kind, first.total, self._pieces(first, deadline_ns, cancel, locked=False)
@@ -408,7 +382,7 @@ class ZmqReader:
                         c = self._next_chunk(deadline_ns, cancel)
                 if c.index == 0 and c.seq > first.seq:  # the writer gave up on this one
                     self._stash = c
-                    raise MessageAborted(f"the writer gave up on message {first.seq} part way")
+                    raise MessageAbortedError(f"the writer gave up on message {first.seq} part way")
                 if c.seq == first.seq and c.index == index:
                     break
                 self.drops.drop(self.endpoint, f"chunk {c.index} of message {c.seq} out of "
@@ -426,7 +400,7 @@ class ZmqReader:
         if self._closed:
             raise Cancelled("the queue is closed")
         while True:
-            shut = self._shut.is_set()
+            shut = self._shut
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
             try:  # blocks up to RCVTIMEO = _POLL_MS; after shutdown, takes what has arrived
@@ -463,15 +437,10 @@ class ZmqReader:
             return None
         return _Chunk(kind, seq, index, count, total, body[_HEADER.size:])
 
-    def shutdown(self) -> None:
-        self._shut.set()
+    def _wake(self) -> None:
+        """Nothing to do: a waiting dequeue polls ``_shut`` every receive timeout."""
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._shut.set()
-        self._closed = True
-        with self._lock:
-            self._sock.disable_monitor()
-            self._monitor.close(linger=0)
-            self._sock.close(linger=0)
+    def _release(self) -> None:
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self._sock.close(linger=0)

@@ -1,0 +1,75 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Memory a received message is copied into, owned by the receiver (never aliasing a ring
+or a socket's frame): ``bytes`` or a writable ``bytearray``, with huge-page advice when
+large. ``mpx/_buffers_py.py`` is its pure-Python twin."""
+
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.bytearray cimport PyByteArray_FromStringAndSize, PyByteArray_AS_STRING
+from libc.string cimport memcpy
+from libc.stdint cimport uint64_t
+
+cdef extern from "_ring_sync.h" nogil:
+    void mpx_advise_huge(void* p, size_t n)
+
+cdef enum:
+    # Large buffers get transparent-huge-page advice: 4 KiB page faults would otherwise cap
+    # a copy into fresh memory at ~3 GB/s.
+    HUGE_ADVICE_MIN = 4 << 20
+
+IMPLEMENTATION = "cython"
+
+
+cdef object owned_buffer(bint as_bytes, uint64_t size, char** ptr):
+    """A new, uninitialised buffer of ``size`` bytes (bytes if ``as_bytes``, else a
+    bytearray); its memory in ``*ptr``."""
+    cdef object buf
+    if as_bytes:
+        buf = PyBytes_FromStringAndSize(NULL, size)
+        ptr[0] = PyBytes_AS_STRING(buf)
+    else:
+        buf = PyByteArray_FromStringAndSize(NULL, size)
+        ptr[0] = PyByteArray_AS_STRING(buf)
+    if size >= HUGE_ADVICE_MIN:
+        mpx_advise_huge(ptr[0], size)
+    return buf
+
+
+cdef class Assembler:
+    """Builds one message of ``total`` bytes from consecutive pieces (the ZeroMQ reader's
+    chunks) in memory the caller will own: bytes if ``as_bytes``, else a bytearray."""
+
+    cdef object dest
+    cdef char* ptr
+    cdef uint64_t off, total
+
+    def __init__(self, uint64_t total, bint as_bytes):
+        self.dest = owned_buffer(as_bytes, total, &self.ptr)
+        self.off = 0
+        self.total = total
+
+    def add(self, const unsigned char[::1] piece):
+        """Append ``piece``; ValueError if it would overrun the message."""
+        cdef size_t n = piece.shape[0]
+        if self.dest is None:
+            raise ValueError("the message was already taken")
+        if n > self.total - self.off:
+            raise ValueError(f"a piece of {n} bytes overruns the message "
+                             f"({self.off} of {self.total} bytes filled)")
+        if n:
+            with nogil:
+                memcpy(self.ptr + self.off, &piece[0], n)
+        self.off += n
+
+    @property
+    def complete(self):
+        """Whether every byte of the message was added."""
+        return self.off == self.total
+
+    def result(self):
+        """The message; ValueError unless every byte was added."""
+        if self.off != self.total:
+            raise ValueError(f"message incomplete: {self.off} of {self.total} bytes")
+        if self.dest is None:
+            raise ValueError("the message was already taken")
+        d, self.dest = self.dest, None
+        return d

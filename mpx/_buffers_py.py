@@ -1,0 +1,40 @@
+"""Pure-Python twin of ``mpx/_buffers.pyx``: the ZeroMQ reader's reassembler."""
+
+from __future__ import annotations
+
+IMPLEMENTATION = "python"
+
+
+class Assembler:
+    """See ``mpx._buffers.Assembler``."""
+
+    def __init__(self, total: int, as_bytes: bool) -> None:
+        self._as_bytes = as_bytes
+        self._dest: bytearray | None = bytearray(total)
+        self._total = total
+        self._off = 0
+
+    def add(self, piece) -> None:
+        """Append ``piece``; ValueError if it would overrun the message."""
+        if self._dest is None:
+            raise ValueError("the message was already taken")
+        n = memoryview(piece).nbytes
+        if n > self._total - self._off:
+            raise ValueError(f"a piece of {n} bytes overruns the message "
+                             f"({self._off} of {self._total} bytes filled)")
+        self._dest[self._off:self._off + n] = piece
+        self._off += n
+
+    @property
+    def complete(self) -> bool:
+        """Whether every byte of the message was added."""
+        return self._off == self._total
+
+    def result(self) -> bytes | bytearray:
+        """The message; ValueError unless every byte was added."""
+        if not self.complete:
+            raise ValueError(f"message incomplete: {self._off} of {self._total} bytes")
+        if self._dest is None:
+            raise ValueError("the message was already taken")
+        dest, self._dest = self._dest, None
+        return bytes(dest) if self._as_bytes else dest
