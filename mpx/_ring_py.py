@@ -19,7 +19,7 @@ import platform
 import select
 import time
 
-from mpx import layout as L
+from mpx import layout
 
 IMPLEMENTATION = "python"
 
@@ -72,11 +72,11 @@ class _RingEnd:
         self._addr_obj = ctypes.c_char.from_buffer(buf)
         self._addr = ctypes.addressof(self._addr_obj)
         q = self._q
-        self.chunk_bytes = q[L.OFF_CHUNK_BYTES // 8]
-        self.n_chunks = q[L.OFF_N_CHUNKS // 8]
-        self.n_readers = q[L.OFF_N_READERS // 8]
-        self.stride = q[L.OFF_SLOT_STRIDE // 8]
-        self._slots = L.slots_offset(self.n_readers)
+        self.chunk_bytes = q[layout.OFF_CHUNK_BYTES // 8]
+        self.n_chunks = q[layout.OFF_N_CHUNKS // 8]
+        self.n_readers = q[layout.OFF_N_READERS // 8]
+        self.stride = q[layout.OFF_SLOT_STRIDE // 8]
+        self._slots = layout.slots_offset(self.n_readers)
         self._released = False
         self._pidfds: list[int] = []
         if self._mv.nbytes < self._slots + self.stride * self.n_chunks:
@@ -151,7 +151,7 @@ class _RingEnd:
         """See ``mpx._ring._RingEnd._wait`` (Python runs signal handlers between bytecodes,
         so there is no SIGNALLED here)."""
         if self._ready():
-            return L.OK
+            return layout.OK
         t0 = now = time.monotonic_ns()
         slice_end = t0 + slice_ns if slice_ns >= 0 else -1
         if self._resting:
@@ -160,22 +160,22 @@ class _RingEnd:
         while now - t0 < self.spin_ns + self.yield_ns:
             os.sched_yield()
             if self._ready():
-                return L.OK
+                return layout.OK
             if self._interrupted:
-                return L.INTERRUPTED
+                return layout.INTERRUPTED
             now = time.monotonic_ns()
             if 0 <= deadline <= now:
-                return L.TIMEOUT
+                return layout.TIMEOUT
         while True:
             st = self._terminal()
             if st is not None:
                 return st
             now = time.monotonic_ns()
             if 0 <= deadline <= now:
-                return L.TIMEOUT
+                return layout.TIMEOUT
             if 0 <= slice_end <= now:
                 self._resting = True
-                return L.SLICE
+                return layout.SLICE
             until = now + self.poll_ns
             if 0 <= deadline < until:
                 until = deadline
@@ -183,18 +183,18 @@ class _RingEnd:
                 until = slice_end
             v = self._w32(self._futex)
             self._set32(self._parked, 1)
-            L.fence()
+            layout.fence()
             if self._ready():
                 self._set32(self._parked, 0)
-                return L.OK
+                return layout.OK
             signalled = False
             if (self._gate is None or self._w32(self._gate) == 0) and not self._interrupted:
                 signalled = self._futex_wait(self._futex, v, until - now)
             self._set32(self._parked, 0)
             if self._ready():
-                return L.OK
+                return layout.OK
             if signalled:
-                return L.SLICE
+                return layout.SLICE
 
     # ------------------------------------------------------------------ state
 
@@ -208,22 +208,22 @@ class _RingEnd:
     def state(self) -> int:
         """The segment's state bits (S_SHUTDOWN, S_CLOSED)."""
         self._live()
-        return self._w32(L.OFF_STATE)
+        return self._w32(layout.OFF_STATE)
 
     def readers(self) -> list[tuple[int, bool, bool, int]]:
         """``(pid, attached, closed, read_seq)`` of every reader block."""
         self._live()
         out = []
         for i in range(self.n_readers):
-            blk = L.reader_block(i)
-            out.append((self._w64(blk + L.RB_PID), bool(self._w32(blk + L.RB_ATTACHED)),
-                        bool(self._w32(blk + L.RB_CLOSED)), self._w64(blk + L.RB_READ_SEQ)))
+            blk = layout.reader_block(i)
+            out.append((self._w64(blk + layout.RB_PID), bool(self._w32(blk + layout.RB_ATTACHED)),
+                        bool(self._w32(blk + layout.RB_CLOSED)), self._w64(blk + layout.RB_READ_SEQ)))
         return out
 
     def all_attached(self) -> bool:
         """Whether every reader has attached."""
         self._live()
-        return all(self._w32(L.reader_block(i) + L.RB_ATTACHED) for i in range(self.n_readers))
+        return all(self._w32(layout.reader_block(i) + layout.RB_ATTACHED) for i in range(self.n_readers))
 
     @property
     def seq_number(self) -> int:
@@ -233,12 +233,12 @@ class _RingEnd:
     def published(self) -> int:
         """Slots the writer has published so far."""
         self._live()
-        return self._w64(L.OFF_WRITE_SEQ)
+        return self._w64(layout.OFF_WRITE_SEQ)
 
     def payload_offset(self) -> int:
         """See ``mpx._ring._RingEnd.payload_offset``."""
         self._live()
-        return self._slot(self.seq) + L.SLOT_HEADER
+        return self._slot(self.seq) + layout.SLOT_HEADER
 
 
 class RingWriter(_RingEnd):
@@ -247,20 +247,20 @@ class RingWriter(_RingEnd):
     def __init__(self, buf, spin_ns: int = 0, yield_ns: int = 1000000,
                  poll_ns: int = 100000000) -> None:
         super().__init__(buf, spin_ns, yield_ns, poll_ns)
-        self.seq = self._q[L.OFF_WRITE_SEQ // 8]
+        self.seq = self._q[layout.OFF_WRITE_SEQ // 8]
         self._min_read = 0
         self.partial = False
         self.gone_index = -1
         self._pidfds = [-1] * self.n_readers
-        self._futex, self._parked, self._gate = L.OFF_SPACE_FUTEX, L.OFF_WRITER_PARKED, None
+        self._futex, self._parked, self._gate = layout.OFF_SPACE_FUTEX, layout.OFF_WRITER_PARKED, None
 
     def set_state(self, bits: int) -> None:
         """Set S_SHUTDOWN/S_CLOSED bits in the segment and wake every parked reader."""
         self._live()
-        self._set32(L.OFF_STATE, self._w32(L.OFF_STATE) | bits)
-        L.fence()
-        self._bump32(L.OFF_DATA_FUTEX)
-        self._futex_wake(L.OFF_DATA_FUTEX)
+        self._set32(layout.OFF_STATE, self._w32(layout.OFF_STATE) | bits)
+        layout.fence()
+        self._bump32(layout.OFF_DATA_FUTEX)
+        self._futex_wake(layout.OFF_DATA_FUTEX)
 
     def _has_space(self, need: int) -> bool:
         if self.seq - self._min_read + need <= self.n_chunks:
@@ -268,7 +268,7 @@ class RingWriter(_RingEnd):
         q = self._q
         m = self.seq
         for i in range(self.n_readers):
-            r = q[(L.reader_block(i) + L.RB_READ_SEQ) >> 3]
+            r = q[(layout.reader_block(i) + layout.RB_READ_SEQ) >> 3]
             if r < m:
                 m = r
         self._min_read = m
@@ -279,26 +279,26 @@ class RingWriter(_RingEnd):
 
     def _terminal(self) -> int | None:
         if self._interrupted:
-            return L.INTERRUPTED
+            return layout.INTERRUPTED
         for i in range(self.n_readers):
-            blk = L.reader_block(i)
-            if self.seq - self._w64(blk + L.RB_READ_SEQ) < self.n_chunks:
+            blk = layout.reader_block(i)
+            if self.seq - self._w64(blk + layout.RB_READ_SEQ) < self.n_chunks:
                 continue
-            if self._w32(blk + L.RB_CLOSED):
+            if self._w32(blk + layout.RB_CLOSED):
                 self.gone_index = i
-                return L.PEER_GONE
+                return layout.PEER_GONE
             if self._pidfds[i] == -1:
-                pid = self._w64(blk + L.RB_PID)
+                pid = self._w64(blk + layout.RB_PID)
                 if pid:
                     self._pidfds[i] = _pidfd_open(pid)
             if _pidfd_exited(self._pidfds[i]):
                 self.gone_index = i
-                return L.PEER_GONE
+                return layout.PEER_GONE
         return None
 
     def _wait_space(self, deadline: int) -> int:
-        st = L.SLICE
-        while st == L.SLICE:
+        st = layout.SLICE
+        while st == layout.SLICE:
             st = self._wait(deadline, -1)
         return st
 
@@ -316,17 +316,17 @@ class RingWriter(_RingEnd):
     def _publish(self, length: int, flags: int, kind: int, total: int) -> None:
         s = self._slot(self.seq)
         q, i32 = self._q, self._i
-        q[(s + L.SH_LENGTH) >> 3] = length
-        i32[(s + L.SH_FLAGS) >> 2] = flags
-        i32[(s + L.SH_KIND) >> 2] = kind
-        q[(s + L.SH_TOTAL) >> 3] = total
+        q[(s + layout.SH_LENGTH) >> 3] = length
+        i32[(s + layout.SH_FLAGS) >> 2] = flags
+        i32[(s + layout.SH_KIND) >> 2] = kind
+        q[(s + layout.SH_TOTAL) >> 3] = total
         self.seq += 1
-        q[L.OFF_WRITE_SEQ >> 3] = self.seq
-        L.fence()
+        q[layout.OFF_WRITE_SEQ >> 3] = self.seq
+        layout.fence()
         for r in range(self.n_readers):
-            if i32[(L.reader_block(r) + L.RB_PARKED) >> 2]:
-                self._bump32(L.OFF_DATA_FUTEX)
-                self._futex_wake(L.OFF_DATA_FUTEX)
+            if i32[(layout.reader_block(r) + layout.RB_PARKED) >> 2]:
+                self._bump32(layout.OFF_DATA_FUTEX)
+                self._futex_wake(layout.OFF_DATA_FUTEX)
                 break
 
     def _claim_slot(self, deadline_ns: int) -> int:
@@ -334,9 +334,9 @@ class RingWriter(_RingEnd):
         half-written."""
         if self.partial:
             st = self._wait_space(deadline_ns)
-            if st != L.OK:
+            if st != layout.OK:
                 return st
-            self._publish(0, L.F_ABORT, 0, 0)
+            self._publish(0, layout.F_ABORT, 0, 0)
             self.partial = False
         return self._wait_space(deadline_ns)
 
@@ -345,10 +345,10 @@ class RingWriter(_RingEnd):
         self._live()
         length = sum(memoryview(p).nbytes for p in parts) if total < 0 else total
         st = self._claim_slot(deadline_ns)
-        if st != L.OK:
+        if st != layout.OK:
             return st
         chunk = self.chunk_bytes
-        payload = self._slot(self.seq) + L.SLOT_HEADER
+        payload = self._slot(self.seq) + layout.SLOT_HEADER
         off = written = 0
         first = True
         mv = self._mv
@@ -360,14 +360,14 @@ class RingWriter(_RingEnd):
             written += rem
             while rem:
                 if off == chunk:
-                    self._publish(off, L.F_BEGIN if first else 0, kind, length)
+                    self._publish(off, layout.F_BEGIN if first else 0, kind, length)
                     first = False
                     self.partial = True
                     off = 0
                     st = self._wait_space(deadline_ns)
-                    if st != L.OK:
+                    if st != layout.OK:
                         return st
-                    payload = self._slot(self.seq) + L.SLOT_HEADER
+                    payload = self._slot(self.seq) + layout.SLOT_HEADER
                 c = min(rem, chunk - off)
                 mv[payload + off:payload + off + c] = v[pos:pos + c]
                 off += c
@@ -375,9 +375,9 @@ class RingWriter(_RingEnd):
                 rem -= c
         if written != length:
             raise ValueError(f"the message's pieces add up to {written} bytes, not {length}")
-        self._publish(off, (L.F_BEGIN if first else 0) | L.F_END, kind, length)
+        self._publish(off, (layout.F_BEGIN if first else 0) | layout.F_END, kind, length)
         self.partial = False
-        return L.OK
+        return layout.OK
 
     def begin_slot(self, deadline_ns: int = -1) -> int:
         """See ``mpx._ring.RingWriter.begin_slot``."""
@@ -389,7 +389,7 @@ class RingWriter(_RingEnd):
         self._live()
         if length > self.chunk_bytes:
             raise ValueError(f"slot length {length} exceeds the slot size {self.chunk_bytes}")
-        self._publish(length, L.F_BEGIN | L.F_END, kind, length)
+        self._publish(length, layout.F_BEGIN | layout.F_END, kind, length)
 
 
 class RingReader(_RingEnd):
@@ -404,17 +404,18 @@ class RingReader(_RingEnd):
         if not 0 <= index < self.n_readers:
             self.release()
             raise ValueError(f"reader index {index} out of range for {self.n_readers} readers")
-        blk = self._rb = L.reader_block(index)
-        if self._w32(blk + L.RB_ATTACHED):  # no compare-and-swap in Python: check, then set
+        blk = self._rb = layout.reader_block(index)
+        if self._w32(blk + layout.RB_ATTACHED):  # no compare-and-swap in Python: check, then set
             self.release()
             raise ValueError(f"reader {index} is already attached to this ring")
-        self._set32(blk + L.RB_ATTACHED, 1)
-        self._q[(blk + L.RB_PID) >> 3] = os.getpid()
-        L.fence()
+        self._set32(blk + layout.RB_ATTACHED, 1)
+        self._q[(blk + layout.RB_PID) >> 3] = os.getpid()
+        layout.fence()
         self.index = index
-        self.seq = self._w64(blk + L.RB_READ_SEQ)
-        self._pidfds = [_pidfd_open(self._w64(L.OFF_WRITER_PID))]
-        self._futex, self._parked, self._gate = L.OFF_DATA_FUTEX, blk + L.RB_PARKED, L.OFF_STATE
+        self.seq = self._w64(blk + layout.RB_READ_SEQ)
+        self._pidfds = [_pidfd_open(self._w64(layout.OFF_WRITER_PID))]
+        self._futex = layout.OFF_DATA_FUTEX
+        self._parked, self._gate = blk + layout.RB_PARKED, layout.OFF_STATE
 
     def release(self) -> None:
         """Drop the buffer export and pidfds; the ring end is unusable afterwards."""
@@ -424,33 +425,33 @@ class RingReader(_RingEnd):
     def mark_closed(self) -> None:
         """Tell the writer this reader is gone, waking it if it waits for space."""
         self._live()
-        self._set32(self._rb + L.RB_CLOSED, 1)
-        L.fence()
-        self._bump32(L.OFF_SPACE_FUTEX)
-        self._futex_wake(L.OFF_SPACE_FUTEX)
+        self._set32(self._rb + layout.RB_CLOSED, 1)
+        layout.fence()
+        self._bump32(layout.OFF_SPACE_FUTEX)
+        self._futex_wake(layout.OFF_SPACE_FUTEX)
 
     def _ready(self) -> bool:
-        return self._q[L.OFF_WRITE_SEQ >> 3] > self.seq
+        return self._q[layout.OFF_WRITE_SEQ >> 3] > self.seq
 
     def _terminal(self) -> int | None:
         if self._interrupted:
-            return L.INTERRUPTED
-        state = self._w32(L.OFF_STATE)
+            return layout.INTERRUPTED
+        state = self._w32(layout.OFF_STATE)
         if state == 0 and not _pidfd_exited(self._pidfds[0]):
             return None
-        if self._w64(L.OFF_WRITE_SEQ) > self.seq:
-            return L.OK
-        if state & L.S_SHUTDOWN:
-            return L.SHUTDOWN
-        return L.PEER_GONE
+        if self._w64(layout.OFF_WRITE_SEQ) > self.seq:
+            return layout.OK
+        if state & layout.S_SHUTDOWN:
+            return layout.SHUTDOWN
+        return layout.PEER_GONE
 
     def _ack(self) -> None:
         self.seq += 1
-        self._q[(self._rb + L.RB_READ_SEQ) >> 3] = self.seq
-        L.fence()
-        if self._w32(L.OFF_WRITER_PARKED):
-            self._bump32(L.OFF_SPACE_FUTEX)
-            self._futex_wake(L.OFF_SPACE_FUTEX)
+        self._q[(self._rb + layout.RB_READ_SEQ) >> 3] = self.seq
+        layout.fence()
+        if self._w32(layout.OFF_WRITER_PARKED):
+            self._bump32(layout.OFF_SPACE_FUTEX)
+            self._futex_wake(layout.OFF_SPACE_FUTEX)
 
     def next_slot(self, deadline_ns: int = -1, slice_ns: int = -1) -> tuple[int, int, int]:
         """See ``mpx._ring.RingReader.next_slot``."""
@@ -460,22 +461,22 @@ class RingReader(_RingEnd):
         q = self._q
         while True:
             st = self._wait(deadline_ns, slice_ns)
-            if st != L.OK:
+            if st != layout.OK:
                 return (st, 0, 0)
             s = self._slot(self.seq)
-            flags = self._i[(s + L.SH_FLAGS) >> 2]
-            if flags & L.F_ABORT:
+            flags = self._i[(s + layout.SH_FLAGS) >> 2]
+            if flags & layout.F_ABORT:
                 self._ack()
                 continue
-            if flags & (L.F_BEGIN | L.F_END) != (L.F_BEGIN | L.F_END):
+            if flags & (layout.F_BEGIN | layout.F_END) != (layout.F_BEGIN | layout.F_END):
                 raise ValueError(f"the next message spans several slots "
-                                 f"({q[(s + L.SH_TOTAL) >> 3]} bytes); read it with read()")
-            return (L.OK, q[(s + L.SH_LENGTH) >> 3], self._i[(s + L.SH_KIND) >> 2])
+                                 f"({q[(s + layout.SH_TOTAL) >> 3]} bytes); read it with read()")
+            return (layout.OK, q[(s + layout.SH_LENGTH) >> 3], self._i[(s + layout.SH_KIND) >> 2])
 
     def release_slot(self) -> None:
         """See ``mpx._ring.RingReader.release_slot``."""
         self._live()
-        if self._q[L.OFF_WRITE_SEQ >> 3] <= self.seq:
+        if self._q[layout.OFF_WRITE_SEQ >> 3] <= self.seq:
             raise ValueError("release_slot() without a slot")
         self._ack()
 
@@ -485,28 +486,28 @@ class RingReader(_RingEnd):
         q, i32, mv = self._q, self._i, self._mv
         while True:
             st = self._wait(deadline_ns, slice_ns)
-            if st != L.OK:
-                if st in (L.SHUTDOWN, L.PEER_GONE):
+            if st != layout.OK:
+                if st in (layout.SHUTDOWN, layout.PEER_GONE):
                     self._dest = None
                 return (st, 0, None)
             s = self._slot(self.seq)
-            length = q[(s + L.SH_LENGTH) >> 3]
-            flags = i32[(s + L.SH_FLAGS) >> 2]
-            kind = i32[(s + L.SH_KIND) >> 2]
-            total = q[(s + L.SH_TOTAL) >> 3]
-            as_bytes = kind & L.KIND_AS_BYTES
-            if flags & L.F_ABORT:
+            length = q[(s + layout.SH_LENGTH) >> 3]
+            flags = i32[(s + layout.SH_FLAGS) >> 2]
+            kind = i32[(s + layout.SH_KIND) >> 2]
+            total = q[(s + layout.SH_TOTAL) >> 3]
+            as_bytes = kind & layout.KIND_AS_BYTES
+            if flags & layout.F_ABORT:
                 self._dest = None
                 self._ack()
                 continue
-            p = s + L.SLOT_HEADER
-            if flags & L.F_BEGIN:
-                if flags & L.F_END and as_bytes:
+            p = s + layout.SLOT_HEADER
+            if flags & layout.F_BEGIN:
+                if flags & layout.F_END and as_bytes:
                     if length != total or length > self.chunk_bytes:
                         raise RuntimeError("mpx ring corrupted: slot length exceeds the message")
                     data = bytes(mv[p:p + length])
                     self._ack()
-                    return (L.OK, kind, data)
+                    return (layout.OK, kind, data)
                 self._dest = bytearray(total)
                 self._dest_kind = kind
                 self._dest_off = 0
@@ -518,9 +519,9 @@ class RingReader(_RingEnd):
             dest[self._dest_off:self._dest_off + length] = mv[p:p + length]
             self._dest_off += length
             self._ack()
-            if flags & L.F_END:
+            if flags & layout.F_END:
                 self._dest = None
                 self._resting = False
                 kind = self._dest_kind
-                out = bytes(dest) if kind & L.KIND_AS_BYTES else dest
-                return (L.OK, kind, out)
+                out = bytes(dest) if kind & layout.KIND_AS_BYTES else dest
+                return (layout.OK, kind, out)

@@ -29,8 +29,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from mpx import _debug, serde
-from mpx import layout as L
+from mpx import _debug, layout, serde
 from mpx._impl import ring_implementation
 from mpx.config import Config
 from mpx.errors import HandleError, QueueClosedError, QueueTimeout, RoleError, ShmError
@@ -223,8 +222,9 @@ class MessageQueue:
                 shm_end.close()
             raise
         self._writer: _Broadcast | None = _Broadcast([e for e in (shm_end, zmq_end) if e])
-        self._end: _Broadcast | Reader = self._writer
-        self._handle = Handle(L.VERSION, n_reader, n_local_reader, tuple(ranks),
+        # this queue's side, writer or reader: what waiting, shutdown and close act on
+        self._own_end: _Broadcast | Reader = self._writer
+        self._handle = Handle(layout.VERSION, n_reader, n_local_reader, tuple(ranks),
                               shm_end.handle_info() if shm_end else None, connect_ip,
                               zmq_end.handle_info() if zmq_end else None,
                               self.config.max_chunk_bytes, self.config.max_chunks)
@@ -254,9 +254,9 @@ class MessageQueue:
         ``rank`` is in ``[0, n_reader]`` (a reader rank, or a group rank as in vLLM)."""
         if not isinstance(handle, Handle):
             raise HandleError(f"expected an mpx.queue.Handle, got {type(handle).__name__}")
-        if handle.layout_version != L.VERSION:
+        if handle.layout_version != layout.VERSION:
             raise HandleError(f"the handle is for ring layout version {handle.layout_version}, "
-                              f"this mpx speaks version {L.VERSION}: mix of mpx versions?")
+                              f"this mpx speaks version {layout.VERSION}: mix of mpx versions?")
         if not isinstance(rank, int) or not 0 <= rank <= handle.n_reader:
             raise ValueError(f"reader rank must be in [0, {handle.n_reader}], got {rank!r}")
         self = cls.__new__(cls)
@@ -282,7 +282,7 @@ class MessageQueue:
             self._reader = ZmqReader(handle.zmq, rank, self.config)
         else:
             raise HandleError(f"the handle has no transport for reader rank {rank}")
-        self._end = self._reader
+        self._own_end = self._reader
         return self
 
     @staticmethod
@@ -409,7 +409,7 @@ class MessageQueue:
         deadline = _deadline(timeout)
         if self._closed:
             raise QueueClosedError("wait_until_ready() on a closed queue")
-        self._end.wait_ready(deadline, cancel)
+        self._own_end.wait_ready(deadline, cancel)
 
     def enqueue(self, obj: Any, timeout: float | None = None, *,
                 while_full: Callable[[], bool | None] | None = None) -> None:
@@ -513,7 +513,7 @@ class MessageQueue:
         self.shutting_down = True
         if self._closed:
             return
-        self._end.shutdown()
+        self._own_end.shutdown()
 
     def close(self) -> None:
         """Release the queue's resources; idempotent. Closing the writer tells every reader
@@ -522,7 +522,7 @@ class MessageQueue:
             return
         self.shutting_down = True
         self._closed = True
-        self._end.close()
+        self._own_end.close()
 
     def __enter__(self) -> MessageQueue:
         return self

@@ -11,19 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from mpx import _impl
-from mpx import layout as L
+from mpx import _impl, layout
 
 # Kinds are the caller's; the ring looks only at KIND_AS_BYTES.
-BYTES = 7 | L.KIND_AS_BYTES  # delivered as bytes
+BYTES = 7 | layout.KIND_AS_BYTES  # delivered as bytes
 ARRAY = 9                    # delivered as a writable bytearray
 
 
 def make_ring(n_readers=1, chunk=256, nchunks=4, spin_ns=20_000, yield_ns=200_000,
               poll_ns=20_000_000):
     mod = _impl.ring_module()
-    mm = mmap.mmap(-1, L.segment_size(chunk, nchunks, n_readers))
-    L.init_header(mm, chunk, nchunks, n_readers, 1234, os.getpid())
+    mm = mmap.mmap(-1, layout.segment_size(chunk, nchunks, n_readers))
+    layout.init_header(mm, chunk, nchunks, n_readers, 1234, os.getpid())
     kw = dict(spin_ns=spin_ns, yield_ns=yield_ns, poll_ns=poll_ns)
     w = mod.RingWriter(mm, **kw)
     rs = [mod.RingReader(mm, i, **kw) for i in range(n_readers)]
@@ -32,7 +31,7 @@ def make_ring(n_readers=1, chunk=256, nchunks=4, spin_ns=20_000, yield_ns=200_00
 
 def read_ok(r, deadline_ns=-1):
     st, kind, data = r.read(deadline_ns if deadline_ns < 0 else time.monotonic_ns() + deadline_ns)
-    assert st == L.OK, st
+    assert st == layout.OK, st
     return kind, data
 
 
@@ -65,7 +64,7 @@ def test_sizes_around_slot_boundaries_single_message(ring, size):
     w, (r,) = ring(chunk=256, nchunks=4)
     payload = bytes(range(256)) * (size // 256 + 1)
     payload = payload[:size]
-    assert w.write(BYTES, (payload,), in_s(2)) == L.OK
+    assert w.write(BYTES, (payload,), in_s(2)) == layout.OK
     kind, data = read_ok(r)
     assert kind == BYTES and data == payload
 
@@ -76,7 +75,7 @@ def test_message_larger_than_ring_streams(ring):
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("v", read_ok(r, int(5e9))))
     t.start()
-    assert w.write(ARRAY, (payload[:100], payload[100:]), in_s(5)) == L.OK
+    assert w.write(ARRAY, (payload[:100], payload[100:]), in_s(5)) == layout.OK
     t.join(5)
     kind, data = out["v"]
     assert kind == ARRAY and isinstance(data, bytearray) and bytes(data) == payload
@@ -95,7 +94,7 @@ def test_many_messages_in_order_two_readers(ring):
     for t in ts:
         t.start()
     for m in msgs:
-        assert w.write(BYTES, (m,), in_s(5)) == L.OK
+        assert w.write(BYTES, (m,), in_s(5)) == layout.OK
     for t in ts:
         t.join(10)
     assert got[0] == msgs and got[1] == msgs
@@ -103,24 +102,24 @@ def test_many_messages_in_order_two_readers(ring):
 
 def test_writer_times_out_on_full_ring_and_recovers(ring):
     w, (r,) = ring(chunk=64, nchunks=2)
-    assert w.write(BYTES, (b"a",), in_s(1)) == L.OK
-    assert w.write(BYTES, (b"b",), in_s(1)) == L.OK
+    assert w.write(BYTES, (b"a",), in_s(1)) == layout.OK
+    assert w.write(BYTES, (b"b",), in_s(1)) == layout.OK
     t0 = time.monotonic()
-    assert w.write(BYTES, (b"c",), in_s(0.2)) == L.TIMEOUT
+    assert w.write(BYTES, (b"c",), in_s(0.2)) == layout.TIMEOUT
     assert 0.15 < time.monotonic() - t0 < 2
     assert read_ok(r)[1] == b"a"
-    assert w.write(BYTES, (b"c",), in_s(1)) == L.OK
+    assert w.write(BYTES, (b"c",), in_s(1)) == layout.OK
     assert [read_ok(r)[1] for _ in range(2)] == [b"b", b"c"]
 
 
 def test_half_written_message_is_aborted(ring):
     w, (r,) = ring(chunk=64, nchunks=2)
     # 3 slots' worth into a 2-slot ring with nobody reading: the writer gives up mid-message
-    assert w.write(BYTES, (b"x" * 64 * 3,), in_s(0.2)) == L.TIMEOUT
+    assert w.write(BYTES, (b"x" * 64 * 3,), in_s(0.2)) == layout.TIMEOUT
     out = []
     t = threading.Thread(target=lambda: out.extend(read_ok(r, int(5e9))[1] for _ in range(1)))
     t.start()
-    assert w.write(BYTES, (b"next",), in_s(5)) == L.OK
+    assert w.write(BYTES, (b"next",), in_s(5)) == layout.OK
     t.join(5)
     assert out == [b"next"]
 
@@ -128,11 +127,11 @@ def test_half_written_message_is_aborted(ring):
 def test_reader_timeout_and_slice_then_resume(ring):
     w, (r,) = ring(chunk=64, nchunks=4)
     st, _, _ = r.read(in_s(0.1))
-    assert st == L.TIMEOUT
-    assert r.read(-1, 20_000_000)[0] == L.SLICE
+    assert st == layout.TIMEOUT
+    assert r.read(-1, 20_000_000)[0] == layout.SLICE
     w.write(BYTES, (b"y" * 64 * 2,), in_s(1))
     st, kind, data = r.read(-1, 20_000_000)
-    assert st == L.OK and data == b"y" * 128
+    assert st == layout.OK and data == b"y" * 128
 
 
 def test_interrupt_wakes_parked_reader(ring):
@@ -144,7 +143,7 @@ def test_interrupt_wakes_parked_reader(ring):
     t0 = time.monotonic()
     r.interrupt()
     t.join(5)
-    assert res == [L.INTERRUPTED]
+    assert res == [layout.INTERRUPTED]
     assert time.monotonic() - t0 < 1.0
 
 
@@ -158,23 +157,23 @@ def test_interrupt_wakes_writer_waiting_for_space(ring):
     time.sleep(0.3)
     w.interrupt()
     t.join(5)
-    assert res == [L.INTERRUPTED]
+    assert res == [layout.INTERRUPTED]
 
 
 def test_shutdown_state_delivers_pending_then_reports(ring):
     w, (r,) = ring()
     w.write(BYTES, (b"last",), -1)
-    w.set_state(L.S_SHUTDOWN)
+    w.set_state(layout.S_SHUTDOWN)
     assert read_ok(r)[1] == b"last"
-    assert r.read(in_s(1))[0] == L.SHUTDOWN
+    assert r.read(in_s(1))[0] == layout.SHUTDOWN
 
 
 def test_closed_writer_reports_peer_gone_after_drain(ring):
     w, (r,) = ring()
     w.write(BYTES, (b"m",), -1)
-    w.set_state(L.S_CLOSED)
+    w.set_state(layout.S_CLOSED)
     assert read_ok(r)[1] == b"m"
-    assert r.read(in_s(1))[0] == L.PEER_GONE
+    assert r.read(in_s(1))[0] == layout.PEER_GONE
 
 
 def test_parked_reader_wakes_fast_on_publish(ring):
@@ -206,12 +205,12 @@ def test_closed_reader_unblocks_writer(ring):
     time.sleep(0.2)
     r.mark_closed()
     t.join(5)
-    assert res == [L.PEER_GONE] and w.gone_index == 0
+    assert res == [layout.PEER_GONE] and w.gone_index == 0
 
 
 def _segment(chunk, nchunks, n_readers):
-    mm = mmap.mmap(-1, L.segment_size(chunk, nchunks, n_readers))
-    L.init_header(mm, chunk, nchunks, n_readers, 1, os.getpid())
+    mm = mmap.mmap(-1, layout.segment_size(chunk, nchunks, n_readers))
+    layout.init_header(mm, chunk, nchunks, n_readers, 1, os.getpid())
     return mm
 
 
@@ -229,12 +228,12 @@ def test_cross_implementation_same_layout(writer_impl):
     got = []
     t = threading.Thread(target=lambda: got.extend([r.read(in_s(5)), r.read(in_s(5))]))
     t.start()
-    assert w.write(ARRAY, (payload,), in_s(5)) == L.OK
-    assert w.write(BYTES, (b"back",), in_s(5)) == L.OK
+    assert w.write(ARRAY, (payload,), in_s(5)) == layout.OK
+    assert w.write(BYTES, (b"back",), in_s(5)) == layout.OK
     t.join(5)
-    assert got[0][:2] == (L.OK, ARRAY) and isinstance(got[0][2], bytearray)
+    assert got[0][:2] == (layout.OK, ARRAY) and isinstance(got[0][2], bytearray)
     assert bytes(got[0][2]) == payload
-    assert got[1] == (L.OK, BYTES, b"back")
+    assert got[1] == (layout.OK, BYTES, b"back")
     assert w.readers()[0][:3] == (os.getpid(), True, False)
     for x in (w, r):
         x.release()
@@ -277,10 +276,10 @@ def test_attach_claims_the_reader_block_once(impl):
 def test_kind_is_opaque_but_for_the_bytes_bit(ring, kind, size):
     w, (r,) = ring(chunk=256, nchunks=4)
     payload = os.urandom(size)
-    assert w.write(kind, (payload,), in_s(5)) == L.OK
+    assert w.write(kind, (payload,), in_s(5)) == layout.OK
     got_kind, data = read_ok(r, int(5e9))
     assert got_kind == kind and bytes(data) == payload
-    assert type(data) is (bytes if kind & L.KIND_AS_BYTES else bytearray)
+    assert type(data) is (bytes if kind & layout.KIND_AS_BYTES else bytearray)
 
 
 def test_free_slots_and_has_room(ring):
@@ -303,7 +302,7 @@ def test_writer_park_interrupted_by_a_signal_waits_on(ring):
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.2)
         t.start()
-        assert w.write(BYTES, (b"next",), in_s(5)) == L.OK
+        assert w.write(BYTES, (b"next",), in_s(5)) == layout.OK
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -313,7 +312,7 @@ def test_writer_park_interrupted_by_a_signal_waits_on(ring):
 
 
 def _pxi_constants() -> dict[str, int]:
-    text = (Path(L.__file__).parent / "_ring_layout.pxi").read_text()
+    text = (Path(layout.__file__).parent / "_ring_layout.pxi").read_text()
     body = text.split("cdef enum:", 1)[1]
     out = {}
     for line in body.splitlines():
@@ -330,8 +329,8 @@ def test_the_pxi_and_layout_py_agree():
     pxi = _pxi_constants()
     assert len(pxi) > 30
     for name, value in pxi.items():
-        assert getattr(L, name) == value, name
-    py = {n for n, v in vars(L).items()
+        assert getattr(layout, name) == value, name
+    py = {n for n, v in vars(layout).items()
           if n.isupper() and not n.startswith("_") and isinstance(v, int)}
     assert py - set(pxi) == {"MAGIC", "VERSION", "CACHE_LINE"}
 
@@ -346,7 +345,7 @@ def test_streamed_write_takes_pieces_as_they_come(ring):
                                                         for _ in range(3)))
     reader.start()
     pieces = [bytes([i]) * 100 for i in range(10)]  # 1000 bytes over 4 slots of 256
-    assert w.write(BYTES, (p for p in pieces), in_s(5), 1000) == L.OK
+    assert w.write(BYTES, (p for p in pieces), in_s(5), 1000) == layout.OK
 
     def broken():
         yield b"x" * 600  # past two slots: published before the failure
@@ -357,8 +356,8 @@ def test_streamed_write_takes_pieces_as_they_come(ring):
         w.write(BYTES, iter([b"y" * 600, b"y" * 600]), in_s(5), 1000)
     with pytest.raises(ValueError, match="add up to 600"):
         w.write(BYTES, iter([b"z" * 600]), in_s(5), 1000)
-    assert w.write(BYTES, iter([b"after"]), in_s(5), 5) == L.OK
-    assert w.write(BYTES, [b"a", b"b"], in_s(5)) == L.OK  # total from the parts
+    assert w.write(BYTES, iter([b"after"]), in_s(5), 5) == layout.OK
+    assert w.write(BYTES, [b"a", b"b"], in_s(5)) == layout.OK  # total from the parts
     reader.join(10)
     assert got == [(BYTES, b"".join(pieces)), (BYTES, b"after"), (BYTES, b"ab")]
 

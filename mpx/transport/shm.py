@@ -18,8 +18,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from mpx import _debug, shm
-from mpx import layout as L
+from mpx import _debug, layout, shm
 from mpx._impl import ring_module
 from mpx._procinfo import pid_alive
 from mpx.config import Config
@@ -98,12 +97,12 @@ class ShmWriter(Writer):
         self.ranks = list(ranks)
         n = len(ranks)
         shm.reap_stale()
-        size = L.segment_size(config.max_chunk_bytes, config.max_chunks, n)
+        size = layout.segment_size(config.max_chunk_bytes, config.max_chunks, n)
         self.segment, self._mm = shm.create(size, config.shm_dir)
         self._unlink = _Unlinker(self.segment)
         self.token = secrets.randbits(63)
         try:
-            L.init_header(self._mm, config.max_chunk_bytes, config.max_chunks, n, self.token,
+            layout.init_header(self._mm, config.max_chunk_bytes, config.max_chunks, n, self.token,
                           os.getpid())
             self._ring = ring_module().RingWriter(self._mm, **_ring_args(config))
         except BaseException:
@@ -167,7 +166,7 @@ class ShmWriter(Writer):
         with self._lock:
             self._check_open()
             st = self._ring.write(kind, pieces, deadline_ns, total)
-            if st != L.OK:
+            if st != layout.OK:
                 raise self._write_error(st)
 
     @contextlib.contextmanager
@@ -176,7 +175,7 @@ class ShmWriter(Writer):
         with self._lock:
             self._check_open()
             st = self._ring.begin_slot(deadline_ns)
-            if st != L.OK:
+            if st != layout.OK:
                 raise self._write_error(st)
             off = self._ring.payload_offset()
             size = self.config.max_chunk_bytes
@@ -188,16 +187,16 @@ class ShmWriter(Writer):
             self._ring.commit_slot(size, kind)
 
     def _write_error(self, st: int) -> Exception:
-        if st == L.TIMEOUT:
+        if st == layout.TIMEOUT:
             seq = self._ring.seq_number
             behind = [f"rank {rank} (pid {pid})" for rank, (pid, _, _, read) in
                       zip(self.ranks, self._ring.readers())
                       if seq - read >= self.config.max_chunks]
             return QueueTimeout("enqueue timed out waiting for ring space; readers that "
                                 f"have not consumed older messages: {', '.join(behind) or 'none'}")
-        if st == L.INTERRUPTED:
+        if st == layout.INTERRUPTED:
             return Cancelled("enqueue cancelled: the queue was shut down")
-        if st == L.PEER_GONE:
+        if st == layout.PEER_GONE:
             return self._peer_error(self._ring.gone_index, "waited for ring space")
         return RuntimeError(f"unexpected ring status {st}")
 
@@ -210,7 +209,7 @@ class ShmWriter(Writer):
             pass
 
     def _release(self) -> None:
-        self._ring.set_state(L.S_CLOSED)
+        self._ring.set_state(layout.S_CLOSED)
         self._unlink()
         self._ring.release()
         _debug.dec("rings")
@@ -245,12 +244,12 @@ class ShmReader(Reader):
             shm.unlink(name)
 
     def _validate(self, info: dict[str, Any]) -> None:
-        h = L.read_header(self._mm)
-        if h["magic"] != L.MAGIC:
+        h = layout.read_header(self._mm)
+        if h["magic"] != layout.MAGIC:
             raise HandleError(f"segment {info['shm_name']} is not an mpx ring")
-        if h["version"] != L.VERSION:
+        if h["version"] != layout.VERSION:
             raise HandleError(f"segment {info['shm_name']} has ring layout version {h['version']}, "
-                              f"this mpx speaks version {L.VERSION}: mix of mpx versions?")
+                              f"this mpx speaks version {layout.VERSION}: mix of mpx versions?")
         for key in ("max_chunk_bytes", "max_chunks", "token", "writer_pid"):
             if h[key] != info[key]:
                 raise HandleError(f"segment {info['shm_name']} does not match its handle: "
@@ -279,7 +278,7 @@ class ShmReader(Reader):
                     raise QueueClosedError(f"wait_until_ready on reader rank {self.rank}: "
                                            "the queue was closed")
                 readers = self._ring.readers()
-                closed = self._ring.state() & L.S_CLOSED
+                closed = self._ring.state() & layout.S_CLOSED
             if all(attached for _, attached, _, _ in readers):
                 return
             if closed or writer.exited():
@@ -302,7 +301,7 @@ class ShmReader(Reader):
             delay = min(delay * 2, 0.02)
 
     def _gone(self) -> PeerDiedError:
-        closed = self._ring.state() & L.S_CLOSED
+        closed = self._ring.state() & layout.S_CLOSED
         what = "closed the queue" if closed else "died"
         return PeerDiedError(f"the writer (pid {self.writer_pid}) {what}; reader rank {self.rank} "
                              "has read everything it published", role="writer", pid=self.writer_pid)
@@ -319,9 +318,9 @@ class ShmReader(Reader):
                 if cancel is not None and cancel.is_set():
                     raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
                 st, kind, data = self._ring.read(deadline_ns, slice_ns)
-                if st == L.OK:
+                if st == layout.OK:
                     return kind, data
-                if st == L.SLICE:  # a slice ended or a signal came: Python runs its handlers
+                if st == layout.SLICE:  # a slice ended or a signal came: Python runs its handlers
                     if warn and time.monotonic_ns() >= warn_at:
                         warn_at = time.monotonic_ns() + WAIT_WARNING_NS
                         logger.warning("mpx: reader rank %d (pid %d) has waited %d s for the "
@@ -332,14 +331,14 @@ class ShmReader(Reader):
                 raise self._read_error(st)
 
     def _read_error(self, st: int) -> Exception:
-        if st == L.TIMEOUT:
+        if st == layout.TIMEOUT:
             return QueueTimeout(f"dequeue on reader rank {self.rank} timed out: nothing "
                                 f"from the writer (pid {self.writer_pid})")
-        if st == L.INTERRUPTED:
+        if st == layout.INTERRUPTED:
             return Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was shut down")
-        if st == L.SHUTDOWN:
+        if st == layout.SHUTDOWN:
             return Cancelled(f"the writer (pid {self.writer_pid}) shut the queue down")
-        if st == L.PEER_GONE:
+        if st == layout.PEER_GONE:
             return self._gone()
         return RuntimeError(f"unexpected ring status {st}")
 
@@ -360,9 +359,9 @@ class ShmReader(Reader):
                 except ValueError as e:
                     raise ValueError(f"acquire_read on reader rank {self.rank}: {e}; use "
                                      "dequeue() for it (the message stays unread)") from None
-                if st == L.OK:
+                if st == layout.OK:
                     break
-                if st != L.SLICE:
+                if st != layout.SLICE:
                     raise self._read_error(st)
             off = self._ring.payload_offset()
             mv = memoryview(self._mm)[off:off + length].toreadonly()

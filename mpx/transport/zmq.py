@@ -32,7 +32,7 @@ from typing import Any
 import zmq
 import zmq.utils.monitor
 
-from mpx import layout as L
+from mpx import layout
 from mpx._impl import buffers_module
 from mpx.auth import seal, unseal
 from mpx.config import Config
@@ -331,7 +331,7 @@ class ZmqReader(Reader):
         with self._lock:
             while True:
                 first = self._next_start(deadline_ns, cancel)
-                out = self._assembler(first.total, bool(first.kind & L.KIND_AS_BYTES))
+                out = self._assembler(first.total, bool(first.kind & layout.KIND_AS_BYTES))
                 try:
                     for piece in self._pieces(first, deadline_ns, cancel, locked=True):
                         out.add(piece)
