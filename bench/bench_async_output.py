@@ -22,9 +22,10 @@ import os
 import sys
 import time
 
-from _report import finish, parse_args, print_header, row, stats
+from _report import finish, parse_args, row
 
 import mpx
+from mpx._cli.benchkit import print_header, stats
 
 COMPUTE_S = 0.005
 COPY_S = 0.005
@@ -70,7 +71,7 @@ def main():
     args = parse_args(__doc__, "fewer blocks (~5 s instead of ~20 s)")
     blocks = 4 if args.quick else 16
     t_start = time.perf_counter()
-    header = print_header(args.quick, "async output benchmark", "ring", "ring",
+    header = print_header(args.quick, "async output benchmark",
                           "the driver and the worker's two threads share them")
     exs = {}
     try:

@@ -46,6 +46,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,25 +58,32 @@ import psutil
 import torch
 from _report import (
     BIG,
-    CTX,
     bw_stats,
-    child_pids,
-    cleanup_procs,
-    copy_times,
     finish,
     interleaved,
-    join,
     last_cpu,
     parse_args,
     pct_row,
-    print_header,
     row,
-    start,
-    stats,
-    timed_loop,
+    timed_us,
 )
 
 import mpx
+from mpx._cli import benchkit
+from mpx._cli.benchkit import (
+    CTX,
+    CallOn,
+    PipePeers,
+    child_pids,
+    cleanup_procs,
+    join,
+    print_header,
+    progress,
+    settle,
+    start,
+    stats,
+    time_calls,
+)
 
 SETUP_TIMEOUT = 60.0
 CALL_TIMEOUT = 60.0
@@ -107,22 +115,6 @@ class BenchWorker:
         return time.monotonic_ns()
 
 
-def _pipe_rpc_child(conn):
-    """The baseline: a minimal RPC server over a multiprocessing Pipe. Stops on None."""
-    worker = BenchWorker()
-    try:
-        while True:
-            msg = conn.recv()
-            if msg is None:
-                break
-            method, args, kwargs = msg
-            result = getattr(worker, method)(*args, **kwargs)
-            del msg, args, kwargs  # free a big argument before the next call arrives
-            conn.send(result)
-    finally:
-        conn.close()
-
-
 def _mq_rpc_child(handle, conn):
     """Diagnosis: the same RPC loop as the executor's workers, straight on MessageQueues
     (broadcast queue in, a one-reader queue back), without the Executor around it."""
@@ -147,34 +139,9 @@ def _mq_rpc_child(handle, conn):
 
 # --------------------------------------------------------------------------- harness
 
-class PipeRPC:
-    """``n`` Pipe RPC children; ``call`` sends to all, then receives from all."""
-
-    def __init__(self, n):
-        self.conns, self.procs = [], []
-        for _ in range(n):
-            a, b = CTX.Pipe()
-            self.procs.append(start(_pipe_rpc_child, (b,)))
-            b.close()
-            self.conns.append(a)
-        self.pids = [p.pid for p in self.procs]
-
-    def call(self, method, *args):
-        msg = (method, args, {})
-        for c in self.conns:
-            c.send(msg)
-        return [c.recv() for c in self.conns]
-
-    def close(self):
-        for c in self.conns:
-            try:
-                c.send(None)
-            except OSError:
-                pass
-        for p in self.procs:
-            join(p, 10, what="Pipe child")
-        for c in self.conns:
-            c.close()
+def pipe_rpc(n):
+    """The baseline: ``n`` children each serving BenchWorker over a multiprocessing Pipe."""
+    return PipePeers(n, CallOn(BenchWorker()))
 
 
 class QueueRPC:
@@ -216,19 +183,19 @@ def new_executor(n):
 def bench_noop(n, iters, warm, blocks=4, pin_iters=0):
     """Both sides up at once; timed in alternating blocks so that drift hits both."""
     ex = new_executor(n)
-    pipe = PipeRPC(n)
+    pipe = pipe_rpc(n)
     mq = QueueRPC() if n == 1 else None
     try:
         def mpx_call():
             ex.collective_rpc("noop", timeout=CALL_TIMEOUT)
 
         def pipe_call():
-            pipe.call("noop")
+            pipe.rpc("noop")
 
         def mq_call():
             mq.call("noop")
 
-        if ex.collective_rpc("noop") != [None] * n or pipe.call("noop") != [None] * n:
+        if ex.collective_rpc("noop") != [None] * n or pipe.rpc("noop") != [None] * n:
             raise RuntimeError("no-op call returned something else than None")
         fns = [mpx_call, pipe_call] + ([mq_call] if mq is not None else [])
         # At least `warm` calls each and SETTLE_S of calls: the first few hundred round
@@ -265,9 +232,7 @@ def _pinned_noop(fns, child_pid, iters):
                 os.sched_setaffinity(pid, {cpu})
             res = {}
             for fn in fns:
-                for _ in range(iters // 5):
-                    fn()
-                res[fn] = stats(timed_loop(fn, iters))
+                res[fn] = stats(timed_us(fn, iters, warm=iters // 5))
             out[place] = res
     finally:
         os.sched_setaffinity(0, mine)
@@ -285,15 +250,12 @@ def bench_idle_wake(rounds, idle_s):
     """First call after `idle_s` of idleness of every process: mpx, the Pipe loop, and (to
     tell the Executor's part from the queues') the bare-MessageQueue loop, in rotating order."""
     ex = new_executor(1)
-    pipe = PipeRPC(1)
+    pipe = pipe_rpc(1)
     mq = QueueRPC()
     try:
         calls = {"mpx": lambda: ex.collective_rpc("noop", timeout=CALL_TIMEOUT),
-                 "pipe": lambda: pipe.call("noop"), "queue": lambda: mq.call("noop")}
-        end = time.perf_counter() + SETTLE_S
-        while time.perf_counter() < end:
-            for fn in calls.values():
-                fn()
+                 "pipe": lambda: pipe.rpc("noop"), "queue": lambda: mq.call("noop")}
+        settle(calls.values(), SETTLE_S)
         out: dict = {k: [] for k in calls}
         names = list(calls)
         clock = time.perf_counter_ns
@@ -338,11 +300,11 @@ def bench_idle_cpu(n, idle_s, call_s):
     """CPU of ``n`` idle mpx workers (and of an idle Pipe child, for reference) over
     ``idle_s``; then the driver's CPU while a call sleeps ``call_s`` in every worker."""
     ex = new_executor(n)
-    pipe = PipeRPC(1)
+    pipe = pipe_rpc(1)
     try:
         for _ in range(100):
             ex.collective_rpc("noop")
-            pipe.call("noop")
+            pipe.rpc("noop")
         workers = [psutil.Process(pid) for pid in ex.worker_pids]
         pchild = psutil.Process(pipe.pids[0])
         before = [_cpu_s(p) for p in workers] + [_cpu_s(pchild)]
@@ -361,7 +323,7 @@ def bench_idle_cpu(n, idle_s, call_s):
         if got != list(range(n)):
             raise RuntimeError(f"sleep call returned {got}")
         d0, s0 = time.process_time(), time.monotonic()
-        pipe.call("sleep", call_s)
+        pipe.rpc("sleep", call_s)
         d1, s1 = time.process_time(), time.monotonic()
         drv = {"mpx_cpu_s": c1 - c0, "mpx_wall_s": t1 - t0, "pipe_cpu_s": d1 - d0,
                "pipe_wall_s": s1 - s0, "driver_threads": psutil.Process().num_threads()}
@@ -380,26 +342,22 @@ def memcpy_baseline(reps):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ts = copy_times(lambda: dst.copy_(src), reps)
+        ts = time_calls(lambda: dst.copy_(src), reps, warm=1)
     finally:
         torch.set_num_threads(threads)
     s, d = src.numpy(), dst.numpy()
-    return ts, copy_times(lambda: np.copyto(d, s), reps)
+    return ts, time_calls(lambda: np.copyto(d, s), reps, warm=1)
 
 
 def _call_times(call, expect, reps, warm, who):
     """Seconds of ``reps`` calls of ``call`` after ``warm`` untimed ones; each must return
     ``expect``."""
-    ts = []
-    for i in range(warm + reps):
-        t0 = time.perf_counter()
+    def checked():
         got = call()
-        t1 = time.perf_counter()
         if got != expect:
             raise RuntimeError(f"{who} saw {got} elements, expected {expect}")
-        if i >= warm:
-            ts.append(t1 - t0)
-    return ts
+
+    return time_calls(checked, reps, warm)
 
 
 def bench_tensor(n, tensor, reps, warm):
@@ -419,9 +377,9 @@ def bench_tensor_pipe(tensor, reps, warm):
     multiprocessing Pipe goes through torch's own reducer (moved to shared memory once,
     then passed as a file descriptor), which is not a copy of the payload per call."""
     arr = tensor.numpy()
-    pipe = PipeRPC(1)
+    pipe = pipe_rpc(1)
     try:
-        return _call_times(lambda: pipe.call("take", arr)[0], arr.shape[0], reps, warm,
+        return _call_times(lambda: pipe.rpc("take", arr)[0], arr.shape[0], reps, warm,
                            "Pipe child")
     finally:
         pipe.close()
@@ -452,7 +410,7 @@ def bench_callback_latency(iters, warm):
             ex.collective_rpc("noop")
         lat.clear()
         for _ in range(4):
-            rtt.extend(timed_loop(lambda: ex.collective_rpc("noop"), iters // 4))
+            rtt.extend(timed_us(lambda: ex.collective_rpc("noop"), iters // 4))
             for _ in range(iters // 4):
                 non_block()
     finally:
@@ -496,22 +454,26 @@ def _noop_child(n, iters, warm):
     import mpx as m
     ex = m.Executor(BenchWorker, world_size=n, start_method="spawn")
     try:
-        for _ in range(warm):
-            ex.collective_rpc("noop")
-        out = timed_loop(lambda: ex.collective_rpc("noop", timeout=CALL_TIMEOUT), iters)
+        out = timed_us(lambda: ex.collective_rpc("noop", timeout=CALL_TIMEOUT), iters, warm)
     finally:
         ex.shutdown()
     print(json.dumps({"mpx": m.__file__, "us": out}))
 
 
 def _checkout(rev, where):
-    """Check ``rev`` out into ``where`` and build its ring in place; return the path."""
+    """Check ``rev`` out into ``where``, build its ring in place and put this tree's
+    benchkit into it, so that both sides time with the same loop (and a revision from
+    before benchkit runs at all); return the repository's top folder."""
     top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
                          text=True, check=True, cwd=os.path.dirname(__file__)).stdout.strip()
     subprocess.run(["git", "worktree", "add", "--detach", where, rev], cwd=top, check=True,
                    capture_output=True)
     subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "-q"], cwd=where,
                    check=True, capture_output=True)
+    cli = os.path.join(where, "mpx", "_cli")
+    os.makedirs(cli, exist_ok=True)
+    open(os.path.join(cli, "__init__.py"), "a").close()
+    shutil.copy(benchkit.__file__, cli)
     return top
 
 
@@ -543,8 +505,7 @@ def bench_ab(rev, n, iters, warm, rounds):
 
 def section_d(rows, raw, quick, ab):
     iters, warm = (2000, 300) if quick else (8000, 1000)
-    print(f"[d] done-callback latency vs blocking round trip, {iters} calls each ...",
-          flush=True)
+    progress(f"[d] done-callback latency vs blocking round trip, {iters} calls each ...")
     lat, rtt = bench_callback_latency(iters, warm)
     m, b = stats(lat), stats(rtt)
     ratio = m["median"] / b["median"]
@@ -554,8 +515,7 @@ def section_d(rows, raw, quick, ab):
     raw["callback_latency_us"] = {"callback": m, "blocking_rtt": b}
 
     calls = 3000 if quick else 10000
-    print(f"[d] asyncio, 64 calls in flight vs blocking, {calls} calls per block ...",
-          flush=True)
+    progress(f"[d] asyncio, 64 calls in flight vs blocking, {calls} calls per block ...")
     aio, blk = bench_asyncio_rate(calls, 64)
     a, bl = stats(aio), stats(blk)
     ratio = a["median"] / bl["median"]
@@ -567,8 +527,7 @@ def section_d(rows, raw, quick, ab):
     if ab:
         rounds = 2 if quick else 4
         for n in (1, 2):
-            print(f"[d] A/B blocking no-op vs {ab}, {n} worker(s), {rounds} rounds ...",
-                  flush=True)
+            progress(f"[d] A/B blocking no-op vs {ab}, {n} worker(s), {rounds} rounds ...")
             got = bench_ab(ab, n, iters // 2, warm, rounds)
             new, old = stats(got["new"]), stats(got["old"])
             ratio = new["median"] / old["median"]
@@ -599,7 +558,7 @@ def main():
     bw_reps, bw_warm = (5, 2) if quick else (12, 2)
 
     t_start = time.perf_counter()
-    header = print_header(quick, "executor benchmark", "ring", "ring",
+    header = print_header(quick, "executor benchmark",
                           "the driver and the workers share them; with 2 workers three "
                           "processes compete for the cores", torch=torch.__version__)
 
@@ -609,8 +568,7 @@ def main():
         if "a" in args.sections:
             # ---- a. no-op round trip
             for n, limit in ((1, 0.35), (2, 0.40)):
-                print(f"[a] no-op collective_rpc, {n} worker(s), {noop_iters} calls each side ...",
-                      flush=True)
+                progress(f"[a] no-op collective_rpc, {n} worker(s), {noop_iters} calls each side ...")
                 mpx_us, pipe_us, mq_us, cpus, pinned = bench_noop(n, noop_iters, noop_warm,
                                                                   pin_iters=pin_iters)
                 m, b = stats(mpx_us), stats(pipe_us)
@@ -635,8 +593,8 @@ def main():
 
         if "b" in args.sections:
             # ---- b. idle
-            print(f"[b] first call after {idle_s:.0f} s idle, {idle_rounds} rounds each of mpx, Pipe "
-                  f"and bare queues (~{3 * idle_rounds * idle_s:.0f} s) ...", flush=True)
+            progress(f"[b] first call after {idle_s:.0f} s idle, {idle_rounds} rounds each of mpx, Pipe "
+                     f"and bare queues (~{3 * idle_rounds * idle_s:.0f} s) ...")
             mpx_us, pipe_us, mq_us = bench_idle_wake(idle_rounds, idle_s)
             m, b, q = stats(mpx_us), stats(pipe_us), stats(mq_us)
             ratio = m["median"] / b["median"]
@@ -651,8 +609,8 @@ def main():
             raw["idle_wake_us"] = {"mpx": mpx_us, "pipe": pipe_us, "bare_queue": mq_us,
                                    "cold_python_us": cold, "hot_python_us": hot}
 
-            print(f"[b] CPU of 2 idle workers over {cpu_idle_s:.0f} s, then of the driver during a "
-                  f"{call_s:.0f} s call ...", flush=True)
+            progress(f"[b] CPU of 2 idle workers over {cpu_idle_s:.0f} s, then of the driver during a "
+                     f"{call_s:.0f} s call ...")
             idle, drv = bench_idle_cpu(2, cpu_idle_s, call_s)
             pp = idle["pipe_child_pct"]
             for rank, pm in enumerate(idle["mpx_workers_pct"]):
@@ -673,8 +631,8 @@ def main():
 
         if "c" in args.sections:
             # ---- c. bandwidth
-            print(f"[c] 64 MiB torch.float32 tensor argument, {bw_reps} calls (+{bw_warm} warm-up) "
-                  "...", flush=True)
+            progress(f"[c] 64 MiB torch.float32 tensor argument, {bw_reps} calls (+{bw_warm} warm-up) "
+                     "...")
             tensor = torch.arange(BIG // 4, dtype=torch.float32)
             memcpy_ts, np_ts = memcpy_baseline(9 if quick else 15)
             mc, npc = bw_stats(memcpy_ts), bw_stats(np_ts)
@@ -708,9 +666,7 @@ def main():
     elapsed = time.perf_counter() - t_start
     finish(args, header, rows, raw, elapsed, timed="call time",
            png_title=(f"mpx.Executor vs baselines (os.cpu_count()={os.cpu_count()}, "
-                      f"affinity {len(os.sched_getaffinity(0))})"), png_pad=2.0, reap_s=0.2,
-           stray=lambda: [p.pid for p in psutil.Process().children(recursive=True)
-                          if p.pid in child_pids])
+                      f"affinity {len(os.sched_getaffinity(0))})"), png_pad=2.0, reap_s=0.2)
     return 0
 
 

@@ -20,31 +20,26 @@ It is a benchmark, not a test: the exit code is 0 whatever the results.
 
 from __future__ import annotations
 
-import gc
 import os
 import resource
 import sys
 import time
 
 import numpy as np
-from _report import (
-    BIG,
-    CTX,
-    bw_stats,
-    cleanup_procs,
-    copy_times,
-    finish,
-    join,
-    last_cpu,
-    parse_args,
-    pct_row,
-    print_header,
-    row,
-    start,
-    stats,
-)
+from _report import BIG, bw_stats, finish, last_cpu, parse_args, pct_row, row, timed_us
 
 from mpx import MessageQueue
+from mpx._cli.benchkit import (
+    CTX,
+    PipePeers,
+    cleanup_procs,
+    join,
+    print_header,
+    progress,
+    start,
+    stats,
+    time_calls,
+)
 
 SMALL_OBJ = ("generate", 123456789, 3.14159, b"x" * 32, "request-0001", (1, 2, 3))
 SETUP_TIMEOUT = 60.0
@@ -78,15 +73,6 @@ def _mpx_child(handle, rank, mode, conn):
         back.close()
         q_in.close()
         conn.close()
-
-
-def _pipe_echo_child(conn):
-    while True:
-        obj = conn.recv()
-        if obj is None:
-            break
-        conn.send(obj)
-    conn.close()
 
 
 def _idle_cpu_child(kind, handle, conn):
@@ -163,39 +149,18 @@ class MpxPeers:
         self.q.close()
 
 
-class PipePeer:
-    def __init__(self):
-        self.conn, b = CTX.Pipe()
-        self.proc = start(_pipe_echo_child, (b,))
-        b.close()
-
-    def close(self):
-        self.conn.send(None)
-        join(self.proc)
-        self.conn.close()
-
-
 # --------------------------------------------------------------------------- 1. ping-pong
 
 def _pingpong(send, recv, iters, warm):
     """``iters`` round trips of SMALL_OBJ (``send`` it, ``recv`` the echo) after ``warm``
-    untimed ones; microseconds each, with the GC off."""
+    untimed ones; microseconds each."""
     obj = SMALL_OBJ
-    for _ in range(warm):
+
+    def round_trip():
         send(obj)
         recv()
-    out = [0] * iters
-    clock = time.perf_counter_ns
-    gc.disable()
-    try:
-        for i in range(iters):
-            t0 = clock()
-            send(obj)
-            recv()
-            out[i] = clock() - t0
-    finally:
-        gc.enable()
-    return [x / 1e3 for x in out]
+
+    return timed_us(round_trip, iters, warm)
 
 
 def bench_pingpong(iters, warm):
@@ -203,9 +168,9 @@ def bench_pingpong(iters, warm):
     mpx_us = _pingpong(peers.q.enqueue, peers.backs[0].dequeue, iters, warm)
     impl = dict(peers.impl, cpus=(last_cpu(os.getpid()), last_cpu(peers.procs[0].pid)))
     peers.close()
-    peer = PipePeer()
-    pipe_us = _pingpong(peer.conn.send, peer.conn.recv, iters, warm)
-    pipe_cpus = (last_cpu(os.getpid()), last_cpu(peer.proc.pid))
+    peer = PipePeers(1)
+    pipe_us = _pingpong(peer.conns[0].send, peer.conns[0].recv, iters, warm)
+    pipe_cpus = (last_cpu(os.getpid()), last_cpu(peer.pids[0]))
     peer.close()
     m, b = stats(mpx_us), stats(pipe_us)
     ratio = m["median"] / b["median"]
@@ -219,7 +184,7 @@ def bench_pingpong(iters, warm):
 def memcpy_baseline(reps):
     src = np.ones(BIG, dtype=np.uint8)
     dst = np.zeros(BIG, dtype=np.uint8)      # pre-touched
-    return copy_times(lambda: np.copyto(dst, src), reps)
+    return time_calls(lambda: np.copyto(dst, src), reps, warm=1)
 
 
 def _bandwidth_mpx(payloads, n_readers, reps, warm):
@@ -249,8 +214,8 @@ def _bandwidth_mpx(payloads, n_readers, reps, warm):
 
 def bench_idle_wake(rounds, idle_s):
     peers = MpxPeers(1, "echo")
-    pipe = PipePeer()
-    q, back, c = peers.q, peers.backs[0], pipe.conn
+    pipe = PipePeers(1)
+    q, back, c = peers.q, peers.backs[0], pipe.conns[0]
     for _ in range(200):               # warm both paths
         q.enqueue(SMALL_OBJ)
         back.dequeue()
@@ -318,23 +283,23 @@ def main():
 
     os.environ.pop("MPX_PURE_PYTHON", None)
     t_start = time.perf_counter()
-    header = print_header(quick, "benchmark", "ring_default", "default ring",
-                          "writer and readers share them, so spinning and multi-reader "
-                          "numbers compete for cores")
+    header = print_header(quick, "benchmark", "writer and readers share them, so spinning "
+                          "and multi-reader numbers compete for cores",
+                          ring_key="ring_default", ring_label="default ring")
 
     rows = []
     raw = {}
     try:
         # ---- 1. ping-pong
-        print(f"[1] ping-pong, {pp_iters} round trips of a {len(__import__('pickle').dumps(SMALL_OBJ, 5))}"
-              "-byte pickle ...", flush=True)
+        progress(f"[1] ping-pong, {pp_iters} round trips of a {len(__import__('pickle').dumps(SMALL_OBJ, 5))}"
+                 "-byte pickle ...")
         m, b, ratio, impl, note = bench_pingpong(pp_iters, pp_warm)
         raw["pingpong"] = {"impl": impl}
         rows.append(row("ping-pong latency", "us", m, b, ratio, "<= 0.25x Pipe", ratio <= 0.25,
                         note=note))
 
         # ---- 2. bandwidth
-        print(f"[2] bandwidth, 64 MiB x {bw_reps} reps (+{bw_warm} warm-up) ...", flush=True)
+        progress(f"[2] bandwidth, 64 MiB x {bw_reps} reps (+{bw_warm} warm-up) ...")
         arr = np.arange(BIG // 8, dtype=np.int64)
         payloads = {"numpy": arr, "bytes": arr.tobytes()}
         memcpy_ts = memcpy_baseline(9 if quick else 15)
@@ -356,7 +321,7 @@ def main():
                             "two_readers_ms": {k: [t * 1e3 for t in v] for k, v in bw2.items()}}
 
         # ---- pure Python (1 and 2, informational)
-        print("[1+2] again with MPX_PURE_PYTHON=1 ...", flush=True)
+        progress("[1+2] again with MPX_PURE_PYTHON=1 ...")
         os.environ["MPX_PURE_PYTHON"] = "1"
         try:
             m, b, ratio, impl, note = bench_pingpong(pp_iters_pure, pp_warm // 2)
@@ -378,8 +343,8 @@ def main():
         del arr, payloads
 
         # ---- 3. idle wake
-        print(f"[3] first message after {idle_s:.0f} s idle, {idle_rounds} rounds each "
-              f"(~{2 * idle_rounds * idle_s:.0f} s) ...", flush=True)
+        progress(f"[3] first message after {idle_s:.0f} s idle, {idle_rounds} rounds each "
+                 f"(~{2 * idle_rounds * idle_s:.0f} s) ...")
         mpx_us, pipe_us = bench_idle_wake(idle_rounds, idle_s)
         m, b = stats(mpx_us), stats(pipe_us)
         ratio = m["median"] / b["median"]
@@ -388,7 +353,7 @@ def main():
         raw["idle_wake_us"] = {"mpx": mpx_us, "pipe": pipe_us}
 
         # ---- 4. idle CPU
-        print(f"[4] CPU of a reader blocked {cpu_idle_s:.0f} s ...", flush=True)
+        progress(f"[4] CPU of a reader blocked {cpu_idle_s:.0f} s ...")
         rm, rp = bench_idle_cpu(cpu_idle_s)
         pm = 100.0 * rm["cpu_s"] / rm["wall_s"]
         pp = 100.0 * rp["cpu_s"] / rp["wall_s"]

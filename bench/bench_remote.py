@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,28 +46,24 @@ import _remote_workers as RW
 import numpy as np
 import psutil
 import zmq
-from _report import (
-    BIG,
-    CTX,
-    MiB,
-    child_pids,
-    cleanup_procs,
-    copy_times,
-    finish,
-    interleaved,
-    join,
-    last_cpu,
-    parse_args,
-    print_header,
-    row,
-    start,
-    stats,
-    timed_loop,
-)
+from _report import BIG, MiB, finish, interleaved, last_cpu, parse_args, row, timed_us
 
 import mpx
 import mpx._impl
 from mpx import serde
+from mpx._cli.benchkit import (
+    CTX,
+    alive,
+    child_pids,
+    cleanup_procs,
+    join,
+    print_header,
+    progress,
+    start,
+    stats,
+    time_calls,
+)
+from mpx._procinfo import free_tcp_port
 from mpx.auth import digest, seal
 from mpx.transport.zmq import _HEADER, MAGIC, VERSION, split
 
@@ -91,16 +86,7 @@ followers: list = []  # (Popen, log file) not waited for yet
 # --------------------------------------------------------------------------- follower
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _running(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    return free_tcp_port("127.0.0.1")
 
 
 def _follower_log(log):
@@ -156,7 +142,7 @@ class Group:
         self.ex.shutdown()
         stop_follower(self.follower, self.log)
         deadline = time.monotonic() + 5
-        while any(_running(p) for p in self.remote_pids) and time.monotonic() < deadline:
+        while alive(self.remote_pids) and time.monotonic() < deadline:
             time.sleep(0.02)
 
 
@@ -333,9 +319,7 @@ def _pinned_reqrep(base, iters):
             for pid, c in zip(pids, (a, cpu)):
                 for t in psutil.Process(pid).threads():
                     os.sched_setaffinity(t.id, {c})
-            for _ in range(iters // 5):
-                base.call()
-            out[place] = stats(timed_loop(base.call, iters))
+            out[place] = stats(timed_us(base.call, iters, warm=iters // 5))
     finally:
         for tid, cpus in saved.items():
             try:
@@ -410,14 +394,14 @@ def bench_breakdown(tensor, reps):
     total = sum(memoryview(p).nbytes for p in parts)
     count = -(-total // size)
     payload = memoryview(tensor.numpy() if torch is not None else tensor).cast("B")
-    hmac_ts = copy_times(lambda: digest(key, payload), reps)
+    hmac_ts = time_calls(lambda: digest(key, payload), reps, warm=1)
     frame_len = [0]
 
     def do_seal():
         frame_len[0] = sum(len(seal(key, _HEADER.pack(MAGIC, VERSION, kind, 0, 0, i, count,
                                                        total), chunk))
                            for i, chunk in enumerate(split(parts, size, total)))
-    seal_ts = copy_times(do_seal, reps)
+    seal_ts = time_calls(do_seal, reps, warm=1)
     buffers = mpx._impl.buffers_module()
 
     def reassemble():
@@ -425,7 +409,7 @@ def bench_breakdown(tensor, reps):
         for i in range(0, BIG, size):
             out.add(payload[i:i + size])
         return out.result()
-    copy_ts = copy_times(reassemble, reps)
+    copy_ts = time_calls(reassemble, reps, warm=1)
     return hmac_ts, seal_ts, copy_ts, frame_len[0]
 
 
@@ -440,7 +424,7 @@ def main():
 
     t_start = time.perf_counter()
     header = print_header(
-        quick, "remote (multi-node) executor benchmark", "ring", "ring",
+        quick, "remote (multi-node) executor benchmark",
         "the driver, its local workers, the follower node and its workers, and the "
         "baselines' children all share them; loopback TCP stands in for the network, so "
         "sender and receiver pay their CPU on the same cores",
@@ -454,8 +438,8 @@ def main():
     raw: dict = {}
     try:
         # ---- 1. no-op round trip
-        print(f"[1] no-op collective_rpc, 2 nodes x 1 rank, {noop_iters} calls each of 4 "
-              "loops ...", flush=True)
+        progress(f"[1] no-op collective_rpc, 2 nodes x 1 rank, {noop_iters} calls each of 4 "
+                 "loops ...")
         r = bench_noop(noop_iters, noop_warm)
         m, b = stats(r["mpx"]), stats(r["reqrep"])
         u, z = stats(r["unique"]), stats(r["zmq_only"])
@@ -482,8 +466,8 @@ def main():
 
         # ---- 2. 64 MiB argument
         tensor, tkind = make_tensor()
-        print(f"[2] 64 MiB {tkind} argument to world_size=4, nnodes=2, {bw_reps} calls "
-              f"(+{bw_warm} warm-up), interleaved with PUSH/PULL rounds ...", flush=True)
+        progress(f"[2] 64 MiB {tkind} argument to world_size=4, nnodes=2, {bw_reps} calls "
+                 f"(+{bw_warm} warm-up), interleaved with PUSH/PULL rounds ...")
         t = bench_tensor(tensor, bw_reps, bw_warm)
         hmac_ts, seal_ts, copy_ts, frame_len = bench_breakdown(tensor, br_reps)
         delivered = 2 * BIG
@@ -548,8 +532,7 @@ def main():
            timed="call time; the 64MiB row counts 2 x 64 MiB, one per remote rank",
            png_title=(f"mpx multi-node Executor over loopback vs pyzmq (os.cpu_count()="
                       f"{os.cpu_count()}, affinity {len(os.sched_getaffinity(0))})"),
-           png_pad=2.0, reap_s=0.2,
-           stray=lambda: [p for p in child_pids if _running(p)])
+           png_pad=2.0, reap_s=0.2)
     return 0
 
 

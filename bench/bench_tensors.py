@@ -38,23 +38,20 @@ import time
 import numpy as np
 import torch
 import torch.multiprocessing as tmp
-from _report import (
-    BIG,
-    CTX,
-    bw_stats,
-    cleanup_procs,
-    copy_times,
-    finish,
-    join,
-    parse_args,
-    print_header,
-    row,
-    start,
-    stats,
-)
+from _report import BIG, bw_stats, finish, parse_args, row
 
 import mpx
 from mpx import MessageQueue
+from mpx._cli.benchkit import (
+    CTX,
+    cleanup_procs,
+    join,
+    print_header,
+    progress,
+    start,
+    stats,
+    time_calls,
+)
 
 SETUP_TIMEOUT = 60.0
 N_ELEM = BIG // 4
@@ -237,7 +234,7 @@ def fresh_copy_times(advise, reps):
             _libc.madvise(lo, hi - lo, mmap.MADV_HUGEPAGE)
         np.copyto(np.frombuffer(ba, dtype=np.uint8), src)
 
-    return copy_times(once, reps)
+    return time_calls(once, reps, warm=1)
 
 
 # --------------------------------------------------------------------------- main
@@ -248,9 +245,9 @@ def main():
     reps, warm = (5, 1) if quick else (12, 2)
     os.environ.pop("MPX_PURE_PYTHON", None)
     t_start = time.perf_counter()
-    header = print_header(quick, "tensor benchmark", "ring_default", "default ring",
-                          "writer and readers share them, so streaming numbers compete for "
-                          "cores", torch=torch.__version__)
+    header = print_header(quick, "tensor benchmark", "writer and readers share them, so "
+                          "streaming numbers compete for cores", ring_key="ring_default",
+                          ring_label="default ring", torch=torch.__version__)
     header["thp"] = thp_mode()
     header["torch_threads"] = torch.get_num_threads()
     header["torch_sharing_strategy"] = tmp.get_sharing_strategy()
@@ -267,8 +264,7 @@ def main():
         return src.clone()
 
     try:
-        print(f"[1] mpx.MessageQueue, 64 MiB float32 tensor x {reps} (+{warm} warm-up) ...",
-              flush=True)
+        progress(f"[1] mpx.MessageQueue, 64 MiB float32 tensor x {reps} (+{warm} warm-up) ...")
         memcpy = memcpy_fn()
         readers = MpxReaders(1)
         try:
@@ -276,7 +272,7 @@ def main():
             shared = mpx.share(src)
             share_ref = send_times(readers.send, lambda: shared, reps, warm)
             shared = None                 # unlinks the segment
-            share_make = copy_times(lambda: mpx.share(src), 5 if quick else 9)
+            share_make = time_calls(lambda: mpx.share(src), 5 if quick else 9, warm=1)
         finally:
             readers.close()
         mc = bw_stats(memcpy_ts)
@@ -296,8 +292,7 @@ def main():
         rows.append(row("mpx 64MiB tensor, 2 readers (per reader)", "GB/s", s2, mc2,
                         s2["median"] / mc2["median"], "info", None, better="higher"))
 
-        print("[2] torch.multiprocessing.Queue: same tensor, fresh tensor, fresh + clone ...",
-              flush=True)
+        progress("[2] torch.multiprocessing.Queue: same tensor, fresh tensor, fresh + clone ...")
         torch_ts = {}
         for mode, make, clone in (("same", same, False), ("fresh", fresh, False),
                                   ("fresh+clone", fresh, True)):
@@ -314,7 +309,7 @@ def main():
                             s1["median"] / b["median"], "info", None, better="higher",
                             note=f"torch {b['median_ms']:.1f} ms per tensor ({what})"))
 
-        print("[3] mpx.share: by reference ...", flush=True)
+        progress("[3] mpx.share: by reference ...")
         ref_us = stats([t * 1e6 for t in share_ref])
         copy_us = stats([t * 1e6 for t in mpx1])
         same_us = stats([t * 1e6 for t in torch_ts["same"]])
@@ -326,7 +321,7 @@ def main():
         rows.append(row("mpx.share send vs torch mp.Queue same tensor", "us", ref_us, same_us,
                         ref_us["median"] / same_us["median"], "info", None))
 
-        print("[4] huge-page advice on a fresh 64 MiB destination ...", flush=True)
+        progress("[4] huge-page advice on a fresh 64 MiB destination ...")
         n = 9 if quick else 15
         plain, advised = [], []
         for _ in range(3):               # alternate so that drift hits both

@@ -24,18 +24,36 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import gc
-import json
-import multiprocessing as mp
+import functools
 import os
-import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+from mpx._cli.benchkit import (
+    CTX,
+    PipePeers,
+    add_arguments,
+    child_pids,
+    join,
+    payload_size,
+    print_cleanup,
+    print_header,
+    print_table,
+    progress,
+    serve,
+    settle,
+    start,
+    stats,
+    time_calls,
+    usable_cpus,
+    write_json,
+    write_png,
+)
+from mpx._units import human_size
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -47,23 +65,15 @@ CALL_TIMEOUT = 120.0
 ZMQ_ZERO_COPY_FROM = 64 * KiB
 
 # (iterations, warm-up, time budget in seconds) per payload size; the budget stops a cell
-# early on slow methods, after at least MIN_SAMPLES timed calls.
+# early on slow methods.
 PLAN_FULL = {100: (5000, 100, 4.0), 64 * KiB: (2000, 50, 4.0), 1 * MiB: (500, 10, 4.0),
              64 * MiB: (15, 2, 10.0)}
 PLAN_QUICK = {100: (400, 30, 0.4), 64 * KiB: (200, 10, 0.4), 1 * MiB: (40, 5, 0.5),
               64 * MiB: (3, 1, 2.0)}
-MIN_SAMPLES = 3
 # Small calls for this long after the processes start, before anything is timed: the
 # first few hundred round trips after a spawn are slower (1.5x here) until the scheduler
 # has spread the processes over the cores.
 SETTLE_S = {False: 0.5, True: 0.2}
-
-CTX = mp.get_context("spawn")
-
-
-def _size(obj: Any) -> int:
-    return int(getattr(obj, "nbytes", None) or len(obj))
-
 
 # ---------------------------------------------------------------------- child processes
 
@@ -75,29 +85,11 @@ class BenchWorker:
         pass
 
     def take(self, payload: Any) -> int:
-        return _size(payload)
-
-
-def _serve(recv: Callable[[], Any], reply: Callable[[int], None]) -> None:
-    """Answer each payload from ``recv`` with its size, until None arrives."""
-    while True:
-        obj = recv()
-        if obj is None:
-            break
-        n = _size(obj)
-        del obj
-        reply(n)
-
-
-def _pipe_child(conn: Any) -> None:
-    try:
-        _serve(conn.recv, conn.send)
-    finally:
-        conn.close()
+        return payload_size(payload)
 
 
 def _queue_child(rank: int, q_in: Any, q_out: Any) -> None:
-    _serve(q_in.get, lambda n: q_out.put((rank, n)))
+    serve(q_in.get, lambda n: q_out.put((rank, n)), payload_size)
 
 
 def _zmq_child(req_addr: str, rep_addr: str) -> None:
@@ -126,10 +118,6 @@ def _zmq_child(req_addr: str, rep_addr: str) -> None:
         zctx.term()
 
 
-def _ppe_take(payload: Any) -> int:
-    return _size(payload)
-
-
 def _ppe_sleep(seconds: float) -> int:
     time.sleep(seconds)
     return os.getpid()
@@ -150,17 +138,6 @@ class _Method:
 
     def close(self) -> None:
         raise NotImplementedError
-
-
-def _stop(procs: list, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            print(f"  warning: child {p.pid} did not exit, terminating it", flush=True)
-            p.terminate()
-            p.join(5)
 
 
 class MpxMethod(_Method):
@@ -184,30 +161,14 @@ class PipeMethod(_Method):
 
     def __init__(self, n: int) -> None:
         super().__init__(n)
-        self.conns, self.procs = [], []
-        for _ in range(n):
-            a, b = CTX.Pipe()
-            p = CTX.Process(target=_pipe_child, args=(b,), daemon=True)
-            p.start()
-            b.close()
-            self.conns.append(a)
-            self.procs.append(p)
-        self.pids = [p.pid for p in self.procs if p.pid is not None]
+        self.peers = PipePeers(n, payload_size)
+        self.pids = self.peers.pids
 
     def call(self, payload: Any) -> list[int]:
-        for c in self.conns:
-            c.send(payload)
-        return [c.recv() for c in self.conns]
+        return self.peers.call(payload)
 
     def close(self) -> None:
-        for c in self.conns:
-            try:
-                c.send(None)
-            except OSError:
-                pass
-        _stop(self.procs)
-        for c in self.conns:
-            c.close()
+        self.peers.close()
 
 
 class QueueMethod(_Method):
@@ -217,10 +178,7 @@ class QueueMethod(_Method):
         super().__init__(n)
         self.ins = [CTX.Queue() for _ in range(n)]
         self.out = CTX.Queue()
-        self.procs = [CTX.Process(target=_queue_child, args=(r, self.ins[r], self.out),
-                                  daemon=True) for r in range(n)]
-        for p in self.procs:
-            p.start()
+        self.procs = [start(_queue_child, (r, self.ins[r], self.out)) for r in range(n)]
         self.pids = [p.pid for p in self.procs if p.pid is not None]
 
     def call(self, payload: Any) -> list[int]:
@@ -235,7 +193,8 @@ class QueueMethod(_Method):
     def close(self) -> None:
         for q in self.ins:
             q.put(None)
-        _stop(self.procs)
+        for p in self.procs:
+            join(p, 10)
         for q in self.ins + [self.out]:
             q.close()
             q.join_thread()
@@ -259,13 +218,11 @@ class ZmqMethod(_Method):
             t.bind(rep)
             self.push.append(s)
             self.pull.append(t)
-            p = CTX.Process(target=_zmq_child, args=(req, rep), daemon=True)
-            p.start()
-            self.procs.append(p)
+            self.procs.append(start(_zmq_child, (req, rep)))
         self.pids = [p.pid for p in self.procs if p.pid is not None]
 
     def call(self, payload: Any) -> list[int]:
-        zero_copy = _size(payload) >= ZMQ_ZERO_COPY_FROM
+        zero_copy = payload_size(payload) >= ZMQ_ZERO_COPY_FROM
         for s in self.push:
             s.send(payload, copy=not zero_copy)
         out = []
@@ -278,7 +235,8 @@ class ZmqMethod(_Method):
     def close(self) -> None:
         for s in self.push:
             s.send(b"")
-        _stop(self.procs)
+        for p in self.procs:
+            join(p, 10)
         for s in self.push + self.pull:
             s.close(linger=0)
         self.zctx.term()
@@ -298,7 +256,7 @@ class PoolMethod(_Method):
         self.pids = sorted(procs) if procs else sorted(pids)
 
     def call(self, payload: Any) -> list[int]:
-        futs = [self.pool.submit(_ppe_take, payload) for _ in range(self.n)]
+        futs = [self.pool.submit(payload_size, payload) for _ in range(self.n)]
         return [f.result(CALL_TIMEOUT) for f in futs]
 
     def close(self) -> None:
@@ -332,93 +290,39 @@ def make_payload(size: int) -> Any:
     return a
 
 
-def measure(method: _Method, payload: Any, iters: int, warm: int, budget_s: float) -> list[float]:
-    """Round-trip times in seconds: ``iters`` calls, or fewer once ``budget_s`` is spent."""
-    size = _size(payload)
-    expect = [size] * method.n
-    for _ in range(warm):
-        got = method.call(payload)
-        if got != expect:
-            raise RuntimeError(f"{method.name}: workers answered {got}, expected {expect}")
-    out: list[float] = []
-    clock = time.perf_counter
-    gc.disable()
-    try:
-        start = clock()
-        for _ in range(iters):
-            t0 = clock()
-            method.call(payload)
-            t1 = clock()
-            out.append(t1 - t0)
-            if t1 - start > budget_s and len(out) >= MIN_SAMPLES:
-                break
-    finally:
-        gc.enable()
+def _check(method: _Method, payload: Any) -> None:
+    expect = [payload_size(payload)] * method.n
     got = method.call(payload)
     if got != expect:
         raise RuntimeError(f"{method.name}: workers answered {got}, expected {expect}")
+
+
+def measure(method: _Method, payload: Any, iters: int, warm: int, budget_s: float) -> list[float]:
+    """Round-trip times in seconds: ``iters`` calls, or fewer once ``budget_s`` is spent;
+    the answers of a call before and of one after are checked."""
+    _check(method, payload)
+    out = time_calls(lambda: method.call(payload), iters, warm=warm, budget_s=budget_s)
+    _check(method, payload)
     return out
 
 
-def settle(method: _Method, seconds: float) -> None:
-    payload = make_payload(SIZES[0])
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        method.call(payload)
-
-
-def _p90(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
-
-
-def _alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-            if state not in ("Z", "X"):
-                alive.append(pid)
-        except (OSError, IndexError):
-            pass
-    return alive
-
-
-def _my_segments(pids: set[int]) -> list[str]:
-    out = []
-    try:
-        for e in os.listdir("/dev/shm"):
-            parts = e.split("-")
-            if e.startswith("mpx-") and len(parts) > 1 and parts[1].isdigit() \
-                    and int(parts[1]) in pids:
-                out.append(e)
-    except OSError:
-        pass
-    return sorted(out)
-
-
 # ---------------------------------------------------------------------- report
-
-
-def human_size(n: int) -> str:
-    if n >= MiB:
-        return f"{n // MiB} MiB"
-    if n >= KiB:
-        return f"{n // KiB} KiB"
-    return f"{n} B"
 
 
 def _fmt_time(s: float, unit: str) -> str:
     return f"{s * 1e6:.1f}" if unit == "us" else f"{s * 1e3:.2f}"
 
 
+def _workers_title(n: int, over: str) -> str:
+    usable = usable_cpus()
+    return (f"{n} worker{'s' if n > 1 else ''}" +
+            (f" ({over} {usable} cores)" if n > usable else ""))
+
+
 def print_tables(results: dict, methods: list[str], skipped: dict[str, str]) -> None:
     """results[(method, n, size)] = {"median": s, "p90": s, "n": k}."""
     for n in WORKERS:
-        over = (f" (oversubscribes the {len(os.sched_getaffinity(0))} cores)"
-                if n > len(os.sched_getaffinity(0)) else "")
-        print(f"{n} worker{'s' if n > 1 else ''}{over}: median round trip (p90)")
+        print(f"{_workers_title(n, 'oversubscribes the')}: median round trip (p90)")
         hdr = ["payload"] + methods + ["mpx vs best other"]
         lines = []
         for size in SIZES:
@@ -440,66 +344,39 @@ def print_tables(results: dict, methods: list[str], skipped: dict[str, str]) -> 
             else:
                 line.append("-")
             lines.append(line)
-        w = [max(len(h), *(len(li[i]) for li in lines)) for i, h in enumerate(hdr)]
-        fmt = "  ".join(f"{{:<{x}}}" for x in w)
-        print("  " + fmt.format(*hdr))
-        print("  " + fmt.format(*("-" * x for x in w)))
-        for li in lines:
-            print("  " + fmt.format(*li))
+        print_table(hdr, lines, indent="  ")
         print()
     for m, why in skipped.items():
         print(f"skipped {m}: {why}")
 
 
-def write_png(results: dict, methods: list[str], path: str, title: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"note: matplotlib is not installed (pip install matplotlib, or "
-              f"pip install 'mpx[bench]'); --png {path} skipped")
-        return
-    fig, axes = plt.subplots(1, len(WORKERS), figsize=(5 * len(WORKERS), 4.5), sharey=True)
-    for ax, n in zip(axes, WORKERS):
-        for m in methods:
-            xs = [s for s in SIZES if (m, n, s) in results]
-            if not xs:
-                continue
-            ys = [results[(m, n, s)]["median"] * 1e6 for s in xs]
-            ax.plot(xs, ys, marker="o", lw=2.5 if m == "mpx" else 1.2, label=m)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(SIZES)
-        ax.set_xticklabels([human_size(s) for s in SIZES])
-        ax.set_xlabel("payload (broadcast to every worker)")
-        usable = len(os.sched_getaffinity(0))
-        ax.set_title(f"{n} worker{'s' if n > 1 else ''}" +
-                     (f" (oversubscribes {usable} cores)" if n > usable else ""))
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("median round trip [us]")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"wrote {path}")
+def _draw(results: dict, methods: list[str], title: str) -> Callable[[Any, Any], None]:
+    """The PNG: per worker count, median round trip against payload size."""
+    def draw(fig: Any, axes: Any) -> None:
+        for ax, n in zip(axes, WORKERS):
+            for m in methods:
+                xs = [s for s in SIZES if (m, n, s) in results]
+                if not xs:
+                    continue
+                ys = [results[(m, n, s)]["median"] * 1e6 for s in xs]
+                ax.plot(xs, ys, marker="o", lw=2.5 if m == "mpx" else 1.2, label=m)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(SIZES)
+            ax.set_xticklabels([human_size(s) for s in SIZES])
+            ax.set_xlabel("payload (broadcast to every worker)")
+            ax.set_title(_workers_title(n, "oversubscribes"))
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].set_ylabel("median round trip [us]")
+        axes[0].legend(fontsize=8)
+        fig.suptitle(title, fontsize=9)
+    return draw
 
 
 # ---------------------------------------------------------------------- entry point
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer repetitions (under a minute instead of ~4)")
-    parser.add_argument("--png", metavar="PATH",
-                        help="also plot latency against payload size (needs matplotlib)")
-    parser.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
-
-
 def run(args: argparse.Namespace) -> int:
-    import mpx
-
     plan = PLAN_QUICK if args.quick else PLAN_FULL
     methods = list(METHODS)
     skipped: dict[str, str] = {}
@@ -507,26 +384,19 @@ def run(args: argparse.Namespace) -> int:
     if why:
         methods.remove("zmq ipc")
         skipped["zmq ipc"] = why
-    try:
-        import numpy as np
-        payload_kind = f"numpy uint8 arrays (numpy {np.__version__})"
-    except ImportError:
-        payload_kind = "bytearrays (numpy not installed)"
-    cpus, usable = os.cpu_count(), len(os.sched_getaffinity(0))
-    print(f"mpx {mpx.__version__} bench: mpx.Executor vs Pipe, mp.Queue, zmq ipc, "
-          f"ProcessPoolExecutor  (python {platform.python_version()}, {platform.platform()})")
-    print(f"os.cpu_count()={cpus}  len(os.sched_getaffinity(0))={usable}  start method=spawn  "
-          f"ring={mpx.ring_implementation()}  mode={'quick' if args.quick else 'full'}")
-    print(f"payloads: {payload_kind}; each cell: broadcast to all N workers, each answers "
-          f"its size; median (p90) round trip")
-    if max(WORKERS) > usable:
-        print(f"note: only {usable} usable CPUs: the driver and its workers share them, and "
-              f"{max(WORKERS)} workers oversubscribe the {usable} cores")
-    print(flush=True)
+    usable = usable_cpus()
+    header = print_header(
+        args.quick, "bench: mpx.Executor vs Pipe, mp.Queue, zmq ipc, ProcessPoolExecutor",
+        f"the driver and its workers share them, and {max(WORKERS)} workers oversubscribe "
+        f"the {usable} cores", min_cpus=max(WORKERS))
+    kind = "numpy uint8 arrays" if header["numpy"] != "not installed" else "bytearrays"
+    print(f"payloads: {kind}; each cell: broadcast to all N workers, each answers its size; "
+          f"median (p90) round trip", flush=True)
+    print()
 
     t_start = time.perf_counter()
     results: dict = {}
-    all_pids: set[int] = {os.getpid()}
+    all_pids: set[int] = set()
     failures: list[str] = []
     for n in WORKERS:
         for m in methods:
@@ -535,14 +405,16 @@ def run(args: argparse.Namespace) -> int:
             try:
                 method = METHOD_CLASSES[m](n)
                 all_pids.update(method.pids)
-                settle(method, SETTLE_S[bool(args.quick)])
+                settle([functools.partial(method.call, make_payload(SIZES[0]))],
+                       SETTLE_S[bool(args.quick)])
                 for size in SIZES:
                     iters, warm, budget = plan[size]
                     payload = make_payload(size)
                     ts = measure(method, payload, iters, warm, budget)
                     del payload
-                    results[(m, n, size)] = {"median": statistics.median(ts), "p90": _p90(ts),
-                                             "n": len(ts)}
+                    s = stats(ts)
+                    results[(m, n, size)] = {"median": s["median"], "p90": s["p90"],
+                                             "n": s["n"]}
             except Exception as e:
                 failures.append(f"{m} with {n} workers: {type(e).__name__}: {e}")
                 print(f"  error: {failures[-1]}", flush=True)
@@ -551,35 +423,29 @@ def run(args: argparse.Namespace) -> int:
                     method.close()
             cells = ", ".join(f"{human_size(s)} {results[(m, n, s)]['median'] * 1e6:.0f} us"
                               for s in SIZES if (m, n, s) in results)
-            print(f"  {m:<11} {n} worker{'s' if n > 1 else ' '}  {cells}  "
-                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+            progress(f"{m:<11} {n} worker{'s' if n > 1 else ' '}  {cells}  "
+                     f"({time.perf_counter() - t0:.1f} s)")
     elapsed = time.perf_counter() - t_start
-    print()
     print_tables(results, methods, skipped)
     time.sleep(0.1)
-    alive = _alive(sorted(all_pids - {os.getpid()}))
-    segs = _my_segments(all_pids)
-    print(f"cleanup: child processes alive: {alive or 'none'}; /dev/shm mpx segments left by "
-          f"this run: {segs or 'none'}")
+    print_cleanup(all_pids | child_pids)
     print(f"done in {elapsed:.0f} s on {usable} CPUs" +
           (f"; {len(failures)} method(s) failed: {'; '.join(failures)}" if failures else ""))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"cpu_count": cpus, "affinity": usable, "quick": args.quick,
-                       "elapsed_s": elapsed, "failures": failures,
-                       "results": [{"method": m, "workers": n, "bytes": s, **v}
-                                   for (m, n, s), v in results.items()]}, f, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, {**header, "elapsed_s": elapsed, "failures": failures,
+                               "results": [{"method": m, "workers": n, "bytes": s, **v}
+                                           for (m, n, s), v in results.items()]})
     if args.png:
-        write_png(results, methods, args.png,
-                  f"mpx bench: median round trip of a broadcast to N workers, "
-                  f"{usable} usable CPUs{', quick run' if args.quick else ''}")
+        title = (f"mpx bench: median round trip of a broadcast to N workers, "
+                 f"{usable} usable CPUs{', quick run' if args.quick else ''}")
+        write_png(args.png, _draw(results, methods, title), nrows=1, ncols=len(WORKERS),
+                  figsize=(5 * len(WORKERS), 4.5), sharey=True)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpx bench", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
+    add_arguments(parser, "fewer repetitions (under a minute instead of ~4)")
     return run(parser.parse_args(argv))
 
 

@@ -12,12 +12,13 @@ The child entry points live here, not in ``mpx.__main__``, so that spawn can imp
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import statistics
 import sys
 import time
 import zlib
 from typing import Any
+
+from mpx._cli.benchkit import CTX, PipePeers, time_calls
 
 N_READERS = 2
 N_ROUND_TRIPS = 2000
@@ -89,63 +90,36 @@ def reader_main(rank: int, handle: Any, conn: Any) -> None:
         reply.close()
 
 
-def pipe_echo_main(conn: Any) -> None:
-    """Echo every object received on ``conn`` until ``None`` arrives."""
-    while True:
-        obj = conn.recv()
-        if obj is None:
-            return
-        conn.send(obj)
-
-
 # ---------------------------------------------------------------------- driver
 
 
-def _median_us(samples_ns: list[int]) -> float:
-    return statistics.median(samples_ns) / 1000.0
+def _median_us(ping: Any) -> float:
+    """Median microseconds of N_ROUND_TRIPS calls of ``ping``, after N_WARMUP."""
+    return statistics.median(time_calls(ping, N_ROUND_TRIPS, warm=N_WARMUP)) * 1e6
 
 
 def _bench_mpx_ping(queue: Any, reply: Any) -> float:
-    samples = []
-    for i in range(N_WARMUP + N_ROUND_TRIPS):
-        t0 = time.perf_counter_ns()
+    def ping() -> None:
         queue.enqueue(("ping", 0, PING_PAYLOAD))
         got = reply.dequeue(timeout=REPLY_TIMEOUT_S)
-        t1 = time.perf_counter_ns()
         if got != PING_PAYLOAD:
             raise DemoError(f"reader 0 echoed {got!r}, expected {PING_PAYLOAD!r}")
-        if i >= N_WARMUP:
-            samples.append(t1 - t0)
-    return _median_us(samples)
+
+    return _median_us(ping)
 
 
-def _bench_pipe_ping(ctx: Any) -> float:
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=pipe_echo_main, args=(child,), name="mpx-demo-pipe-echo",
-                       daemon=True)
-    proc.start()
-    child.close()
+def _bench_pipe_ping() -> float:
+    peer = PipePeers(1, name="mpx-demo-pipe-echo")
+
+    def ping() -> None:
+        got = peer.call(PING_PAYLOAD, timeout=REPLY_TIMEOUT_S)[0]
+        if got != PING_PAYLOAD:
+            raise DemoError(f"the Pipe echo process sent {got!r}")
+
     try:
-        samples = []
-        for i in range(N_WARMUP + N_ROUND_TRIPS):
-            t0 = time.perf_counter_ns()
-            parent.send(PING_PAYLOAD)
-            if not parent.poll(REPLY_TIMEOUT_S):
-                raise DemoError("the Pipe echo process did not answer")
-            got = parent.recv()
-            t1 = time.perf_counter_ns()
-            if got != PING_PAYLOAD:
-                raise DemoError(f"the Pipe echo process sent {got!r}")
-            if i >= N_WARMUP:
-                samples.append(t1 - t0)
-        parent.send(None)
+        return _median_us(ping)
     finally:
-        parent.close()
-        proc.join(JOIN_TIMEOUT_S)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-    return _median_us(samples)
+        peer.close()
 
 
 def _bench_broadcast(queue: Any, replies: list) -> tuple[float, float]:
@@ -170,11 +144,11 @@ def _bench_broadcast(queue: Any, replies: list) -> tuple[float, float]:
     return max(rates), statistics.median(rates)
 
 
-def _start_readers(ctx: Any, queue: Any) -> tuple[list, list]:
+def _start_readers(queue: Any) -> tuple[list, list]:
     procs, conns = [], []
     for rank in range(N_READERS):
-        parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=reader_main, args=(rank, queue.export_handle(), child),
+        parent, child = CTX.Pipe(duplex=False)
+        p = CTX.Process(target=reader_main, args=(rank, queue.export_handle(), child),
                         name=f"mpx-demo-reader-{rank}", daemon=True)
         p.start()
         child.close()
@@ -233,7 +207,6 @@ def run(out: Any = None) -> int:
         print(*args, file=out, flush=True)
 
     t_start = time.monotonic()
-    ctx = mp.get_context("spawn")
     try:
         ncpu = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -247,13 +220,13 @@ def run(out: Any = None) -> int:
     replies: list = []
     ok = False
     try:
-        procs, conns = _start_readers(ctx, queue)
+        procs, conns = _start_readers(queue)
         replies = _attach_replies(procs, conns)
         queue.wait_until_ready(timeout=STARTUP_TIMEOUT_S)
         say(f"readers ready after {time.monotonic() - t_start:.2f} s")
 
         mpx_us = _bench_mpx_ping(queue, replies[0])
-        pipe_us = _bench_pipe_ping(ctx)
+        pipe_us = _bench_pipe_ping()
         say(f"(a) round trip of a small tuple, median of {N_ROUND_TRIPS}:")
         say(f"      mpx.MessageQueue      {mpx_us:8.1f} us")
         say(f"      multiprocessing.Pipe  {pipe_us:8.1f} us")

@@ -67,6 +67,8 @@ def _cmd_node(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mpx._cli import benchkit
+
     parser = argparse.ArgumentParser(
         prog="python -m mpx",
         description="mpx: collective RPC to worker processes over shared memory.")
@@ -94,9 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     nodep.set_defaults(func=_cmd_node)
     bench = sub.add_parser("bench", help="compare mpx.Executor with Pipe, Queue, zmq and "
                            "ProcessPoolExecutor (~4 min; --quick under 1 min)")
-    bench.add_argument("--quick", action="store_true", help="fewer repetitions")
-    bench.add_argument("--png", metavar="PATH", help="also plot the results (needs matplotlib)")
-    bench.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
+    benchkit.add_arguments(bench, "fewer repetitions")
     bench.set_defaults(func=lambda args: importlib.import_module("mpx._cli.bench").run(args))
     return parser
 
