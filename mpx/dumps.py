@@ -12,10 +12,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mpx._procinfo import files_of_dead_pids
+from mpx._procinfo import files_of_dead_pids, pid_state
 
-# On-demand dumps (Executor.dump_stacks) ask a local worker with this signal.
+# On-demand dumps (Executor.dump_stacks) ask a local worker with this signal. The worker's
+# dump thread takes it with sigwait() and dumps every thread *holding the GIL*, so no other
+# thread runs Python (pushes or pops frames, starts or ends) while the stacks are walked.
 DUMP_SIGNAL = signal.SIGUSR1
+# ... and with this one when DUMP_SIGNAL got no answer within FORCE_AFTER_S: a thread holds
+# the GIL (stuck in C code), so the dump thread cannot run. faulthandler then dumps from its
+# signal handler, without the GIL: that walk of other threads' frames is safe only because
+# none of them can run Python while the GIL stays held (the same bet as the dead man's
+# switch). Never sent first: with threads running Python it can crash the worker (SIGSEGV).
+FORCED_DUMP_SIGNAL = signal.SIGUSR2
+# How long the dump thread gets to answer DUMP_SIGNAL before the forced dump. It needs the
+# GIL once, which a running interpreter hands over within the switch interval (5 ms), so
+# silence this long means a thread holds it in C (or the machine is badly overloaded).
+FORCE_AFTER_S = 0.5
 # How a stall's dump begins: the watchdog's own, and faulthandler's when its C thread fired.
 STALL_HEAD = "mpx watchdog"
 C_STALL_HEAD = "Timeout ("
@@ -119,29 +131,49 @@ def signal_dump(path: str, pid: int) -> int | None:
     return start
 
 
-def collect_dump(path: str, start: int, deadline: float) -> str | None:
-    """The dump appended to ``path`` after ``start`` once it stops growing (faulthandler
-    writes it from the signal handler in one go), or None by the monotonic ``deadline``."""
-    size = start
-    while time.monotonic() < deadline:
-        now = _size(path)
-        if now > start and now == size:
-            return read_dump(path, start)
-        size = now
-        time.sleep(0.02)
-    return None
+def force_dump(pid: int) -> bool:
+    """Ask worker ``pid``, which has not answered DUMP_SIGNAL, for a dump taken without the
+    GIL (see FORCED_DUMP_SIGNAL); only while it runs: a stopped one would take it when it
+    resumes, with its threads running. Whether the signal went."""
+    if pid_state(pid) in (None, "T", "t", "Z", "X"):
+        return False
+    try:
+        os.kill(pid, FORCED_DUMP_SIGNAL)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def dump_all(workers: dict[int, tuple[int, str]], timeout: float,
              state: Callable[[int], str]) -> dict[int, str]:
     """Every thread's stack of each worker, ``{rank: (pid, dump file)}``, asked all at
-    once; a worker with no dump by ``timeout`` gets a line naming ``state(pid)``."""
-    deadline = time.monotonic() + timeout
+    once; a worker with no dump by ``timeout`` gets a line naming ``state(pid)``. A worker
+    silent after FORCE_AFTER_S is asked again for a forced dump (:func:`force_dump`). Each
+    dump is the text appended to the worker's file once it stops growing."""
+    began = time.monotonic()
+    deadline = began + timeout
+    force_at: float | None = began + FORCE_AFTER_S
     asked = {rank: signal_dump(path, pid) for rank, (pid, path) in workers.items()}
+    sizes = {rank: (start, start) for rank, start in asked.items() if start is not None}
+    texts: dict[int, str] = {}
+    while sizes and time.monotonic() < deadline:
+        time.sleep(0.02)
+        for rank, (start, before) in list(sizes.items()):
+            path = workers[rank][1]
+            now = _size(path)
+            if now > start and now == before:
+                texts[rank] = read_dump(path, start)
+                del sizes[rank]
+            else:
+                sizes[rank] = (start, now)
+        if force_at is not None and time.monotonic() >= force_at:
+            force_at = None
+            for rank, (start, now) in sizes.items():
+                if now <= start:
+                    force_dump(workers[rank][0])
     out = {}
-    for rank, start in asked.items():
-        pid, path = workers[rank]
-        text = None if start is None else collect_dump(path, start, deadline)
-        out[rank] = text if text is not None else \
+    for rank in workers:
+        pid = workers[rank][0]
+        out[rank] = texts.get(rank) or \
             f"<no stacks from rank {rank} (pid {pid}) within {timeout} s: it is {state(pid)}>"
     return out

@@ -45,6 +45,27 @@ class Sleeper:
             time.sleep(seconds)
         return "paused"
 
+    def start_churners(self, n):
+        """Threads that run Python without a pause, calling it through C (map) so that
+        frames and C-level eval loops come and go all the time."""
+        self.churning = threading.Event()
+        self.churning.set()
+
+        def churn():
+            while self.churning.is_set():
+                list(map(self.churn, range(8)))
+
+        self.churners = [threading.Thread(target=churn, daemon=True) for _ in range(n)]
+        for t in self.churners:
+            t.start()
+        return len(self.churners)
+
+    def stop_churners(self):
+        self.churning.clear()
+        for t in self.churners:
+            t.join(5)
+        return sum(t.is_alive() for t in self.churners)
+
 
 class Deferred:
     """A result whose value is ready only after get_output() (as after a device copy)."""

@@ -149,6 +149,39 @@ def test_dump_stacks_on_demand_even_while_holding_the_gil(make):
     assert pending.result(timeout=10) == [0, 1]
 
 
+def test_dump_stacks_while_threads_run_python_crashes_no_worker(make):
+    """Stacks on demand, over and over, of workers whose threads run Python all the time:
+    no worker dies. (faulthandler's signal handler used to walk the other threads' frames
+    without the GIL while they pushed and popped them: SIGSEGV in its dump_frame, most runs
+    within a few seconds; the dump thread now walks them holding the GIL.)"""
+    ex = make(watchdog_timeout_s=0)
+    pids = ex.worker_pids
+    assert ex.collective_rpc("start_churners", args=(2,)) == [2, 2]
+    end = time.monotonic() + 6
+    dumps_taken = 0
+    while time.monotonic() < end:
+        stacks = ex.dump_stacks(timeout=5)
+        assert not ex.is_failed, f"a worker died after {dumps_taken} dumps"
+        assert all("in churn" in s for s in stacks.values()), stacks
+        dumps_taken += 1
+    assert dumps_taken > 20
+    assert ex.collective_rpc("stop_churners", timeout=10) == [0, 0]
+    assert ex.worker_pids == pids and not ex.is_failed
+
+
+def test_a_reported_stall_costs_no_cpu(make):
+    """After reporting a stall the watchdog waits, as it does otherwise (it once spun until
+    the call ended, running Python all the time)."""
+    ex = make(n=1)
+    pending = ex.collective_rpc("nap", args=(2.5,), non_block=True)
+    time.sleep(TIMEOUT + 0.5)  # reported by now
+    proc = psutil.Process(ex.worker_pids[0])
+    cpu0 = sum(proc.cpu_times()[:2])
+    time.sleep(1.0)
+    assert sum(proc.cpu_times()[:2]) - cpu0 < 0.1
+    assert pending.result(timeout=10) == [0]
+
+
 def test_dump_files_are_removed_at_shutdown_unless_they_hold_a_stall(make, tmp_path):
     ex = make()
     ex.collective_rpc("rank")

@@ -23,7 +23,7 @@ import cloudpickle
 
 from mpx import _debug, dumps
 from mpx._worker.output import AsyncOutput, InlineOutput, Replies
-from mpx._worker.watchdog import Watchdog
+from mpx._worker.watchdog import Watchdog, block_dump_signal
 from mpx.errors import Cancelled, DeserializationError, PeerDiedError
 from mpx.queue import MessageQueue
 from mpx.wire import (
@@ -163,6 +163,7 @@ def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
     """Entry point of a worker process (see module docstring)."""
     global _worker_pid
     _worker_pid = os.getpid()
+    block_dump_signal()  # before any thread starts: they all inherit it
     os.register_at_fork(after_in_child=_leave_the_group_after_fork)
     for fd in spec.close_fds:  # fork: the driver's ends of other workers' pipes
         try:
