@@ -102,6 +102,14 @@ class BenchWorker:
     def take(self, t):
         return int(t.shape[0])
 
+    def nbytes(self, b):
+        """len() of a bytes-like argument (bench_inband.py)."""
+        return len(b)
+
+    def step(self, d):
+        """The number of requests in a scheduler-step dict (bench_inband.py)."""
+        return len(d["req_ids"])
+
     def stamp(self):
         """CLOCK_MONOTONIC (system-wide) as the reply leaves: when the reply lands."""
         return time.monotonic_ns()
@@ -148,13 +156,14 @@ def _mq_rpc_child(handle, conn):
 # --------------------------------------------------------------------------- harness
 
 class PipeRPC:
-    """``n`` Pipe RPC children; ``call`` sends to all, then receives from all."""
+    """``n`` Pipe RPC children; ``call`` sends to all, then receives from all. ``child``
+    (default: the BenchWorker loop) is started as ``child(conn, *child_args(rank))``."""
 
-    def __init__(self, n):
+    def __init__(self, n, child=_pipe_rpc_child, child_args=lambda rank: ()):
         self.conns, self.procs = [], []
-        for _ in range(n):
+        for rank in range(n):
             a, b = CTX.Pipe()
-            self.procs.append(start(_pipe_rpc_child, (b,)))
+            self.procs.append(start(child, (b, *child_args(rank))))
             b.close()
             self.conns.append(a)
         self.pids = [p.pid for p in self.procs]

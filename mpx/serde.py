@@ -158,10 +158,12 @@ def _table(local_only: bool, with_torch: bool) -> dict:
 
 # Large bytes and bytearrays travel out of band from this size up. The C pickler hands
 # them to its file's write() as they are (no copy) from 64 KiB up (CPython's
-# FRAME_SIZE_TARGET), so that is the floor; measured on a 2-core VM
-# (bench/bench_inband.py --sections t), out of band pays from there: see OOB_MIN_BYTES's
-# figures in that bench's output.
-OOB_MIN_BYTES = 64 << 10
+# FRAME_SIZE_TARGET), so in band or out, the writer copies them once, into the ring; the
+# reader copies twice either way (ring -> message -> object). Out of band costs ~5 us more
+# per message below 1 MiB (64 KiB 1.36-1.42x, 256 KiB 1.15-1.19x, 1 MiB in band 1.09x of
+# out of band, one run 0.80x) and is 0.80-0.88x from 1-2 MiB up, where fresh memory
+# dominates (bench/bench_inband.py --sections t, a shared 2-core VM): 1 MiB it is.
+OOB_MIN_BYTES = 1 << 20
 
 _NEXT_BUFFER = b"\x97"          # pickle protocol 5: push the next out-of-band buffer
 _BINBYTES, _BINBYTES8, _BYTEARRAY8 = 0x42, 0x8E, 0x96
