@@ -110,6 +110,14 @@ class BenchWorker:
     def take(self, t):
         return int(t.shape[0])
 
+    def nbytes(self, b):
+        """len() of a bytes-like argument (bench_inband.py)."""
+        return len(b)
+
+    def step(self, d):
+        """The number of requests in a scheduler-step dict (bench_inband.py)."""
+        return len(d["req_ids"])
+
     def stamp(self):
         """CLOCK_MONOTONIC (system-wide) as the reply leaves: when the reply lands."""
         return time.monotonic_ns()

@@ -1,13 +1,18 @@
 """Objects to messages and back: ``encode(obj) -> (kind, parts)``, ``decode(kind, data)``.
 
-Pickle protocol 5 with out-of-band buffers, so numpy arrays, bytearrays and CPU tensors are
-copied straight from their memory into ring slots. Callables that plain pickle refuses
-(lambdas, local functions) go through cloudpickle. A K_PICKLE_OOB message is::
+Pickle protocol 5 with out-of-band buffers, so numpy arrays, CPU tensors and large
+``bytes``, ``bytearray`` and ``memoryview`` objects (``OOB_MIN_BYTES`` and up), wherever
+they sit in the object, are copied straight from their memory into ring slots. The pickle
+itself is not joined either: the message is the pickler's chunks as they came. Callables
+that plain pickle refuses (lambdas, local functions) go through cloudpickle. A
+K_PICKLE_OOB message is::
 
     u64 n_buffers, u64 pickle_len, u64 buffer_len[n_buffers], pickle bytes,
     then each buffer at the next 64-byte-aligned offset of the message.
 
-Decoded objects own their memory: buffers are views of a bytearray the reader allocated.
+The top byte of a buffer_len says what the reader makes of it: 0 a view of its message
+(numpy, tensors), 1 a bytes, 2 a bytearray of its own. Decoded objects own their memory:
+buffers are views of a bytearray the reader allocated, or copies.
 
 Tensors (``torch.Tensor`` and ``nn.Parameter``, dense, strided):
 
@@ -31,7 +36,6 @@ from __future__ import annotations
 
 import collections
 import copyreg
-import io
 import pickle
 import struct
 import sys
@@ -116,7 +120,7 @@ def _reduce_tensor_local(t):
 
 
 _tables: dict[bool, dict] | None = None
-_cloud_picklers: dict[bool, type] = {}
+_cloud_picklers: dict[tuple[bool, bool], type] = {}
 
 
 def _dispatch(local_only: bool) -> dict:
@@ -136,73 +140,189 @@ def _dispatch(local_only: bool) -> dict:
     return _tables[local_only]
 
 
-# local_only -> (the copyreg.dispatch_table it was built from, the merged table)
-_merged: dict[bool, tuple[dict, dict]] = {}
+# (local_only, torch imported) -> (the copyreg.dispatch_table it was built from, the table)
+_merged: dict[tuple[bool, bool], tuple[dict, dict]] = {}
 
 
-def _table(local_only: bool) -> dict:
+def _table(local_only: bool, with_torch: bool) -> dict:
     """The pickler's dispatch table: every reducer registered with ``copyreg.pickle`` (a
-    pickler's own table hides copyreg's, so it must carry them), then the tensor reducers.
-    Rebuilt when copyreg's table changed since (a dict comparison, ~0.1 us), so later
-    registrations count."""
-    entry = _merged.get(local_only)
+    pickler's own table hides copyreg's, so it must carry them), the memoryview reducer,
+    then the tensor reducers once torch is imported. Rebuilt when copyreg's table changed
+    since (a dict comparison, ~0.1 us), so later registrations count."""
+    key = (local_only, with_torch)
+    entry = _merged.get(key)
     registered = copyreg.dispatch_table
     if entry is None or entry[0] != registered:
         snapshot = dict(registered)
-        entry = _merged[local_only] = (snapshot, {**snapshot, **_dispatch(local_only)})
+        table = {**snapshot, memoryview: _reduce_memoryview}
+        if with_torch:
+            table.update(_dispatch(local_only))
+        entry = _merged[key] = (snapshot, table)
     return entry[1]
 
 
-# Each thread keeps its tensor-aware picklers: building one costs ~1 us, more than
-# pickling a small call (0.25 us), and every message pays it once torch is imported.
+# Large bytes and bytearrays travel out of band from this size up. The C pickler hands
+# them to its file's write() as they are (no copy) from 64 KiB up (CPython's
+# FRAME_SIZE_TARGET), so in band or out, the writer copies them once, into the ring; the
+# reader copies twice either way (ring -> message -> object). Out of band costs ~5 us more
+# per message below 1 MiB (64 KiB 1.36-1.42x, 256 KiB 1.15-1.19x, 1 MiB in band 1.09x of
+# out of band, one run 0.80x) and is 0.80-0.88x from 1-2 MiB up, where fresh memory
+# dominates (bench/bench_inband.py --sections t, a shared 2-core VM): 1 MiB it is.
+OOB_MIN_BYTES = 1 << 20
+
+_NEXT_BUFFER = b"\x97"          # pickle protocol 5: push the next out-of-band buffer
+_BINBYTES, _BINBYTES8, _BYTEARRAY8 = 0x42, 0x8E, 0x96
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+# Out-of-band buffer tags, in the top byte of a buffer's length in the prelude: what the
+# reader makes of the bytes (a view of its message, or an object of its own).
+_TAG_VIEW, _TAG_BYTES, _TAG_BYTEARRAY = 0, 1, 2
+_TAG_SHIFT = 56
+_LEN_MASK = (1 << _TAG_SHIFT) - 1
+
+
+def _payload_refs() -> int:
+    """The reference count (as sys.getrefcount sees it inside _Sink.write) above which a
+    write() is an object of the caller's, not a chunk the pickler made for it; 0 when this
+    Python's pickler does not hand large bytes over as they are (everything stays in band).
+
+    The pickler's own chunks are fresh bytes it owns alone when it calls write(); a bytes
+    or bytearray of the caller's is also held by its container (or a reducer's args)."""
+    seen: list[tuple[int, int]] = []
+
+    class Probe:
+        def write(self, b):
+            seen.append((len(b), sys.getrefcount(b)))
+
+    big = bytes(OOB_MIN_BYTES)
+    pickle.Pickler(Probe(), protocol=5).dump([big])
+    payload = [refs for n, refs in seen if n == len(big)]
+    chunks = [refs for n, refs in seen if n != len(big)]
+    if len(payload) != 1 or not chunks or payload[0] <= max(chunks):
+        return 0
+    return max(chunks)
+
+
+class _Sink:
+    """The pickler's file: collects its output as parts, without joining them, and takes
+    the caller's large bytes and bytearrays out of band (the pickle gets NEXT_BUFFER in
+    place of their header; the objects themselves become buffers, copied once, into the
+    ring)."""
+
+    __slots__ = ("parts", "oob", "size")
+    chunk_refs = 0  # set below, once
+
+    def __init__(self) -> None:
+        self.parts: list = []
+        self.oob: list = []   # PickleBuffers (buffer_callback) and bytes/bytearray, in order
+        self.size = 0         # bytes of pickle in parts
+
+    def write(self, b) -> None:
+        n = len(b)
+        if n >= OOB_MIN_BYTES and sys.getrefcount(b) > self.chunk_refs > 0 and \
+                (type(b) is bytes or type(b) is bytearray) and self._take(b, n):
+            return
+        self.parts.append(b)
+        self.size += n
+
+    def _take(self, b, n: int) -> bool:
+        """Replace the header of ``b`` (the end of the last part) by NEXT_BUFFER."""
+        if not self.parts:
+            return False
+        prev = self.parts[-1]
+        if type(b) is bytes and len(prev) >= 5 and prev[-5] == _BINBYTES and \
+                _U32.unpack_from(prev, len(prev) - 4)[0] == n:
+            head = 5
+        elif len(prev) >= 9 and prev[-9] == (_BINBYTES8 if type(b) is bytes else _BYTEARRAY8) \
+                and _U64.unpack_from(prev, len(prev) - 8)[0] == n:
+            head = 9
+        else:
+            return False
+        if len(prev) == head:
+            self.parts[-1] = _NEXT_BUFFER
+        else:
+            self.parts[-1] = memoryview(prev)[:-head]
+            self.parts.append(_NEXT_BUFFER)
+        self.size += 1 - head
+        self.oob.append(b)
+        return True
+
+    def reset(self) -> None:
+        self.parts = []
+        self.oob.clear()
+        self.size = 0
+
+
+_Sink.chunk_refs = _payload_refs()
+
+
+def _reduce_memoryview(m: memoryview):
+    """A memoryview arrives as one (format, shape, read-only) over memory of the reader's
+    own; a large one's bytes travel out of band."""
+    if m.nbytes >= OOB_MIN_BYTES and m.c_contiguous:
+        data: Any = pickle.PickleBuffer(m)
+    else:
+        data = m.tobytes()
+    return _rebuild_memoryview, (data, m.format, m.shape, m.readonly)
+
+
+def _rebuild_memoryview(data, fmt: str, shape: tuple, readonly: bool) -> memoryview:
+    if type(data) is bytes and not readonly:
+        data = bytearray(data)
+    m = memoryview(data).cast("B")
+    if fmt != "B" or len(shape) != 1:
+        m = m.cast(fmt, shape)  # type: ignore[call-overload]
+    return m.toreadonly() if readonly else m
+
+
+# Each thread keeps its picklers, with their sinks: building one costs ~1 us, more than
+# pickling a small call (0.25 us).
 _picklers = threading.local()
-# A pickler whose output grew past this is dropped, not kept with its big buffer.
-_KEEP_PICKLER_BYTES = 1 << 20
+_PICKLER_KEYS = ("any", "local", "any+torch", "local+torch")
 
 
-def _dumps(obj: Any, buffers: list, local_only: bool) -> bytes:
-    if "torch" not in sys.modules:
-        return pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+def _dumps(obj: Any, local_only: bool) -> _Sink:
+    """``obj`` pickled into a sink of this thread's (the caller resets it when done)."""
+    with_torch = "torch" in sys.modules
     kept = _picklers.__dict__
-    key = "local" if local_only else "any"
+    key = _PICKLER_KEYS[local_only + 2 * with_torch]
     entry = kept.pop(key, None)  # in use (a nested call) makes a fresh one
     if entry is None:
-        f = io.BytesIO()
-        out: list = []
-        p = pickle.Pickler(f, protocol=5, buffer_callback=out.append)
-        entry = [f, p, out, None]
-    f, p, out, seen = entry
+        sink = _Sink()
+        p = pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append)
+        entry = [sink, p, None]
+    sink, p, seen = entry
     if seen != copyreg.dispatch_table:  # a new registration (or a new pickler)
-        p.dispatch_table = _table(local_only)
-        entry[3] = _merged[local_only][0]
+        p.dispatch_table = _table(local_only, with_torch)
+        entry[2] = _merged[(local_only, with_torch)][0]
     try:
         p.dump(obj)
-        buffers.extend(out)
-        return f.getvalue()
+    except BaseException:
+        sink.reset()
+        raise
     finally:
-        big = f.tell() > _KEEP_PICKLER_BYTES
         p.clear_memo()
-        out.clear()
-        f.seek(0)
-        f.truncate()
-        if not big:
-            kept[key] = entry
+        kept[key] = entry
+    return sink
 
 
-def _cloud_dumps(obj: Any, buffers: list, local_only: bool) -> bytes:
-    if "torch" not in sys.modules:
-        return cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    cls = _cloud_picklers.get(local_only)
+def _cloud_dumps(obj: Any, local_only: bool) -> _Sink:
+    with_torch = "torch" in sys.modules
+    cls = _cloud_picklers.get((local_only, with_torch))
     if cls is None:
         # CloudPickler reads its class's dispatch_table when it is built, so a table of
         # our own needs a subclass
         base = cloudpickle.Pickler
-        table = collections.ChainMap(_dispatch(local_only), base.dispatch_table)
-        cls = _cloud_picklers[local_only] = type("_MpxCloudPickler", (base,),
-                                                 {"dispatch_table": table})
-    f = io.BytesIO()
-    cls(f, protocol=5, buffer_callback=buffers.append).dump(obj)
-    return f.getvalue()
+        mine = {memoryview: _reduce_memoryview}
+        if with_torch:
+            mine.update(_dispatch(local_only))
+        table = collections.ChainMap(mine, base.dispatch_table)
+        cls = _cloud_picklers[(local_only, with_torch)] = type(
+            "_MpxCloudPickler", (base,), {"dispatch_table": table})
+    sink = _Sink()
+    cls(sink, protocol=5, buffer_callback=sink.oob.append).dump(obj)
+    return sink
 
 
 def encode(obj: Any, local_only: bool = False) -> tuple[int, tuple]:
@@ -214,33 +334,53 @@ def encode(obj: Any, local_only: bool = False) -> tuple[int, tuple]:
     """
     if type(obj) is bytes:
         return K_BYTES, (obj,)
-    buffers: list = []
     try:
-        data = _dumps(obj, buffers, local_only)
+        sink = _dumps(obj, local_only)
     except Exception as first:
-        buffers.clear()
         try:
-            data = _cloud_dumps(obj, buffers, local_only)
+            sink = _cloud_dumps(obj, local_only)
         except Exception as e:
             raise SerializationError(
                 f"cannot pickle {type(obj).__name__} object for mpx: {e}") from first
-    if not buffers:
-        return K_PICKLE, (data,)
     try:
-        raws = [b.raw() for b in buffers]
-    except BufferError as e:
-        raise SerializationError(f"out-of-band buffer is not contiguous: {e}") from e
+        return _message(sink)
+    finally:
+        sink.reset()
+
+
+def _message(sink: _Sink) -> tuple[int, tuple]:
+    if not sink.oob:
+        return K_PICKLE, tuple(sink.parts)
+    raws: list = []
+    lens: list[int] = []
+    for b in sink.oob:
+        t = type(b)
+        if t is bytes or t is bytearray:
+            raws.append(b)
+            lens.append(len(b) | (_TAG_BYTES if t is bytes else _TAG_BYTEARRAY) << _TAG_SHIFT)
+            continue
+        try:
+            r = b.raw()
+        except BufferError as e:
+            raise SerializationError(f"out-of-band buffer is not contiguous: {e}") from e
+        raws.append(r)
+        lens.append(r.nbytes)
     n = len(raws)
-    prelude = struct.pack(f"<QQ{n}Q", n, len(data), *[r.nbytes for r in raws])
-    parts: list = [prelude, data]
-    off = len(prelude) + len(data)
-    for r in raws:
+    prelude = struct.pack(f"<QQ{n}Q", n, sink.size, *lens)
+    parts: list = [prelude, *sink.parts]
+    off = len(prelude) + sink.size
+    for r, ln in zip(raws, lens):
+        ln &= _LEN_MASK
         pad = _aligned(off) - off
         if pad:
             parts.append(_PAD[:pad])
         parts.append(r)
-        off += pad + r.nbytes
+        off += pad + ln
     return K_PICKLE_OOB, tuple(parts)
+
+
+def _owned_bytes(view: memoryview) -> bytes:
+    return bytes(view)
 
 
 def decode(kind: int, data) -> Any:
@@ -258,10 +398,18 @@ def decode(kind: int, data) -> Any:
         off = 16 + 8 * n
         payload = mv[off:off + plen]
         off += plen
-        bufs = []
+        bufs: list = []
         for ln in lens:
+            tag = ln >> _TAG_SHIFT
+            ln &= _LEN_MASK
             off = _aligned(off)
-            bufs.append(mv[off:off + ln])
+            view = mv[off:off + ln]
+            if tag == _TAG_BYTES:
+                bufs.append(_owned_bytes(view))
+            elif tag == _TAG_BYTEARRAY:
+                bufs.append(bytearray(view))
+            else:
+                bufs.append(view)
             off += ln
         return pickle.loads(payload, buffers=bufs)
     except DeserializationError:

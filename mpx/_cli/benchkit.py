@@ -23,7 +23,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -117,15 +117,20 @@ def _pipe_child(conn: Any, handler: Callable[[Any], Any]) -> None:
 
 class PipePeers:
     """``n`` spawn children, each at the end of its own ``multiprocessing.Pipe``, answering
-    every object with ``handler(obj)``: the baseline mpx is measured against."""
+    every object with ``handler(obj)`` (or child i with ``handler[i]``, one per child): the
+    baseline mpx is measured against."""
 
-    def __init__(self, n: int, handler: Callable[[Any], Any] = echo,
+    def __init__(self, n: int,
+                 handler: Callable[[Any], Any] | Sequence[Callable[[Any], Any]] = echo,
                  name: str | None = None) -> None:
+        handlers = list(handler) if isinstance(handler, Sequence) else [handler] * n
+        if len(handlers) != n:
+            raise ValueError(f"{len(handlers)} handlers for {n} Pipe children")
         self.conns: list = []
         self.procs: list[BaseProcess] = []
-        for _ in range(n):
+        for rank in range(n):
             a, b = CTX.Pipe()
-            self.procs.append(start(_pipe_child, (b, handler), name=name))
+            self.procs.append(start(_pipe_child, (b, handlers[rank]), name=name))
             b.close()
             self.conns.append(a)
         self.pids = [p.pid for p in self.procs if p.pid is not None]
