@@ -150,11 +150,11 @@ def test_one_future_waited_on_by_threads_tasks_and_callbacks_at_once(executor):
     result(), concurrent.futures.wait and as_completed, two tasks awaiting it in one loop,
     a wrap_future and callbacks added from threads all see the one outcome, once each."""
     e = executor()
+    lock = threading.Lock()
     for _ in range(5):
         fut = e.collective_rpc("sleep", args=(0.1,), non_block=True)
         got: list = []
         called: list = []
-        lock = threading.Lock()
 
         def in_thread(how, fut=fut, got=got, called=called):
             if how == "result":
@@ -190,7 +190,7 @@ def test_one_future_waited_on_by_threads_tasks_and_callbacks_at_once(executor):
         while len(called) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert called == [[0, 1]] * 2
-        fut.add_done_callback(lambda f: called.append("done: at once"))
+        fut.add_done_callback(lambda f, called=called: called.append("done: at once"))
         assert called[-1] == "done: at once"
 
 
@@ -227,6 +227,29 @@ def test_futures_awaited_in_a_loop_complete_when_other_threads_read_their_replie
             t.join(10)
     assert not errors_seen, errors_seen
     assert out == [[[x, 2 * x] for x in range(i * 100, i * 100 + 50)] for i in range(8)]
+
+
+def test_replies_read_in_a_batch_complete_every_future_once(executor):
+    """An event loop reads the replies already there in batches and completes their
+    futures after each batch: every done callback runs once (callbacks added from the loop
+    while another thread completes futures may run in either thread, so in no set order),
+    and each awaited future gets its own result."""
+    e = executor()
+    ran: list = []
+
+    async def main():
+        for _ in range(10):
+            futs = [e.collective_rpc("ident", args=(i,), non_block=True) for i in range(40)]
+            for i, f in enumerate(futs):
+                f.add_done_callback(lambda f, i=i: ran.append((i, f.result(timeout=0))))
+            await asyncio.sleep(0.02)  # the replies pile up: the loop then reads a batch
+            got = await asyncio.gather(*futs[::3])
+            assert got == [[i, i] for i in range(0, 40, 3)]
+            assert [await f for f in futs] == [[i, i] for i in range(40)]
+            assert sorted(ran) == [(i, [i, i]) for i in range(40)], ran
+            ran.clear()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
 
 
 def test_cancel_of_a_sent_call_returns_false(executor):

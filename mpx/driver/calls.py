@@ -308,9 +308,10 @@ class CallTable:
                     time.monotonic() + DEADLINE_POLL_S if poll else None)
 
     def _read_one(self, rank: int, until: float | None,
-                  cancel: threading.Event | None = None) -> None:
+                  cancel: threading.Event | None = None, complete: bool = True) -> None:
         """Read and record rank's next reply, waiting until monotonic ``until`` at most
-        (Cancelled once ``cancel`` is set)."""
+        (Cancelled once ``cancel`` is set); then, unless ``complete`` is False (the caller
+        completes a batch), set the futures of the calls it settled."""
         timeout = None if until is None else max(0.0, until - time.monotonic())
         try:
             seq, status, payload = self.resp[rank].dequeue(timeout=timeout, cancel=cancel,
@@ -322,21 +323,25 @@ class CallTable:
             e.rank = rank
             raise
         self._record(rank, seq, status, payload)
-        if self._completed:
+        if complete and self._completed:
             self._complete_futures()
 
     def _read_available(self) -> int:
-        """Read every reply that is already there; how many."""
+        """Read every reply that is already there, then set the futures of the calls they
+        settled, in one batch; how many."""
         got = 0
         try:
             for rank, q in enumerate(self.resp):
                 while q.poll():
-                    self._read_one(rank, None)
+                    self._read_one(rank, None, complete=False)
                     got += 1
         except PeerDiedError as e:
             self._peer_gone(e)
         except Cancelled:
             pass
+        finally:
+            if self._completed:
+                self._complete_futures()
         return got
 
     def _peer_gone(self, e: PeerDiedError) -> None:
