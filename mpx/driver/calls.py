@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -166,7 +167,7 @@ class CallTable:
             seq = self.next_seq
             call = Call(seq, name, self.n_ranks, reply_rank, aggregator, deadline)
             if non_block:
-                call.future = RPCFuture(lambda t: self.wait(call, t), self)
+                call.future = RPCFuture(functools.partial(self.wait, call), self)
             with self.lock:
                 self.check_usable()
                 self.pending[seq] = call
@@ -185,8 +186,9 @@ class CallTable:
             self.next_seq = seq + 1
         if self._completed:
             self._complete_futures()  # those a drain() settled while the ring was full
-        if non_block:
-            self._start_background()
+        if non_block and (self._background is None or
+                          self._background_may_read() and not self.baton.locked()):
+            self._start_background()  # (not while an event loop reads: the common case)
         return call
 
     def _send_error(self, e: BaseException, name: str) -> BaseException:
@@ -471,6 +473,13 @@ class CallTable:
             return False
         if not mine:
             self.reader_ident = me
+        if self.loops_until:
+            # an event loop reads for its futures (its tasks are the usual senders here):
+            # these reads keep its lease, or else, when its reading steps come further
+            # apart than LOOP_LEASE_S (many tasks per loop iteration), the background
+            # reader takes the baton between them, and the two threads trade it (and
+            # the GIL) for every few replies
+            self.loops_until = time.monotonic() + LOOP_LEASE_S
         try:
             if not self._read_available() and self.pending:
                 oldest = next(iter(list(self.pending.values())), None)

@@ -41,13 +41,8 @@ class _LoopDelivery:
         self.awaiting: dict[ReplySource, int] = {}  # futures awaited in this loop, by source
         self.reading: set[ReplySource] = set()      # sources this loop reads now
 
-    def expect(self, source: ReplySource) -> None:
-        """A future of ``source`` is awaited (in the loop's thread)."""
-        self.awaiting[source] = self.awaiting.get(source, 0) + 1
-        self._read(source)
-
     def forget(self, source: ReplySource) -> None:
-        """That await ended (done, or cancelled)."""
+        """An await of a future of ``source`` ended (done, or cancelled)."""
         left = self.awaiting[source] - 1
         if left:
             self.awaiting[source] = left
@@ -290,7 +285,10 @@ class RPCFuture(concurrent.futures.Future):
                 self._target, self._delivery = target, delivery
         if not first:  # done meanwhile, or a second task awaits it: the general way
             self.add_done_callback(lambda f: delivery.add(target, f, source))
-        delivery.expect(source)
+        awaiting = delivery.awaiting  # a future of source is awaited: read for it
+        awaiting[source] = awaiting.get(source, 0) + 1
+        if source not in delivery.reading:
+            delivery._read(source)
         try:
             return (yield from target)
         finally:
