@@ -362,11 +362,16 @@ class CallTable:
         call = self.pending.get(seq)
         if call is None:
             return  # the reply of a call that already timed out
+        results = call.results
         if status == wire.OK:
-            call.results[rank] = payload
+            results[rank] = payload
         else:
             call.errors[rank] = payload
-        if len(call.results) + len(call.errors) == call.n_ranks:
+        if len(results) == call.n_ranks and call.aggregator is None:  # all OK (inline: hot)
+            one = call.reply_rank
+            self._settle(call, [results[i] for i in range(call.n_ranks)] if one is None
+                         else results[one])
+        elif len(results) + len(call.errors) == call.n_ranks:
             self._finish(call)
 
     def _finish(self, call: Call) -> None:

@@ -263,7 +263,12 @@ class RPCFuture(concurrent.futures.Future):
             self._target = self._delivery = None
             loop = delivery.loop()
             if loop is not None and _running_loop() is loop:
-                _set_target(target, self)  # the loop's own thread: wakes the task directly
+                # the loop's own thread: wake the task directly (_set_target, inline: hot)
+                if not target.done():
+                    if exc is None:
+                        target.set_result(result)
+                    else:
+                        target.set_exception(exc)
             else:
                 delivery.add(target, self, self._source)
         for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
