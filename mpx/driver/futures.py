@@ -258,11 +258,8 @@ class RPCFuture(concurrent.futures.Future):
                 self._cond.notify_all()
             target = self._target
         if target is not None:
-            delivery = self._delivery
-            assert delivery is not None
-            self._target = self._delivery = None
-            loop = delivery.loop()
-            if loop is not None and _running_loop() is loop:
+            self._target = None
+            if target.get_loop() is _running_loop():
                 # the loop's own thread: wake the task directly (_set_target, inline: hot)
                 if not target.done():
                     if exc is None:
@@ -270,6 +267,8 @@ class RPCFuture(concurrent.futures.Future):
                     else:
                         target.set_exception(exc)
             else:
+                delivery = self._delivery
+                assert delivery is not None
                 delivery.add(target, self, self._source)
         for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
             try:
@@ -280,7 +279,9 @@ class RPCFuture(concurrent.futures.Future):
     def __await__(self) -> Generator[Any, None, Any]:
         if self._state == _FINISHED:
             return self.result(0)
-        loop = asyncio.get_running_loop()
+        loop = _running_loop()
+        if loop is None:
+            raise RuntimeError("an RPCFuture is awaited only in a running event loop")
         target = loop.create_future()
         delivery = _delivery(loop)
         source = self._source
