@@ -158,20 +158,22 @@ class RPCFuture(concurrent.futures.Future):
     # already waiting on it (or will see FINISHED). No wake-up is lost, and the base class's
     # methods that use ``self._condition`` (wait, as_completed, repr) work unchanged.
 
+    # Until set on the instance, these read as their class defaults (fewer stores per call).
+    _cond: threading.Condition | None = None
+    _result: Any = None
+    _exception: BaseException | None = None
+    # the asyncio future of the first task that awaits this one, and its loop's delivery
+    _target: asyncio.Future | None = None
+    _delivery: _LoopDelivery | None = None
+
     def __init__(self, wait: Callable[[float | None], None], source: ReplySource) -> None:
         # (no super().__init__(): it builds the Condition)
         self._lock = threading.Lock()
-        self._cond: threading.Condition | None = None
         self._state = _RUNNING  # set_running_or_notify_cancel(), for a future none has seen
-        self._result: Any = None
-        self._exception: BaseException | None = None
-        self._waiters: list = []
+        self._waiters: list = []  # (the base class's wait/as_completed append to it)
         self._done_callbacks: list[Callable[[concurrent.futures.Future], object]] = []
         self._wait: Callable[[float | None], None] | None = wait
         self._source = source
-        # the asyncio future of the first task that awaits this one, and its loop's delivery
-        self._target: asyncio.Future | None = None
-        self._delivery: _LoopDelivery | None = None
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
