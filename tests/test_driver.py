@@ -146,6 +146,113 @@ def test_a_blocked_event_loop_holds_up_no_other_future(executor):
     assert result == [0, 1]
 
 
+def test_one_future_waited_on_by_threads_tasks_and_callbacks_at_once(executor):
+    """The future builds its Condition only when a thread sleeps on it: threads in
+    result(), concurrent.futures.wait and as_completed, two tasks awaiting it in one loop,
+    a wrap_future and callbacks added from threads all see the one outcome, once each."""
+    e = executor()
+    lock = threading.Lock()
+    for _ in range(5):
+        fut = e.collective_rpc("sleep", args=(0.1,), non_block=True)
+        got: list = []
+        called: list = []
+
+        def in_thread(how, fut=fut, got=got, called=called):
+            if how == "result":
+                value = fut.result(timeout=10)
+            elif how == "wait":
+                done, _ = concurrent.futures.wait([fut], timeout=10)
+                value = done.pop().result(timeout=0)
+            elif how == "as_completed":
+                value = next(concurrent.futures.as_completed([fut], timeout=10)).result(0)
+            elif how == "condition":  # the base class's own sleep on its Condition
+                value = concurrent.futures.Future.result(fut, timeout=10)
+            else:
+                fut.add_done_callback(lambda f: called.append(f.result(timeout=0)))
+                return
+            with lock:
+                got.append(value)
+
+        hows = ["result", "result", "wait", "as_completed", "condition", "callback", "callback"]
+        threads = [threading.Thread(target=in_thread, args=(h,)) for h in hows]
+        for t in threads:
+            t.start()
+
+        async def main(fut=fut):
+            return await asyncio.gather(fut, fut, asyncio.wrap_future(fut))
+
+        from_loop = asyncio.run(asyncio.wait_for(main(), 10))
+        for t in threads:
+            t.join(5)  # (their own timeouts are 10 s: a lost wake-up shows here)
+        assert not any(t.is_alive() for t in threads), "a thread missed the completion"
+        assert from_loop == [[0, 1]] * 3
+        assert got == [[0, 1]] * 5
+        deadline = time.monotonic() + 5
+        while len(called) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert called == [[0, 1]] * 2
+        fut.add_done_callback(lambda f, called=called: called.append("done: at once"))
+        assert called[-1] == "done: at once"
+
+
+def test_futures_awaited_in_a_loop_complete_when_other_threads_read_their_replies(executor):
+    """Blocking callers in other threads read the replies of the futures the loop awaits:
+    the loop is woken for them (and reads for itself again when they stop)."""
+    e = executor()
+    stop = threading.Event()
+    errors_seen: list = []
+
+    def hammer(k):
+        try:
+            while not stop.is_set():
+                assert e.collective_rpc("ident", args=(k,)) == [k, k]
+        except BaseException as ex:  # reported below
+            errors_seen.append(ex)
+
+    threads = [threading.Thread(target=hammer, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+
+    async def caller(i):
+        return [await e.collective_rpc("mul", args=(i * 100 + j,), non_block=True)
+                for j in range(50)]
+
+    async def main():
+        return await asyncio.gather(*[caller(i) for i in range(8)])
+
+    try:
+        out = asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert not errors_seen, errors_seen
+    assert out == [[[x, 2 * x] for x in range(i * 100, i * 100 + 50)] for i in range(8)]
+
+
+def test_replies_read_in_a_batch_complete_every_future_once(executor):
+    """An event loop reads the replies already there in batches and completes their
+    futures after each batch: every done callback runs once (callbacks added from the loop
+    while another thread completes futures may run in either thread, so in no set order),
+    and each awaited future gets its own result."""
+    e = executor()
+    ran: list = []
+
+    async def main():
+        for _ in range(10):
+            futs = [e.collective_rpc("ident", args=(i,), non_block=True) for i in range(40)]
+            for i, f in enumerate(futs):
+                f.add_done_callback(lambda f, i=i: ran.append((i, f.result(timeout=0))))
+            await asyncio.sleep(0.02)  # the replies pile up: the loop then reads a batch
+            got = await asyncio.gather(*futs[::3])
+            assert got == [[i, i] for i in range(0, 40, 3)]
+            assert [await f for f in futs] == [[i, i] for i in range(40)]
+            assert sorted(ran) == [(i, [i, i]) for i in range(40)], ran
+            ran.clear()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
 def test_cancel_of_a_sent_call_returns_false(executor):
     e = executor()
     fut = e.collective_rpc("sleep", args=(0.2,), non_block=True)

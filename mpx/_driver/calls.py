@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -167,7 +168,7 @@ class CallTable:
             seq = self.next_seq
             call = Call(seq, name, self.n_ranks, reply_rank, aggregator, deadline)
             if non_block:
-                call.future = RPCFuture(lambda t: self.wait(call, t), self)
+                call.future = RPCFuture(functools.partial(self.wait, call), self)
             with self.lock:
                 self.check_usable()
                 self.pending[seq] = call
@@ -186,8 +187,9 @@ class CallTable:
             self.next_seq = seq + 1
         if self._completed:
             self._complete_futures()  # those a drain() settled while the ring was full
-        if non_block:
-            self._start_background()
+        if non_block and (self._background is None or
+                          self._background_may_read() and not self.baton.locked()):
+            self._start_background()  # (not while an event loop reads: the common case)
         return call
 
     def _send_error(self, e: BaseException, name: str) -> BaseException:
@@ -309,9 +311,10 @@ class CallTable:
                     time.monotonic() + DEADLINE_POLL_S if poll else None)
 
     def _read_one(self, rank: int, until: float | None,
-                  cancel: threading.Event | None = None) -> None:
+                  cancel: threading.Event | None = None, complete: bool = True) -> None:
         """Read and record rank's next reply, waiting until monotonic ``until`` at most
-        (Cancelled once ``cancel`` is set)."""
+        (Cancelled once ``cancel`` is set); then, unless ``complete`` is False (the caller
+        completes a batch), set the futures of the calls it settled."""
         timeout = None if until is None else max(0.0, until - time.monotonic())
         try:
             seq, status, payload = self.resp[rank].dequeue(timeout=timeout, cancel=cancel,
@@ -323,21 +326,25 @@ class CallTable:
             e.rank = rank
             raise
         self._record(rank, seq, status, payload)
-        if self._completed:
+        if complete and self._completed:
             self._complete_futures()
 
     def _read_available(self) -> int:
-        """Read every reply that is already there; how many."""
+        """Read every reply that is already there, then set the futures of the calls they
+        settled, in one batch; how many."""
         got = 0
         try:
             for rank, q in enumerate(self.resp):
                 while q.poll():
-                    self._read_one(rank, None)
+                    self._read_one(rank, None, complete=False)
                     got += 1
         except PeerDiedError as e:
             self._peer_gone(e)
         except Cancelled:
             pass
+        finally:
+            if self._completed:
+                self._complete_futures()
         return got
 
     def _peer_gone(self, e: PeerDiedError) -> None:
@@ -356,11 +363,16 @@ class CallTable:
         call = self.pending.get(seq)
         if call is None:
             return  # the reply of a call that already timed out
+        results = call.results
         if status == wire.OK:
-            call.results[rank] = payload
+            results[rank] = payload
         else:
             call.errors[rank] = payload
-        if len(call.results) + len(call.errors) == call.n_ranks:
+        if len(results) == call.n_ranks and call.aggregator is None:  # all OK (inline: hot)
+            one = call.reply_rank
+            self._settle(call, [results[i] for i in range(call.n_ranks)] if one is None
+                         else results[one])
+        elif len(results) + len(call.errors) == call.n_ranks:
             self._finish(call)
 
     def _finish(self, call: Call) -> None:
@@ -467,6 +479,13 @@ class CallTable:
             return False
         if not mine:
             self.reader_ident = me
+        if self.loops_until:
+            # an event loop reads for its futures (its tasks are the usual senders here):
+            # these reads keep its lease, or else, when its reading steps come further
+            # apart than LOOP_LEASE_S (many tasks per loop iteration), the background
+            # reader takes the baton between them, and the two threads trade it (and
+            # the GIL) for every few replies
+            self.loops_until = time.monotonic() + LOOP_LEASE_S
         try:
             if not self._read_available() and self.pending:
                 oldest = next(iter(list(self.pending.values())), None)

@@ -41,13 +41,8 @@ class _LoopDelivery:
         self.awaiting: dict[ReplySource, int] = {}  # futures awaited in this loop, by source
         self.reading: set[ReplySource] = set()      # sources this loop reads now
 
-    def expect(self, source: ReplySource) -> None:
-        """A future of ``source`` is awaited (in the loop's thread)."""
-        self.awaiting[source] = self.awaiting.get(source, 0) + 1
-        self._read(source)
-
     def forget(self, source: ReplySource) -> None:
-        """That await ended (done, or cancelled)."""
+        """An await of a future of ``source`` ended (done, or cancelled)."""
         left = self.awaiting[source] - 1
         if left:
             self.awaiting[source] = left
@@ -84,13 +79,7 @@ class _LoopDelivery:
         with self.lock:
             batch, self.batch = self.batch, []
         for target, done in batch:
-            if target.cancelled():
-                continue  # the awaiting task gave up (wait_for); the reply is dropped
-            exc = done.exception(0)
-            if exc is not None:
-                target.set_exception(exc)
-            else:
-                target.set_result(done.result(0))
+            _set_target(target, done)
 
     def _read(self, source: ReplySource) -> None:
         loop = self.loop()
@@ -118,10 +107,12 @@ _deliveries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopDelivery]
 _deliveries_lock = threading.Lock()
 
 
-# concurrent.futures' states (stable since Python 3.2): read without the future's lock on
-# the await path, where each lock costs as much as the rest of the step.
+# concurrent.futures' states (stable since Python 3.2): an RPCFuture is RUNNING from the
+# start and FINISHED once its call is settled; it is never PENDING nor CANCELLED.
 _RUNNING = concurrent.futures._base.RUNNING  # type: ignore[attr-defined]
 _FINISHED = concurrent.futures._base.FINISHED  # type: ignore[attr-defined]
+_LOGGER = concurrent.futures._base.LOGGER  # type: ignore[attr-defined]
+_running_loop = asyncio._get_running_loop  # the C function: no RuntimeError, no warning
 _last = threading.local()  # this thread's loop and its delivery, the common case's lookup
 
 
@@ -150,35 +141,174 @@ class RPCFuture(concurrent.futures.Future):
     ``asyncio.wait_for`` timeout) leaves the call to finish; its reply is then dropped.
     """
 
+    # Synchronisation. concurrent.futures.Future builds a threading.Condition (pure Python,
+    # an RLock and a waiter deque: ~2 us) for every future; most RPCFutures are only awaited
+    # or only done-called, and no thread ever sleeps on them. Here every state change and
+    # every read that must not miss one (state, result, callbacks, waiters, the awaiting
+    # loop's future) happens under ``_lock``, a plain Lock; the Condition is built on that
+    # same lock, on first use, by whichever thread is about to sleep on it (``_condition``).
+    # The handshake with the completing thread is then that of any monitor:
+    #   - the completer, holding _lock, sets FINISHED and, if a Condition exists by then,
+    #     notifies it;
+    #   - a sleeper makes the Condition (holding _lock, so two sleepers make one), and then,
+    #     holding _lock again through ``with cond``, checks the state before it waits
+    #     (``wait`` releases _lock atomically).
+    # Either the completer took _lock first: the sleeper then sees FINISHED and never waits;
+    # or the sleeper did: the Condition exists when the completer looks, and the sleeper is
+    # already waiting on it (or will see FINISHED). No wake-up is lost, and the base class's
+    # methods that use ``self._condition`` (wait, as_completed, repr) work unchanged.
+
+    # Until set on the instance, these read as their class defaults (fewer stores per call).
+    _cond: threading.Condition | None = None
+    _result: Any = None
+    _exception: BaseException | None = None
+    # the asyncio future of the first task that awaits this one, and its loop's delivery
+    _target: asyncio.Future | None = None
+    _delivery: _LoopDelivery | None = None
+
     def __init__(self, wait: Callable[[float | None], None], source: ReplySource) -> None:
-        super().__init__()
-        self._wait = wait
-        self._source = source
+        # (no super().__init__(): it builds the Condition)
+        self._lock = threading.Lock()
         self._state = _RUNNING  # set_running_or_notify_cancel(), for a future none has seen
+        self._waiters: list = []  # (the base class's wait/as_completed append to it)
+        self._done_callbacks: list[Callable[[concurrent.futures.Future], object]] = []
+        self._wait: Callable[[float | None], None] | None = wait
+        self._source = source
+
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        cond = self._cond
+        if cond is None:  # (a thread inside ``with cond`` finds it: no re-entry of _lock)
+            with self._lock:
+                if self._cond is None:
+                    self._cond = threading.Condition(self._lock)
+                cond = self._cond
+        return cond
+
+    def done(self) -> bool:
+        return self._state == _FINISHED
+
+    def cancel(self) -> bool:
+        """False: the call was sent, and a sent call runs to its end."""
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return self._state == _RUNNING
 
     def result(self, timeout: float | None = None) -> Any:
         """The call's result; ``TimeoutError`` after ``timeout`` seconds (the call goes on).
         The waiting thread reads the replies itself when no other thread does."""
-        if not self.done():
-            self._wait(timeout)
-        return super().result(timeout)
+        if self._state != _FINISHED:
+            wait = self._wait
+            if wait is not None:
+                wait(timeout)
+            if self._state != _FINISHED:  # set by another thread just now: wait for it
+                return super().result(timeout)
+        exc = self._exception
+        if exc is not None:
+            try:
+                raise exc
+            finally:
+                exc = None  # no cycle through the traceback's frame
+        return self._result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The call's exception, or None; waits as :meth:`result` does."""
-        if not self.done():
-            self._wait(timeout)
-        return super().exception(timeout)
+        if self._state != _FINISHED:
+            wait = self._wait
+            if wait is not None:
+                wait(timeout)
+            if self._state != _FINISHED:
+                return super().exception(timeout)
+        return self._exception
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future], object]) -> None:
+        """Run ``fn(future)`` once the call is done, in the thread that completes it (at
+        once, here, if it is done already)."""
+        with self._lock:
+            if self._state != _FINISHED:
+                self._done_callbacks.append(fn)
+                return
+        try:
+            fn(self)
+        except Exception:
+            _LOGGER.exception("exception calling callback for %r", self)
+
+    def set_result(self, result: Any) -> None:
+        self._complete(result, None)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._complete(None, exception)
+
+    def _complete(self, result: Any, exc: BaseException | None) -> None:
+        with self._lock:
+            if self._state == _FINISHED:
+                raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
+            self._result, self._exception = result, exc
+            self._state = _FINISHED
+            self._wait = None  # (its closure holds the call, which holds this future)
+            if self._waiters:
+                for waiter in self._waiters:
+                    if exc is None:
+                        waiter.add_result(self)
+                    else:
+                        waiter.add_exception(self)
+            if self._cond is not None:
+                self._cond.notify_all()
+            target = self._target
+        if target is not None:
+            self._target = None
+            if target.get_loop() is _running_loop():
+                # the loop's own thread: wake the task directly (_set_target, inline: hot)
+                if not target.done():
+                    if exc is None:
+                        target.set_result(result)
+                    else:
+                        target.set_exception(exc)
+            else:
+                delivery = self._delivery
+                assert delivery is not None
+                delivery.add(target, self, self._source)
+        for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
+            try:
+                fn(self)
+            except Exception:
+                _LOGGER.exception("exception calling callback for %r", self)
 
     def __await__(self) -> Generator[Any, None, Any]:
         if self._state == _FINISHED:
             return self.result(0)
-        loop = asyncio.get_running_loop()
+        loop = _running_loop()
+        if loop is None:
+            raise RuntimeError("an RPCFuture is awaited only in a running event loop")
         target = loop.create_future()
         delivery = _delivery(loop)
         source = self._source
-        self.add_done_callback(lambda f: delivery.add(target, f, source))
-        delivery.expect(source)
+        with self._lock:
+            first = self._state != _FINISHED and self._target is None
+            if first:
+                self._target, self._delivery = target, delivery
+        if not first:  # done meanwhile, or a second task awaits it: the general way
+            self.add_done_callback(lambda f: delivery.add(target, f, source))
+        awaiting = delivery.awaiting  # a future of source is awaited: read for it
+        awaiting[source] = awaiting.get(source, 0) + 1
+        if source not in delivery.reading:
+            delivery._read(source)
         try:
             return (yield from target)
         finally:
             delivery.forget(source)
+
+
+def _set_target(target: asyncio.Future, done: concurrent.futures.Future) -> None:
+    """Hand a done call's outcome to the asyncio future a task awaits (in its loop's thread)."""
+    if target.done():
+        return  # the awaiting task gave up (wait_for, cancel): the reply is dropped
+    exc = done._exception  # type: ignore[attr-defined]
+    if exc is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(done._result)  # type: ignore[attr-defined]
