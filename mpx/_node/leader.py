@@ -15,6 +15,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -50,6 +51,9 @@ class Leader:
         self._dump_token = 0
         self._dump_asks: list[wire.DumpStacks] = []
         self._dump_answers: dict[int, dict[int, str]] = {}
+        # called on every turn of the startup waits: raises when a node can no longer join
+        # (the Ray launcher's follower actor died), so startup fails at once
+        self.startup_check: Callable[[], None] | None = None
 
     def node_ranks(self, node: int) -> list[int]:
         return list(range(node * self.local, (node + 1) * self.local))
@@ -97,6 +101,8 @@ class Leader:
 
     def _wait(self, deadline: float, done: Any) -> None:
         while not done():
+            if self.startup_check is not None:
+                self.startup_check()
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = sorted(set(range(1, self.config.nnodes)) - set(self.nodes))
