@@ -120,7 +120,9 @@ def _dump_in_background(workers: LocalWorkers, cfg: Config, token: int, timeout:
 
 
 def _serve_follower(sock: zmq.Socket, key: bytes, workers: LocalWorkers, cfg: Config) -> int:
-    last_seen = time.monotonic()
+    # The leader beats once its own startup is done (its workers may take longer to spawn
+    # than ours): until its first word, only startup_timeout_s bounds its silence.
+    last_seen = time.monotonic() + max(0.0, cfg.startup_timeout_s - cfg.heartbeat_s)
     beat_at = 0.0
     reported: set[int] = set()
     answers: queue.SimpleQueue = queue.SimpleQueue()  # to "dump", from their threads
@@ -131,7 +133,8 @@ def _serve_follower(sock: zmq.Socket, key: bytes, workers: LocalWorkers, cfg: Co
             sock.send(control.pack(key, wire.Beat()))
         if sock.poll(control.POLL_MS):
             msg = control.unpack(key, sock.recv())
-            if msg is not None:
+            # (a late answer to a repeated hello is no sign of life of the leader's watch)
+            if msg is not None and not isinstance(msg, (wire.Challenge, wire.NodeSpec)):
                 last_seen = time.monotonic()
                 if isinstance(msg, wire.StopNode):
                     return 0
