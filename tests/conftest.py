@@ -47,10 +47,21 @@ def ctx():
 
 
 def _mpx_segments() -> set[str]:
+    """This run's mpx segments: other suites or benchmarks running at the same time share
+    /dev/shm, so a segment whose creator is alive outside this process tree is theirs
+    (one whose creator is dead counts: it may be a crashed child's)."""
     try:
-        return {e for e in os.listdir("/dev/shm") if e.startswith(shm.PREFIX)}
+        names = {e for e in os.listdir("/dev/shm") if e.startswith(shm.PREFIX)}
     except OSError:
         return set()
+    ours = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
+    out = set()
+    for name in names:
+        m = shm._NAME_RE.match(name)
+        pid = int(m.group(1)) if m else None
+        if pid is None or pid in ours or not shm.pid_alive(pid):
+            out.add(name)
+    return out
 
 
 def _children() -> list[psutil.Process]:
