@@ -214,6 +214,7 @@ def test_follower_actor_killed_is_node_lost(ray_executor):
         pending.result(timeout=15)
     assert time.monotonic() - t0 < HEARTBEAT_S + 3
     assert ei.value.node_rank == 1 and ei.value.ranks == [2, 3]
+    assert "Ray follower actor died" in str(ei.value) or "sent nothing" in str(ei.value)
     assert wait_gone(remote, 10) == []  # the actor's workers die with it
     ex.shutdown()
     _released(actors)

@@ -101,6 +101,7 @@ class WorkerGroup:
             self.leader = Leader(cfg, world)
             if self.placement is not None:
                 self.leader.startup_check = self.placement.check
+                self.leader.gone_check = self.placement.gone
                 self.placement.start_followers()
             self.leader.admit(wire.NodeSpec(node_rank=0, config=cfg, world_size=world,
                                             distributed_init_method=dist,

@@ -187,6 +187,25 @@ class RayPlacement:
             raise WorkerStartupError(f"launcher='ray': the follower actor of node {node} "
                                      f"(Ray node {self.node_ids[node][:12]}) {why}", [])
 
+    def gone(self, node: int, wait_s: float) -> str | None:
+        """Why node ``node``'s follower actor is gone (killed, or its Ray node lost), or
+        None while it runs; waits up to ``wait_s`` for Ray to know."""
+        if not 1 <= node <= len(self.runs):
+            return None
+        ref = self.runs[node - 1]
+        done, _ = self.ray.wait([ref], timeout=wait_s)
+        if not done:
+            return None
+        try:
+            self.ray.get(ref, timeout=1.0)
+        except self.ray.exceptions.RayActorError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            return (f"its Ray follower actor died (Ray node {self.node_ids[node][:12]}): "
+                    f"{type(e).__name__}: {first}")
+        except Exception as e:
+            return f"its Ray follower actor failed: {type(e).__name__}: {e}"
+        return None  # it returned: the node was told to stop
+
     def close(self, wait_s: float) -> None:
         """Give the follower actors up to ``wait_s`` to return (their nodes were told to
         stop), then kill them and remove the placement group. Idempotent; logs, never
