@@ -75,3 +75,11 @@ def pull_ack_child(idx, push_port, ack_port, conn):
         pull.close()
         ack.close()
         ctx.term()
+
+
+class RayNoop:
+    """The Ray-actor baseline of bench_remote.py's launcher section: one actor per worker,
+    called with ``ray.get([a.noop.remote() for a in actors])`` (made remote there)."""
+
+    def noop(self):
+        return None

@@ -30,6 +30,16 @@ to the follower crosses tcp://127.0.0.1, on the same cores as the driver. Measur
    (mpx signs every message and checks it on every remote reader) and mpx's seal() of the
    whole message (allocate one frame, copy the message in, HMAC it).
 
+3. launchers (needs ray: pip install 'mpx[ray]'; skipped without it): a
+   ray.cluster_utils.Cluster of 2 raylets on 127.0.0.1 in this run, and 2 nodes x 2 ranks
+   (world_size=4, nnodes=2) started three ways, all up at once and timed in alternating
+   blocks: mpx with launcher="ray" (a placement group, a follower actor on the other node),
+   mpx with the follower started by `python -m mpx node` as in 1 and 2, and 4 Ray actors
+   (2 per node, a STRICT_SPREAD placement group) called with ray.get on 4 actor calls.
+   No-op round trip: Ray-placed within 1.1x the `mpx node` one, and at least 5x faster
+   than the Ray actors. Then the time from nothing to the first call's answer, each way
+   (Ray itself already up): informational.
+
 It is a benchmark, not a test: the exit code is 0 whatever the results.
 """
 
@@ -413,10 +423,157 @@ def bench_breakdown(tensor, reps):
     return hmac_ts, seal_ts, copy_ts, frame_len[0]
 
 
+# --------------------------------------------------------------------------- 3. launchers
+
+RAY_NODE_CPUS = 4  # logical: the mpx bundles (2 CPUs a node) and the actors' (2) at once
+
+
+def _ray_cluster():
+    """(ray, Cluster) with 2 raylets on 127.0.0.1, this process connected to the head."""
+    # read by ray at import: keep a cluster without addresses on loopback
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # the raylets' workers import mpx and _remote_workers by name
+    os.environ["PYTHONPATH"] = os.pathsep.join([BENCH, MPX_ROOT] + [
+        p for p in [os.environ.get("PYTHONPATH")] if p])
+    import ray
+    from ray.cluster_utils import Cluster
+    cluster = Cluster(initialize_head=True, head_node_args=dict(
+        num_cpus=RAY_NODE_CPUS, node_ip_address="127.0.0.1", include_dashboard=False))
+    cluster.add_node(num_cpus=RAY_NODE_CPUS, node_ip_address="127.0.0.1")
+    ray.init(address=cluster.address, logging_level="warning")
+    cluster.wait_for_nodes(timeout=SETUP_TIMEOUT)
+    return ray, cluster
+
+
+class RayActors:
+    """``n`` RW.RayNoop actors, half on each node of a STRICT_SPREAD placement group."""
+
+    def __init__(self, ray, n):
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        self.ray = ray
+        self.pg = placement_group([{"CPU": n // 2}] * 2, strategy="STRICT_SPREAD")
+        ray.get(self.pg.ready(), timeout=SETUP_TIMEOUT)
+        cls = ray.remote(num_cpus=1)(RW.RayNoop)
+        self.actors = [cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            self.pg, placement_group_bundle_index=i // (n // 2))).remote() for i in range(n)]
+
+    def call(self):
+        if self.ray.get([a.noop.remote() for a in self.actors], timeout=CALL_TIMEOUT) \
+                != [None] * len(self.actors):
+            raise RuntimeError("a Ray actor's no-op returned something else than None")
+
+    def close(self):
+        from ray.util.placement_group import remove_placement_group
+        for a in self.actors:
+            self.ray.kill(a)
+        remove_placement_group(self.pg)
+
+
+def _first_call(make):
+    """(seconds from nothing to the first no-op's answer, what make() returned)."""
+    t0 = time.perf_counter()
+    obj = make()
+    ex = obj.ex if isinstance(obj, Group) else obj
+    ex.collective_rpc("noop", timeout=CALL_TIMEOUT)
+    return time.perf_counter() - t0, obj
+
+
+def _ray_executor():
+    ex = mpx.Executor(RW.RemoteWorker, 4, nnodes=2, launcher="ray", ray_cpus_per_worker=1.0,
+                      startup_timeout_s=SETUP_TIMEOUT)
+    child_pids.update(ex.worker_pids[:2])  # (the follower's are the actor's children)
+    return ex
+
+
+def bench_launchers(iters, warm, reps, blocks=4):
+    """No-op round trips, the three ways interleaved; then the startup of each, ``reps``
+    times alternating. Ray actor calls are slower: they run iters // 10 calls a block."""
+    ray, cluster = _ray_cluster()
+    started: list = []
+    try:
+        t_ray, rex = _first_call(_ray_executor)
+        started.append(rex)
+        t_node, group = _first_call(lambda: Group(4))
+        started.append(group)
+        t0 = time.perf_counter()
+        actors = RayActors(ray, 4)
+        started.append(actors)
+        actors.call()
+        t_actors = time.perf_counter() - t0
+
+        def ray_placed():
+            rex.collective_rpc("noop", timeout=CALL_TIMEOUT)
+
+        def node_started():
+            group.ex.collective_rpc("noop", timeout=CALL_TIMEOUT)
+
+        fns = [(ray_placed, iters), (node_started, iters), (actors.call, max(50, iters // 10))]
+        end = time.perf_counter() + SETTLE_S
+        i = 0
+        while i < warm or time.perf_counter() < end:
+            for fn, _ in fns:
+                fn()
+            i += 1
+        out: dict = {fn: [] for fn, _ in fns}
+        for b in range(blocks):
+            for fn, n in (fns if b % 2 == 0 else fns[::-1]):
+                out[fn].extend(s * 1e6 for s in time_calls(fn, max(1, n // blocks)))
+        for obj in started:
+            obj.close() if not isinstance(obj, mpx.Executor) else obj.shutdown()
+        started.clear()
+        startup: dict = {"ray": [t_ray], "node": [t_node]}
+        for _ in range(reps - 1):
+            for name, make in (("node", lambda: Group(4)), ("ray", _ray_executor)):
+                t, obj = _first_call(make)
+                startup[name].append(t)
+                obj.close() if isinstance(obj, Group) else obj.shutdown()
+        return {"ray": out[ray_placed], "node": out[node_started], "actors": out[actors.call],
+                "startup_s": startup, "actors_startup_s": t_actors}
+    finally:
+        for obj in started:
+            try:
+                obj.close() if not isinstance(obj, mpx.Executor) else obj.shutdown()
+            except Exception as e:
+                print(f"  warning: could not close {obj}: {e}", flush=True)
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def launcher_rows(r):
+    rs, ns, acts = stats(r["ray"]), stats(r["node"]), stats(r["actors"])
+    rows = []
+    ratio = rs["median"] / ns["median"]
+    rows.append(row("no-op, 2 nodes x 2 ranks, launcher='ray' vs `mpx node`", "us", rs, ns,
+                    ratio, "<= 1.10x mpx node", ratio <= 1.1,
+                    note=("the same executor and queues; only who started the follower "
+                          "differs (a Ray actor in a placement group, or a subprocess)")))
+    ratio = rs["median"] / acts["median"]
+    rows.append(row("  launcher='ray' vs Ray actors (ray.get on 4 actor calls, 2 per node)",
+                    "us", rs, acts, ratio, "<= 0.20x (mpx >= 5x faster)", ratio <= 0.2,
+                    note=(f"mpx is {1 / ratio:.1f}x faster than the same 4 workers as Ray "
+                          "actors")))
+    for name, key in (("launcher='ray'", "ray"), ("`python -m mpx node`", "node")):
+        ts = [t * 1e3 for t in r["startup_s"][key]]
+        rows.append(row(f"  startup to the first call's answer, {name}", "ms", stats(ts),
+                        None, None, "info", None,
+                        note=(f"{len(ts)} starts; Ray already up and connected"
+                              if key == "ray" else f"{len(ts)} starts, the subprocess "
+                              "included")))
+    rows.append(row("  startup of 4 Ray actors to the first ray.get", "ms",
+                    stats([r["actors_startup_s"] * 1e3]), None, None, "info", None))
+    return rows
+
+
 # --------------------------------------------------------------------------- main
 
+def _more(ap):
+    ap.add_argument("--launchers-only", action="store_true",
+                    help="run section 3 alone (launcher='ray' against `mpx node` and Ray actors)")
+
+
 def main():
-    args = parse_args(__doc__, "fewer repetitions (~15 s instead of ~35 s)")
+    args = parse_args(__doc__, "fewer repetitions (~15 s instead of ~35 s)", _more)
     quick = args.quick
     noop_iters, noop_warm = (2000, 200) if quick else (12000, 1000)
     bw_reps, bw_warm = (5, 1) if quick else (15, 2)
@@ -437,6 +594,9 @@ def main():
     rows = []
     raw: dict = {}
     try:
+        if args.launchers_only:
+            _launchers(rows, raw, noop_iters, noop_warm, 2 if quick else 4)
+            return _finish(args, header, rows, raw, t_start)
         # ---- 1. no-op round trip
         progress(f"[1] no-op collective_rpc, 2 nodes x 1 rank, {noop_iters} calls each of 4 "
                  "loops ...")
@@ -521,10 +681,33 @@ def main():
                          "seal_ms": [x * 1e3 for x in seal_ts],
                          "new_bytearray_copy_ms": [x * 1e3 for x in copy_ts]}
         del tensor
+        _launchers(rows, raw, noop_iters, noop_warm, 2 if quick else 4)
     finally:
         cleanup_procs()
         cleanup_followers()
+    return _finish(args, header, rows, raw, t_start)
 
+
+def _launchers(rows, raw, iters, warm, reps):
+    import importlib.util
+    if importlib.util.find_spec("ray") is None:  # (not imported yet: see _ray_cluster)
+        print("[3] launchers: skipped (ray is not installed: pip install 'mpx[ray]')",
+              flush=True)
+        return
+    print(f"[3] no-op, 2 nodes x 2 ranks: launcher='ray', `mpx node` and Ray actors, {iters} "
+          f"calls each ({iters // 10} for the actors); then {reps} starts each ...", flush=True)
+    try:
+        r = bench_launchers(iters, warm, reps)
+    finally:
+        cleanup_procs()
+        cleanup_followers()
+    rows.extend(launcher_rows(r))
+    raw["launchers"] = {"ray_noop_us": stats(r["ray"]), "node_noop_us": stats(r["node"]),
+                        "ray_actors_us": stats(r["actors"]), "startup_s": r["startup_s"],
+                        "ray_actors_startup_s": r["actors_startup_s"]}
+
+
+def _finish(args, header, rows, raw, t_start):
     elapsed = time.perf_counter() - t_start
     header["loadavg_end"] = os.getloadavg()
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in header['loadavg_end'])}")

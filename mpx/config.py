@@ -83,6 +83,18 @@ class Config:
     nnodes: int = _env_field(1, "nodes in the group (the leader is node 0)")
     master_addr: str = _env_field("127.0.0.1", "the leader's address")
     master_port: int = _env_field(29555, "the leader's control port")
+    # Who starts the follower nodes. local: the user, with `python -m mpx node` on each
+    # other node (or `python -m mpx launch` under Slurm/torchrun-style variables); ray: a
+    # Ray placement group, one bundle per node, and one small follower actor per other
+    # node (see docs/launchers-ray-slurm.md). Ray only places processes: calls still go
+    # over shared memory and ZeroMQ.
+    launcher: str = _env_field("local", "local or ray: who starts the follower nodes")
+    ray_address: str = _env_field("auto", "launcher='ray': the cluster to connect to when "
+                                  "ray is not initialised yet (ray.init(address=...))")
+    ray_cpus_per_worker: float = _env_field(1.0, "launcher='ray': CPUs each worker's bundle "
+                                            "share reserves")
+    ray_gpus_per_worker: float = _env_field(0.0, "launcher='ray': GPUs each worker's bundle "
+                                            "share reserves")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -107,7 +119,8 @@ class Config:
         if self.max_chunk_bytes % 64:
             raise _invalid("max_chunk_bytes", self.max_chunk_bytes, "must be a multiple of 64")
         for name, choices in (("start_method", ("fork", "spawn", "forkserver")),
-                              ("transport", ("auto", "zmq", "shm"))):
+                              ("transport", ("auto", "zmq", "shm")),
+                              ("launcher", ("local", "ray"))):
             if getattr(self, name) not in choices:
                 raise _invalid(name, getattr(self, name), f"must be one of {', '.join(choices)}")
         relay = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
@@ -115,6 +128,10 @@ class Config:
         if relay not in ("auto", "on", "off"):
             raise _invalid("relay", self.relay, "must be auto, on or off")
         object.__setattr__(self, "relay", relay)
+        if self.launcher == "ray" and not self.ray_cpus_per_worker and not self.ray_gpus_per_worker:
+            raise _invalid("ray_cpus_per_worker", self.ray_cpus_per_worker,
+                           "and ray_gpus_per_worker cannot both be 0 (a Ray bundle must hold "
+                           "something)")
 
     def relays(self, local_world_size: int) -> bool:
         """Whether follower nodes with ``local_world_size`` ranks relay calls."""
@@ -159,6 +176,8 @@ _LIMITS: dict[str, tuple] = {
     "heartbeat_s": (0.01, 3_600.0),
     "nnodes": (1, 65_536),
     "master_port": (1, 65_535),
+    "ray_cpus_per_worker": (0.0, 1024.0),
+    "ray_gpus_per_worker": (0.0, 64.0),
 }
 # The watchdog's dead man's switch is faulthandler's C thread, which reads the other
 # threads' frames without the GIL: safe while they are stuck (a real stall), not while

@@ -11,6 +11,8 @@ imports another's. Three channels:
   the worker answers over its ready pipe with :class:`Ready` or :class:`StartupFailed`.
 - **Node control** between the leader (the driver's node) and each follower node, sealed
   with the group's key: ``Hello`` ... ``Stop`` below.
+- **Launch control** between ``python -m mpx launch`` on node 0 and on every other node,
+  sealed the same way: ``LaunchHello``, ``LaunchBeat``, ``JobDone``.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class WorkerContext:
     node_rank: int
     distributed_init_method: str
     config: Config
+    #: the cluster engine's id of this worker's node: Ray's node id with
+    #: ``launcher="ray"``, else ``""``
+    node_id: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,3 +208,30 @@ class Stacks:
 @dataclasses.dataclass(frozen=True)
 class StopNode:
     """Leader -> follower: stop the workers and exit."""
+
+
+# ----------------------------------------------------------------------- launch control
+
+@dataclasses.dataclass(frozen=True)
+class LaunchHello:
+    """``mpx launch`` on node ``node_rank`` -> node 0's: I am here; answer with ``nonce``
+    (so that a message replayed from another job or node means nothing to me)."""
+
+    node_rank: int
+    nonce: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchBeat:
+    """Node 0's ``mpx launch`` -> another node's: the job still runs."""
+
+    nonce: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class JobDone:
+    """Node 0's ``mpx launch`` -> another node's: the user's program exited with
+    ``exit_code``; exit with it too."""
+
+    exit_code: int
+    nonce: bytes

@@ -123,3 +123,20 @@ def interpreter(worker):
 def where(worker):
     c = worker.ctx
     return (c.rank, c.local_rank, c.node_rank, c.local_world_size, os.getpid())
+
+
+def node_of(worker):
+    """(rank, node_rank, node_id, pid, ppid): where a worker runs, as mpx told it and as
+    its process tree says (a follower node's workers are children of its Ray actor)."""
+    c = worker.ctx
+    return (c.rank, c.node_rank, c.node_id, os.getpid(), os.getppid())
+
+
+class SlowOnNodeZero(Echo):
+    """Node 0's first rank takes ``delay`` s in __init__: the follower's workers are ready
+    long before the leader's startup ends."""
+
+    def __init__(self, ctx, delay=2.5):
+        super().__init__(ctx)
+        if ctx.rank == 0:
+            time.sleep(delay)

@@ -281,3 +281,11 @@ def test_dump_stacks_reaches_the_follower_workers(group):
     assert all("most recent call first" in s and "_serve" in s for s in stacks.values())
     assert "in sleep" in stacks[3] and "in sleep" not in stacks[2]
     assert pending.result(timeout=10) == [0, 1, 2, 3]
+
+
+def test_leader_slower_to_start_than_its_heartbeat(group):
+    """The leader beats only once its own workers are up; a follower whose workers were
+    ready first must not take that silence for the leader's death."""
+    ex, follower = group(cls=_workers.SlowOnNodeZero)  # heartbeat 1 s, node 0 takes 2.5 s
+    assert ex.collective_rpc("rank") == [0, 1, 2, 3]
+    assert follower.poll() is None and not ex.is_failed

@@ -1,6 +1,9 @@
 """The command line, ``python -m mpx <command>`` (internal).
 
-- ``main``: the argument parser and the commands (cleanup, doctor, demo, node, bench);
+- ``main``: the argument parser and the commands (cleanup, doctor, demo, node, launch,
+  bench);
+- ``launch``, ``hostlist``: ``python -m mpx launch``, one line for every node of a Slurm or
+  torchrun-style job (and Slurm's host lists);
 - ``doctor``: what mpx finds on this machine, and whether an executor can start here;
 - ``demo``, ``demo_mlp``: the demos (the MessageQueue alone; a tensor-parallel MLP);
 - ``bench``: ``python -m mpx bench``, mpx against Pipe, Queue, zmq and ProcessPoolExecutor.

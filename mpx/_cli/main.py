@@ -1,10 +1,11 @@
-"""``python -m mpx <command>``: doctor, cleanup, demo, node, bench."""
+"""``python -m mpx <command>``: doctor, cleanup, demo, node, launch, bench."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import os
+import signal
 import sys
 
 
@@ -63,7 +64,10 @@ def _cmd_node(args: argparse.Namespace) -> int:
         return 2
     assert addr is not None and port is not None and rank is not None and nnodes is not None
     config = mpx.Config.from_env(host=args.host)
-    return follower.run_follower(addr, port, rank, nnodes, config)
+    # SIGTERM (mpx launch, a scheduler) stops this node's workers on the way out
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    return follower.run_follower(addr, port, rank, nnodes, config,
+                                 leader_wait_s=args.leader_wait_s)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +97,23 @@ def build_parser() -> argparse.ArgumentParser:
     nodep.add_argument("--node-rank", type=int, help="this node's rank, 1.. (NODE_RANK)")
     nodep.add_argument("--nnodes", type=int, help="number of nodes (NNODES)")
     nodep.add_argument("--host", help="the address the leader reaches this node at (MPX_HOST)")
+    nodep.add_argument("--leader-wait-s", type=float, help="how long to wait for the leader "
+                       "(default: startup_timeout_s)")
     nodep.set_defaults(func=_cmd_node)
+    launchp = sub.add_parser(
+        "launch", help="the same line on every node: run PROGRAM on node 0 and mpx's "
+        "follower on the others (reads torchrun's or Slurm's variables; see "
+        "docs/launchers-ray-slurm.md)")
+    launchp.add_argument("--nnodes", type=int, help="number of nodes (NNODES, SLURM_NNODES)")
+    launchp.add_argument("--node-rank", type=int,
+                         help="this node's rank (NODE_RANK, SLURM_NODEID)")
+    launchp.add_argument("--master-addr", help="node 0's address (MASTER_ADDR, else the first "
+                         "host of SLURM_JOB_NODELIST)")
+    launchp.add_argument("--master-port", type=int, help="the executor's port on node 0 "
+                         "(MASTER_PORT, MPX_MASTER_PORT; the launchers also use the next one)")
+    launchp.add_argument("program", nargs=argparse.REMAINDER,
+                         help="-- then the program and its arguments, run on node 0")
+    launchp.set_defaults(func=lambda args: importlib.import_module("mpx._cli.launch").run(args))
     bench = sub.add_parser("bench", help="compare mpx.Executor with Pipe, Queue, zmq and "
                            "ProcessPoolExecutor (~4 min; --quick under 1 min)")
     benchkit.add_arguments(bench, "fewer repetitions")

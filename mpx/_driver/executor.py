@@ -82,11 +82,13 @@ class Executor:
             dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
         if cfg.nnodes > 1 and world_size % cfg.nnodes:
             raise ValueError(f"world_size {world_size} is not a multiple of nnodes {cfg.nnodes}")
-        if cfg.nnodes > 1 and not cfg.auth_key and not cfg.allow_insecure:
+        if cfg.nnodes > 1 and not cfg.auth_key and not cfg.allow_insecure and \
+                cfg.launcher != "ray":
             raise ValueError("a multi-node executor needs Config.auth_key (MPX_AUTH_KEY), the "
                              "same on every node, or MPX_ALLOW_INSECURE=1")
-        if not cfg.auth_key and cfg.transport != "shm":
-            # zmq queues need a key; the workers get it through their (private) start pipe
+        if not cfg.auth_key and (cfg.transport != "shm" or cfg.launcher == "ray"):
+            # zmq queues need a key; the workers get it through their (private) start pipe,
+            # Ray's follower actors through their constructor
             cfg = dataclasses.replace(cfg, auth_key=secrets.token_hex(32))
         try:
             cls_bytes = cloudpickle.dumps(worker_cls)
@@ -106,6 +108,7 @@ class Executor:
         except BaseException:
             self._finalizer()
             raise
+        self.config = group.config  # launcher="ray" fills in the addresses
 
     # ---------------------------------------------------------------- calls
 

@@ -56,6 +56,7 @@ class WorkerGroup:
         self.creator_pid = os.getpid()
         self.workers: LocalWorkers | None = None
         self.leader: Leader | None = None
+        self.placement: Any = None  # a RayPlacement with launcher="ray"
         self.broadcast: MessageQueue | None = None
         self.resp: list[MessageQueue] = []
         self.stalls = StallDiagnosis(config, lambda: self.pids, self.is_local)
@@ -76,21 +77,30 @@ class WorkerGroup:
         attached, then start the monitors. Raises WorkerStartupError naming the rank."""
         cfg, world = self.config, self.world_size
         local = world // cfg.nnodes
+        deadline = time.monotonic() + cfg.startup_timeout_s
+        if cfg.launcher == "ray":
+            from mpx._node.ray_launcher import RayPlacement
+            self.placement = RayPlacement(cfg, local, deadline)
+            cfg = self.config = self.placement.config
         preflight.check(cfg, local)
         # remote readers: one relay per follower node, or every remote rank directly
         remote = cfg.nnodes - 1 if cfg.relays(local) else world - local
         self.broadcast = MessageQueue(local + remote, local, local_reader_ranks=list(range(local)),
                                connect_ip=cfg.host, config=cfg)
         dist = _free_tcp_address(cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1")
+        node_id = self.placement.node_ids[0] if self.placement is not None else ""
         ctxs = [WorkerContext(rank=rank, local_rank=rank, world_size=world,
                               local_world_size=local, node_rank=0,
-                              distributed_init_method=dist, config=cfg)
+                              distributed_init_method=dist, config=cfg, node_id=node_id)
                 for rank in range(local)]
-        deadline = time.monotonic() + cfg.startup_timeout_s
         dumps.reap_empty_dumps(dumps.dump_dir(cfg.dump_dir))
         self.workers = LocalWorkers(cfg, ctxs, self.broadcast.export_handle(), cls_bytes, kw_bytes)
         if cfg.nnodes > 1:
             self.leader = Leader(cfg, world)
+            if self.placement is not None:
+                self.leader.startup_check = self.placement.check
+                self.leader.gone_check = self.placement.gone
+                self.placement.start_followers()
             self.leader.admit(wire.NodeSpec(node_rank=0, config=cfg, world_size=world,
                                             distributed_init_method=dist,
                                             handle=self.broadcast.export_handle(),
@@ -211,7 +221,8 @@ class WorkerGroup:
             if self.closed or os.getpid() != self.creator_pid:
                 return
             self.closed = True
-        steps = [self.calls.close, self.stop_workers, self._stop_monitors, self._close_queues]
+        steps = [self.calls.close, self.stop_workers, self._stop_monitors, self._close_queues,
+                 self._release_placement]
         raised: BaseException | None = None
         for step in steps:
             try:
@@ -231,6 +242,13 @@ class WorkerGroup:
             self.node_monitor.stop()
         elif self.leader is not None:
             self.leader.stop()  # startup failed before its monitor began
+
+    def _release_placement(self) -> None:
+        """launcher="ray": let the follower actors return (their nodes were told to stop),
+        kill them, remove the placement group."""
+        if self.placement is not None:
+            from mpx._node.ray_launcher import close_wait_s
+            self.placement.close(close_wait_s(self.config))
 
     def _close_queues(self) -> None:
         for q in self.resp:

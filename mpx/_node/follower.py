@@ -29,33 +29,56 @@ from mpx.wire import WorkerContext
 logger = logging.getLogger("mpx")
 
 
+# A follower says hello again this often until the leader answers: a hello that reached a
+# leader which closed before answering (the previous executor of a `mpx launch` job) is lost.
+HELLO_EVERY_S = 1.0
+
+
 def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int,
-                 config: Config) -> int:
-    """Run follower node ``node_rank`` until the leader stops it or goes away."""
+                 config: Config, *, node_id: str = "",
+                 leader_wait_s: float | None = None) -> int:
+    """Run follower node ``node_rank`` until the leader stops it or goes away.
+
+    ``node_id`` is handed to the workers as ``WorkerContext.node_id`` (the Ray launcher
+    passes Ray's node id); ``leader_wait_s`` bounds the wait for a leader (default
+    ``config.startup_timeout_s``). Returns 0 when the leader stopped it, 1 when the leader
+    went silent or this node's workers could not start; SystemExit without a key or without
+    a leader in time."""
     if not config.auth_key and not config.allow_insecure:
         raise SystemExit("mpx node: set MPX_AUTH_KEY to the leader's key (or "
                          "MPX_ALLOW_INSECURE=1)")
     key = config.auth_key.encode()
     sock = control.control_socket(zmq.DEALER)
     sock.connect(f"tcp://{master_addr}:{master_port}")
-    sock.send(control.pack(key, wire.Hello(node_rank, os.getpid())))
-    deadline = time.monotonic() + config.startup_timeout_s
+    wait_s = config.startup_timeout_s if leader_wait_s is None else leader_wait_s
+    deadline = time.monotonic() + wait_s
     spec = None
-    while spec is None:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"mpx node {node_rank}: no leader at {master_addr}:{master_port}")
-        if sock.poll(control.POLL_MS):
-            msg = control.unpack(key, sock.recv())
-            if isinstance(msg, wire.Challenge):
-                sock.send(control.pack(key, wire.Join(node_rank, msg.nonce)))
-            elif isinstance(msg, wire.NodeSpec):
-                spec = msg
+    hello_at = 0.0
+    try:
+        while spec is None:
+            now = time.monotonic()
+            if now > deadline:
+                raise SystemExit(f"mpx node {node_rank}: no leader at {master_addr}:{master_port} "
+                                 f"within {wait_s:g} s")
+            if now >= hello_at:
+                hello_at = now + HELLO_EVERY_S
+                sock.send(control.pack(key, wire.Hello(node_rank, os.getpid())))
+            if sock.poll(control.POLL_MS):
+                msg = control.unpack(key, sock.recv())
+                if isinstance(msg, wire.Challenge):
+                    sock.send(control.pack(key, wire.Join(node_rank, msg.nonce)))
+                elif isinstance(msg, wire.NodeSpec):
+                    spec = msg
+    except BaseException:
+        sock.close(linger=0)
+        raise
     # the leader's settings, with this node's own address and key
     cfg = dataclasses.replace(spec.config, host=config.host, auth_key=config.auth_key)
     local = spec.world_size // nnodes
     ctxs = [WorkerContext(rank=node_rank * local + i, local_rank=i, world_size=spec.world_size,
                           local_world_size=local, node_rank=node_rank,
-                          distributed_init_method=spec.distributed_init_method, config=cfg)
+                          distributed_init_method=spec.distributed_init_method, config=cfg,
+                          node_id=node_id)
             for i in range(local)]
     relay = Relay(spec.handle, local + node_rank - 1, local, cfg) \
         if cfg.relays(local) else None
@@ -97,7 +120,9 @@ def _dump_in_background(workers: LocalWorkers, cfg: Config, token: int, timeout:
 
 
 def _serve_follower(sock: zmq.Socket, key: bytes, workers: LocalWorkers, cfg: Config) -> int:
-    last_seen = time.monotonic()
+    # The leader beats once its own startup is done (its workers may take longer to spawn
+    # than ours): until its first word, only startup_timeout_s bounds its silence.
+    last_seen = time.monotonic() + max(0.0, cfg.startup_timeout_s - cfg.heartbeat_s)
     beat_at = 0.0
     reported: set[int] = set()
     answers: queue.SimpleQueue = queue.SimpleQueue()  # to "dump", from their threads
@@ -108,7 +133,8 @@ def _serve_follower(sock: zmq.Socket, key: bytes, workers: LocalWorkers, cfg: Co
             sock.send(control.pack(key, wire.Beat()))
         if sock.poll(control.POLL_MS):
             msg = control.unpack(key, sock.recv())
-            if msg is not None:
+            # (a late answer to a repeated hello is no sign of life of the leader's watch)
+            if msg is not None and not isinstance(msg, (wire.Challenge, wire.NodeSpec)):
                 last_seen = time.monotonic()
                 if isinstance(msg, wire.StopNode):
                     return 0

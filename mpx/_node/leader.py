@@ -15,6 +15,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -26,6 +27,10 @@ from mpx.config import Config
 from mpx.errors import NodeLostError, WorkerDiedError, WorkerStartupError
 
 logger = logging.getLogger("mpx")
+
+# How long a worker death reported by a follower waits for the launcher to say whether the
+# whole node is going (its Ray actor being killed takes its workers first).
+GONE_CHECK_WAIT_S = 1.0
 
 
 class Leader:
@@ -50,6 +55,12 @@ class Leader:
         self._dump_token = 0
         self._dump_asks: list[wire.DumpStacks] = []
         self._dump_answers: dict[int, dict[int, str]] = {}
+        # called on every turn of the startup waits: raises when a node can no longer join
+        # (the Ray launcher's follower actor died), so startup fails at once
+        self.startup_check: Callable[[], None] | None = None
+        # launcher="ray": why node n is gone (its actor died) or None, waiting up to the
+        # given seconds for the launcher to know
+        self.gone_check: Callable[[int, float], str | None] | None = None
 
     def node_ranks(self, node: int) -> list[int]:
         return list(range(node * self.local, (node + 1) * self.local))
@@ -97,6 +108,8 @@ class Leader:
 
     def _wait(self, deadline: float, done: Any) -> None:
         while not done():
+            if self.startup_check is not None:
+                self.startup_check()
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = sorted(set(range(1, self.config.nnodes)) - set(self.nodes))
@@ -143,10 +156,19 @@ class Leader:
                 if msg.token == self._dump_token:
                     self._dump_answers[node] = msg.stacks
                     self._dumps.notify_all()
-        if isinstance(msg, wire.WorkerDead):
+        if isinstance(msg, wire.WorkerDead) and node is not None:
+            # a whole node going down (Ray kills an actor's children first) can show as
+            # its workers dying: ask the launcher before blaming the worker
+            lost = self._lost(node, GONE_CHECK_WAIT_S)
+            if lost is not None:
+                return lost
             return WorkerDiedError(f"worker rank {msg.rank} (pid {msg.pid}) on node {node} died: "
                                    f"{describe_exit(msg.exitcode)}", rank=msg.rank, pid=msg.pid,
                                    exitcode=msg.exitcode)
+        for n in list(self.nodes):
+            lost = self._lost(n, 0.0)
+            if lost is not None:
+                return lost
         for n, seen in list(self.last_seen.items()):
             if n not in self.lost and time.monotonic() - seen > self.config.heartbeat_s:
                 self.lost.add(n)
@@ -154,6 +176,16 @@ class Leader:
                                      f"{self.config.heartbeat_s} s: it died or its link was cut",
                                      n, self.node_ranks(n))
         return None
+
+    def _lost(self, node: int, wait_s: float) -> NodeLostError | None:
+        if self.gone_check is None or node in self.lost:
+            return None
+        why = self.gone_check(node, wait_s)
+        if why is None:
+            return None
+        self.lost.add(node)
+        return NodeLostError(f"node {node} (ranks {self.node_ranks(node)}) is gone: {why}",
+                             node, self.node_ranks(node))
 
     def stacks(self, timeout: float) -> dict[int, str]:
         """Every follower worker's stacks by rank (see Executor.dump_stacks); ranks of a
