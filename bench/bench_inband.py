@@ -25,7 +25,6 @@ import resource
 import sys
 import time
 
-import psutil
 import torch
 from _report import (
     MiB,
@@ -39,7 +38,7 @@ from bench_executor import CALL_TIMEOUT, SETTLE_S, new_executor, pipe_rpc
 
 import mpx
 from mpx import serde
-from mpx._cli.benchkit import child_pids, cleanup_procs, print_header, stats, time_calls
+from mpx._cli.benchkit import cleanup_procs, print_header, stats, time_calls
 
 
 def _minflt() -> int:
@@ -179,8 +178,7 @@ def main():
         cleanup_procs()
     finish(args, header, rows, raw, time.perf_counter() - t_start, timed=None,
            png_title=f"in-band payloads (os.cpu_count()={os.cpu_count()})", png_pad=2.0,
-           reap_s=0.2, stray=lambda: [p.pid for p in psutil.Process().children(recursive=True)
-                                      if p.pid in child_pids])
+           reap_s=0.2)
     return 0
 
 

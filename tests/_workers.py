@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -61,6 +62,18 @@ class Echo:
     def say(self, text):
         print(text, flush=True)
         return True
+
+    def block_from_heap(self, nbytes):
+        """Whether a fresh block of ``nbytes`` comes from the heap (brk), not an mmap of its
+        own: what glibc's trim and mmap thresholds decide."""
+        block = bytearray(nbytes)
+        addr = ctypes.addressof((ctypes.c_char * 1).from_buffer(block))
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if line.rstrip().endswith("[heap]"):
+                    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                    return lo <= addr < hi
+        return False
 
     def count(self):
         return self.calls

@@ -232,3 +232,14 @@ def test_driver_exiting_without_shutdown_cleans_up():
     assert len(pids) == 2 and not any(psutil.pid_exists(p) for p in pids)
 
 
+
+
+def test_workers_keep_freed_memory_for_large_messages(ex, monkeypatch):
+    """A worker serves large blocks from its heap, whose freed pages it keeps mapped, so a
+    large message does not land in fresh (faulting) pages; the environment's malloc
+    settings win."""
+    e = ex(n=1)
+    assert e.collective_rpc("block_from_heap", args=(4 << 20,)) == [True]
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 << 10))
+    e2 = ex(n=1)
+    assert e2.collective_rpc("block_from_heap", args=(4 << 20,)) == [False]

@@ -22,10 +22,10 @@ import dataclasses
 import logging
 import os
 import secrets
-import socket
 import time
 from typing import Any
 
+from mpx._procinfo import free_tcp_port
 from mpx.config import Config
 from mpx.errors import WorkerStartupError
 
@@ -77,12 +77,6 @@ class FollowerActor:
             raise RuntimeError(f"mpx follower node {self.args[2]}: {e.code}") from None
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def _short(resources: dict[str, float]) -> str:
     shown = {k: v for k, v in sorted(resources.items())
              if not k.startswith(("node:", "memory", "object_store_memory", "bundle_group"))
@@ -123,7 +117,7 @@ class RayPlacement:
         if config.ray_gpus_per_worker:
             self.bundle["GPU"] = config.ray_gpus_per_worker * local_world_size
         self.config = dataclasses.replace(config, master_addr=ip, host=ip,
-                                          master_port=_free_port(ip))
+                                          master_port=free_tcp_port(ip))
         name = f"mpx-{os.getpid()}-{secrets.token_hex(4)}"
         self.pg = placement_group([dict(self.bundle)] * self.nnodes, strategy="STRICT_SPREAD",
                                   name=name, bundle_label_selector=[
