@@ -9,6 +9,7 @@ in their spawn children).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from mpx._cli.benchkit import (
@@ -80,10 +81,23 @@ def interleaved(fns, warm, iters, blocks, settle_s):
 
 # --------------------------------------------------------------------------- report
 
-def parse_args(doc, quick_help, more=None):
-    """The common options (--quick, --png, --json); ``more(parser)`` adds a bench's own."""
+def parse_args(doc, quick_help, more=None, ab=None):
+    """The common options (--quick, --png, --json); ``more(parser)`` adds a bench's own.
+
+    ``ab``: ``(help, child_flag, child)`` adds ``--ab REV`` (A/B against a git revision) and
+    the hidden ``child_flag``: a run given ``child_flag N,N,...`` is one side of the A/B, so
+    it runs ``child(N, N, ...)`` and exits.
+    """
+    if ab is not None:
+        ab_help, child_flag, child = ab
+        if child_flag in sys.argv:
+            child(*map(int, sys.argv[sys.argv.index(child_flag) + 1].split(",")))
+            sys.exit(0)
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     add_arguments(ap, quick_help)
+    if ab is not None:
+        ap.add_argument("--ab", metavar="REV", help=ab_help)
+        ap.add_argument(child_flag, help=argparse.SUPPRESS)
     if more is not None:
         more(ap)
     return ap.parse_args()

@@ -27,19 +27,16 @@ benchmark, not a test: the exit code is 0 whatever the results.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 import torch
 from _report import parse_args
 from _step import make_step, pickled_size
-from bench_executor import CALL_TIMEOUT, _checkout
+from bench_executor import CALL_TIMEOUT, ab_runs
 
 import mpx
 from mpx import serde
@@ -184,28 +181,8 @@ def _ab_child(tp, steps, warm):
 
 
 def run_ab(rev, tp, steps, warm, rounds):
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out: dict = {"new": [], "old": []}
-    with tempfile.TemporaryDirectory(prefix="mpx-ab-") as tmp:
-        old = os.path.join(tmp, "tree")
-        top = _checkout(rev, old)
-        try:
-            for r in range(rounds):
-                for side in (("new", "old") if r % 2 == 0 else ("old", "new")):
-                    print(f"  A/B round {r + 1}/{rounds}: {side}", file=sys.stderr, flush=True)
-                    env = dict(os.environ, PYTHONPATH=here if side == "new" else old)
-                    res = subprocess.run([sys.executable, os.path.abspath(__file__),
-                                          "--ab-child", f"{tp},{steps},{warm}"],
-                                         capture_output=True, text=True, env=env, cwd=tmp,
-                                         timeout=600, check=True)
-                    got = json.loads(res.stdout.strip().splitlines()[-1])
-                    if not got["mpx"].startswith(here if side == "new" else old):
-                        raise RuntimeError(f"the {side} side imported {got['mpx']}")
-                    out[side].extend(got["us"])
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", old], cwd=top,
-                           capture_output=True)
-    return out
+    """This tree's TP step times (us) vs ``rev``'s."""
+    return ab_runs(rev, __file__, "--ab-child", f"{tp},{steps},{warm}", rounds, timeout=600)
 
 
 def _fmt(st):
@@ -238,16 +215,11 @@ def write_png(sweep, path, title):
 
 def _more_args(ap):
     ap.add_argument("--tp", default="2,4", help="TP sizes (default 2,4)")
-    ap.add_argument("--ab", metavar="REV", help="also A/B mpx's TP=2 step against REV")
-    ap.add_argument("--ab-child", help=argparse.SUPPRESS)
 
 
 def main():
-    if "--ab-child" in sys.argv:
-        tp, steps, warm = map(int, sys.argv[sys.argv.index("--ab-child") + 1].split(","))
-        _ab_child(tp, steps, warm)
-        return 0
-    args = parse_args(__doc__, "fewer steps", _more_args)
+    args = parse_args(__doc__, "fewer steps", _more_args,
+                      ab=("also A/B mpx's TP=2 step against REV", "--ab-child", _ab_child))
     steps, warm = (150, 20) if args.quick else (600, 60)
     tps = [int(t) for t in args.tp.split(",")]
     t_start = time.perf_counter()

@@ -42,7 +42,6 @@ It is a benchmark, not a test: the exit code is 0 whatever the results.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -485,8 +484,9 @@ def _checkout(rev, where):
     return top
 
 
-def bench_ab(rev, n, iters, warm, rounds):
-    """{"new": [us], "old": [us]}: this tree vs ``rev``, alternating child processes."""
+def ab_runs(rev, script, child_flag, child_args, rounds, timeout=300):
+    """{"new": [...], "old": [...]}: the samples ``script child_flag child_args`` prints as
+    JSON, run on this tree and on git revision ``rev`` in child processes that alternate."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = {"new": [], "old": []}
     with tempfile.TemporaryDirectory(prefix="mpx-ab-") as tmp:
@@ -495,11 +495,11 @@ def bench_ab(rev, n, iters, warm, rounds):
         try:
             for r in range(rounds):
                 for side in (("new", "old") if r % 2 == 0 else ("old", "new")):
+                    progress(f"  A/B round {r + 1}/{rounds}: {side}")
                     env = dict(os.environ, PYTHONPATH=here if side == "new" else old)
-                    res = subprocess.run([sys.executable, os.path.abspath(__file__),
-                                          "--noop-child", f"{n},{iters},{warm}"],
-                                         capture_output=True, text=True, env=env,
-                                         cwd=tmp, timeout=300, check=True)
+                    res = subprocess.run([sys.executable, os.path.abspath(script), child_flag,
+                                          child_args], capture_output=True, text=True,
+                                         env=env, cwd=tmp, timeout=timeout, check=True)
                     got = json.loads(res.stdout.strip().splitlines()[-1])
                     want = here if side == "new" else old
                     if not got["mpx"].startswith(want):
@@ -509,6 +509,11 @@ def bench_ab(rev, n, iters, warm, rounds):
             subprocess.run(["git", "worktree", "remove", "--force", old], cwd=top,
                            capture_output=True)
     return out
+
+
+def bench_ab(rev, n, iters, warm, rounds):
+    """This tree's no-op round trips (us) vs ``rev``'s, ``n`` workers."""
+    return ab_runs(rev, __file__, "--noop-child", f"{n},{iters},{warm}", rounds)
 
 
 def section_d(rows, raw, quick, ab):
@@ -547,16 +552,12 @@ def section_d(rows, raw, quick, ab):
 
 def _more_args(ap):
     ap.add_argument("--sections", default="abcd", help="which sections to run (default abcd)")
-    ap.add_argument("--ab", metavar="REV", help="also A/B the no-op round trip against REV")
-    ap.add_argument("--noop-child", help=argparse.SUPPRESS)
 
 
 def main():
-    if "--noop-child" in sys.argv:
-        n, iters, warm = map(int, sys.argv[sys.argv.index("--noop-child") + 1].split(","))
-        _noop_child(n, iters, warm)
-        return 0
-    args = parse_args(__doc__, "fewer repetitions (~1 min instead of ~1.5)", _more_args)
+    args = parse_args(__doc__, "fewer repetitions (~1 min instead of ~1.5)", _more_args,
+                      ab=("also A/B the no-op round trip against REV", "--noop-child",
+                          _noop_child))
 
     quick = args.quick
     noop_iters, noop_warm = (4000, 400) if quick else (20000, 2000)

@@ -182,7 +182,9 @@ def test_one_line_on_every_node(job):
         assert wait_gone(pids, 5) == []
 
 
-def test_program_killed_by_a_signal_is_128_plus_n():
+def _two_nodes_in_a_hanging_call():
+    """Two launched nodes whose program sits in a call that never returns; (nodes, the
+    program's "HANG <pid>" line)."""
     port = _two_free_ports()
     nodes = [_node(_torchrun_env(0, port), "0", "--hang"), _node(_torchrun_env(1, port), "0")]
     line = ""
@@ -190,6 +192,11 @@ def test_program_killed_by_a_signal_is_128_plus_n():
     while not line.startswith("HANG") and time.monotonic() < deadline:
         line = nodes[0].stdout.readline()
     assert line.startswith("HANG"), "the program never got to its first call"
+    return nodes, line
+
+
+def test_program_killed_by_a_signal_is_128_plus_n():
+    nodes, line = _two_nodes_in_a_hanging_call()
     os.kill(int(line.split()[1]), signal.SIGKILL)
     (rc0, _, err0), (rc1, _, err1) = _finish(nodes)
     assert rc0 == 128 + signal.SIGKILL, err0[-3000:]
@@ -197,13 +204,7 @@ def test_program_killed_by_a_signal_is_128_plus_n():
 
 
 def test_node_0_gone_ends_the_other_nodes():
-    port = _two_free_ports()
-    nodes = [_node(_torchrun_env(0, port), "0", "--hang"), _node(_torchrun_env(1, port), "0")]
-    line = ""
-    deadline = time.monotonic() + 60
-    while not line.startswith("HANG") and time.monotonic() < deadline:
-        line = nodes[0].stdout.readline()
-    assert line.startswith("HANG"), "the program never got to its first call"
+    nodes, line = _two_nodes_in_a_hanging_call()
     follower_side = [c.pid for c in psutil.Process(nodes[1].pid).children(recursive=True)]
     assert follower_side  # its follower and that follower's workers
     os.killpg(nodes[0].pid, signal.SIGKILL)  # node 0 vanishes: launcher, program, workers
