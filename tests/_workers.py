@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
+import resource
 import signal
 import sys
 import threading
@@ -63,17 +63,26 @@ class Echo:
         print(text, flush=True)
         return True
 
-    def block_from_heap(self, nbytes):
-        """Whether a fresh block of ``nbytes`` comes from the heap (brk), not an mmap of its
-        own: what glibc's trim and mmap thresholds decide."""
-        block = bytearray(nbytes)
-        addr = ctypes.addressof((ctypes.c_char * 1).from_buffer(block))
-        with open("/proc/self/maps") as f:
-            for line in f:
-                if line.rstrip().endswith("[heap]"):
-                    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-                    return lo <= addr < hi
-        return False
+    def faults_per_large_message(self, nbytes, rounds=10):
+        """Page faults per round trip of an ``nbytes`` message through a MessageQueue in this
+        process, after a few to warm up: ~0 when freed memory stays mapped."""
+        q = mpx.MessageQueue(1, 1)
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+        try:
+            q.wait_until_ready(timeout=10)
+            r.wait_until_ready(timeout=10)
+            msg = [bytes(nbytes)]
+            for _ in range(3):
+                q.enqueue(msg)
+                r.dequeue(timeout=10)
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            for _ in range(rounds):
+                q.enqueue(msg)
+                r.dequeue(timeout=10)
+            return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / rounds
+        finally:
+            r.close()
+            q.close()
 
     def count(self):
         return self.calls
