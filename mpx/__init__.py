@@ -11,18 +11,20 @@ The public API::
     mpx.watchdog          feed() and paused() for long calls inside a worker
     mpx.share(tensor)     a CPU tensor in shared memory, sent by reference (mpx/sharing.py)
     errors: mpx.MpxError, Cancelled, QueueTimeout, PeerDiedError, MessageAbortedError,
-            ShmError, HandleError,
-            QueueClosedError, RoleError, SerializationError, DeserializationError,
-            SharedTensorGoneError, RPCError, RPCTimeoutError, WorkerStalledError,
-            ExecutorFailed, WorkerDiedError, NodeLostError, WorkerStartupError
+            ShmError, HandleError, QueueClosedError, RoleError, SerializationError,
+            DeserializationError, SharedTensorGoneError, RPCError, RPCTimeoutError,
+            WorkerStalledError, ExecutorFailed, WorkerDiedError, NodeLostError,
+            WorkerStartupError, NotOwnerError
 
 Everything else is internal. The tree, bottom up (each layer imports only those below it):
 
     _ring.pyx, _ring_py.py, layout.py   the shared-memory ring (compiled, and its Python twin)
+    _buffers.pyx, _buffers_py.py        memory a received message is copied into
     shm.py, serde.py, sharing.py        segments; objects <-> bytes; tensors by reference
     transport/                          one interface: shm (local) and zmq (remote) readers
     queue.py                            MessageQueue over the transports
-    wire.py, config.py, errors.py, dumps.py   shared by every process of a group
+    wire.py, config.py, errors.py,      shared by every process of a group
+    auth.py, dumps.py
     _driver/                            runs in the driver: Executor and what it owns
     _worker/                            runs in each worker process
     _node/                              starts a node's workers; multi-node leader/follower
