@@ -44,18 +44,25 @@ def _is_rays_own(p: psutil.Process) -> bool:
     return "FollowerActor" not in cmd and any(m in cmd for m in RAY_PROCESS_MARKS)
 
 
+# mpx puts nothing in Ray's object store: each raylet gets Ray's minimum, not 30% of the
+# machine's memory in /dev/shm (which a CI container may not have)
+OBJECT_STORE_BYTES = 80 << 20
+
+
 class RayCluster:
     """The module's cluster: ``nodes`` (not the head) can be removed and added."""
 
     def __init__(self) -> None:
         self.cluster = Cluster(initialize_head=True, head_node_args=dict(
-            num_cpus=CPUS_PER_NODE, node_ip_address="127.0.0.1", include_dashboard=False))
+            num_cpus=CPUS_PER_NODE, node_ip_address="127.0.0.1", include_dashboard=False,
+            object_store_memory=OBJECT_STORE_BYTES))
         self.nodes = [self.add()]
         ray.init(address=self.cluster.address, logging_level="warning")
         self.cluster.wait_for_nodes(timeout=60)
 
     def add(self):
-        return self.cluster.add_node(num_cpus=CPUS_PER_NODE, node_ip_address="127.0.0.1")
+        return self.cluster.add_node(num_cpus=CPUS_PER_NODE, node_ip_address="127.0.0.1",
+                                     object_store_memory=OBJECT_STORE_BYTES)
 
     def raylet_node_ids(self) -> dict[int, str]:
         """{raylet pid: Ray node id} of every live node."""
