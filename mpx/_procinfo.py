@@ -1,10 +1,15 @@
-"""Facts about other processes and this host's ports, asked the same way everywhere in mpx."""
+"""Facts about other processes and this host's ports, and this process's tie to its parent,
+asked the same way everywhere in mpx."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import socket
+import sys
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def pid_state(pid: int) -> str | None:
@@ -47,3 +52,15 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Ask Linux to send this process ``sig`` when its parent thread exits
+    (``PR_SET_PDEATHSIG``; inherited by no child, cleared by a setuid exec). Whether it took:
+    False where there is no such call."""
+    if sys.platform != "linux":
+        return False
+    try:
+        return ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False

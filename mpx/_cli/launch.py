@@ -22,7 +22,6 @@ tells the others when PROGRAM exited; a node that hears nothing from node 0 for
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import logging
 import os
@@ -39,6 +38,7 @@ import zmq
 from mpx import wire
 from mpx._cli.hostlist import first_host
 from mpx._node import control
+from mpx._procinfo import set_parent_death_signal
 from mpx.config import Config
 
 logger = logging.getLogger("mpx")
@@ -54,7 +54,6 @@ DONE_LINGER_MS = 2000
 # The follower child waits this long for a leader: the program may take hours to make its
 # executor; node 0's silence, not this, ends the wait.
 LEADER_WAIT_S = 7 * 24 * 3600.0
-_PR_SET_PDEATHSIG = 1
 
 
 class LaunchError(Exception):
@@ -156,10 +155,7 @@ def _exit_status(returncode: int) -> int:
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    set_parent_death_signal(signal.SIGTERM)
 
 
 class _Forward:

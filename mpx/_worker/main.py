@@ -22,6 +22,7 @@ from typing import Any
 import cloudpickle
 
 from mpx import _debug, dumps
+from mpx._procinfo import set_parent_death_signal
 from mpx._worker.output import AsyncOutput, InlineOutput, Replies
 from mpx._worker.watchdog import Watchdog, block_dump_signal
 from mpx.errors import Cancelled, DeserializationError, PeerDiedError
@@ -44,7 +45,6 @@ logger = logging.getLogger("mpx")
 # How long the watchdog waits for room in the response queue to report a stall.
 STALL_REPORT_TIMEOUT_S = 1.0
 
-_PR_SET_PDEATHSIG = 1
 # After the driver's death pipe closes, a worker busy in user code gets this long to
 # finish before it is ended: the 2 s bound on orphaned workers includes it.
 ORPHAN_GRACE_S = 1.0
@@ -74,12 +74,7 @@ class _PrefixedStream:
 
 def _arm_parent_death_signal(parent_pid: int) -> None:
     """SIGKILL this process when its parent dies; closes the race with an early death."""
-    if sys.platform != "linux" or os.getppid() != parent_pid:
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
+    if os.getppid() != parent_pid or not set_parent_death_signal(signal.SIGKILL):
         return
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
@@ -137,11 +132,7 @@ def _leave_the_group_after_fork() -> None:
     it must never touch them, and it dies with the worker (SIGKILL)."""
     global _forked_from
     _forked_from = _worker_pid
-    if sys.platform == "linux":
-        try:
-            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
+    set_parent_death_signal(signal.SIGKILL)
 
 
 _worker_pid = -1
