@@ -34,13 +34,13 @@ import time
 
 import numpy as np
 import torch
-from _report import parse_args
+from _report import parse_args, timed_us
 from _step import make_step, pickled_size
 from bench_executor import CALL_TIMEOUT, ab_runs
 
 import mpx
 from mpx import serde
-from mpx._cli.benchkit import PipePeers, cleanup_procs, print_header, stats, time_calls
+from mpx._cli.benchkit import PipePeers, cleanup_procs, print_header, stats
 from mpx._procinfo import free_tcp_port
 from mpx.serde import K_PICKLE_OOB
 
@@ -99,13 +99,6 @@ class _PipeEngine:
         return result if self.rank == 0 else None
 
 
-def _step_rate(fn, steps, warm):
-    """us per step of ``fn`` over ``steps`` timed calls after ``warm`` untimed ones."""
-    for _ in range(warm):
-        fn()
-    return [s * 1e6 for s in time_calls(fn, steps)]
-
-
 def _executor(tp, async_output):
     """An Executor of ``tp`` EngineWorkers; one retry, said on stderr, when the start fails
     (on a machine shared with test suites, a leak check of theirs may unlink our segment
@@ -128,7 +121,7 @@ def run_mpx(tp, steps, warm, async_output, scale=1.0):
                                     unique_reply_rank=0)
             if len(out) != SAMPLED:
                 raise RuntimeError(f"rank 0 replied {len(out)} ids")
-        return _step_rate(one, steps, warm)
+        return timed_us(one, steps, warm)
     finally:
         ex.collective_rpc("close", timeout=CALL_TIMEOUT)
         ex.shutdown()
@@ -143,7 +136,7 @@ def run_pipe(tp, steps, warm, scale=1.0):
             out = pipe.rpc("execute_model", step)[0]
             if len(out) != SAMPLED:
                 raise RuntimeError(f"rank 0 replied {len(out)} ids")
-        return _step_rate(one, steps, warm)
+        return timed_us(one, steps, warm)
     finally:
         pipe.close()
 
@@ -159,7 +152,7 @@ def run_in_process(steps, warm, scale=1.0):
     step = make_step(scale=scale)
     w = EngineWorker(rank=0, world=1, init=f"tcp://127.0.0.1:{free_tcp_port()}")
     try:
-        loop = _step_rate(lambda: w.execute_model(step), steps, warm)
+        loop = timed_us(lambda: w.execute_model(step), steps, warm)
         reply = w.execute_model(step)
 
         def serde_once():
@@ -168,7 +161,7 @@ def run_in_process(steps, warm, scale=1.0):
             call = _round_trip((0, 1, "execute_model", (step,), None, 0))
             back = _round_trip((1, 0, reply))
             return call, back
-        ser = _step_rate(serde_once, max(20, steps // 2), 5)
+        ser = timed_us(serde_once, max(20, steps // 2), 5)
     finally:
         w.close()
     return loop, ser

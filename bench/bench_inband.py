@@ -32,13 +32,14 @@ from _report import (
     interleaved,
     parse_args,
     row,
+    timed_us,
 )
 from _step import make_step, pickled_size
 from bench_executor import CALL_TIMEOUT, SETTLE_S, new_executor, pipe_rpc
 
 import mpx
 from mpx import serde
-from mpx._cli.benchkit import cleanup_procs, print_header, stats, time_calls
+from mpx._cli.benchkit import cleanup_procs, print_header, stats
 
 
 def _minflt() -> int:
@@ -118,7 +119,7 @@ def bench_threshold(sizes, iters):
                     serde.OOB_MIN_BYTES = floor if oob else 1 << 62
                     for _ in range(max(3, iters // 10)):
                         rt()
-                    res.setdefault(oob, []).extend(s * 1e6 for s in time_calls(rt, iters // 3))
+                    res.setdefault(oob, []).extend(timed_us(rt, iters // 3))
             out[n] = (stats(res[True]), stats(res[False]))
     finally:
         serde.OOB_MIN_BYTES = floor

@@ -518,7 +518,7 @@ def bench_launchers(iters, warm, reps, blocks=4):
         out: dict = {fn: [] for fn, _ in fns}
         for b in range(blocks):
             for fn, n in (fns if b % 2 == 0 else fns[::-1]):
-                out[fn].extend(s * 1e6 for s in time_calls(fn, max(1, n // blocks)))
+                out[fn].extend(timed_us(fn, max(1, n // blocks)))
         for obj in started:
             obj.close() if not isinstance(obj, mpx.Executor) else obj.shutdown()
         started.clear()
