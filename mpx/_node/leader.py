@@ -104,7 +104,13 @@ class Leader:
     def collect(self, deadline: float) -> dict[int, Any]:
         """The response-queue handles of every follower worker, once all are ready."""
         self._wait(deadline, lambda: len(self.handles) == self.local * (self.config.nnodes - 1))
+        self._beat()  # a follower's silence bound is startup_timeout_s until the first beat
         return self.handles
+
+    def _beat(self) -> None:
+        self._beat_at = time.monotonic() + self.config.heartbeat_s / 3
+        for n in self.nodes:
+            self.send(n, wire.Beat())
 
     def _wait(self, deadline: float, done: Any) -> None:
         while not done():
@@ -142,9 +148,7 @@ class Leader:
         """One step of the leader's watch: heartbeats out, a failure if one was reported."""
         now = time.monotonic()
         if now >= self._beat_at:
-            self._beat_at = now + self.config.heartbeat_s / 3
-            for n in self.nodes:
-                self.send(n, wire.Beat())
+            self._beat()
         with self._dumps:
             asks, self._dump_asks = self._dump_asks, []
         for ask in asks:
