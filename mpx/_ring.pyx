@@ -623,3 +623,17 @@ cdef class RingReader(_RingEnd):
                 self.dest = None
                 self.resting = False
                 return (OK, self.dest_kind, d)
+
+    def read_ready(self):
+        """Every message whose first slot is published now, without waiting for more:
+        ``(status, [(kind, data), ...])``. The status is OK, or why reading stopped
+        (SHUTDOWN, PEER_GONE, INTERRUPTED) after the messages in the list. A message whose
+        later slots are still being written is waited for, as read() does, but for a
+        skipped (aborted) one at the end, nothing is. One call for a batch of replies."""
+        cdef list out = []
+        while mpx_load64(self.write_seq) > self.seq or self.dest is not None:
+            st, kind, data = self.read(mpx_now_ns() if self.dest is None else -1, -1)
+            if st != OK:
+                return (OK if st == TIMEOUT else st, out)
+            out.append((kind, data))
+        return (OK, out)

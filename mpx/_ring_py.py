@@ -480,6 +480,16 @@ class RingReader(_RingEnd):
             raise ValueError("release_slot() without a slot")
         self._ack()
 
+    def read_ready(self):
+        """See ``mpx._ring.RingReader.read_ready``."""
+        out = []
+        while self._q[layout.OFF_WRITE_SEQ >> 3] > self.seq or self._dest is not None:
+            st, kind, data = self.read(time.monotonic_ns() if self._dest is None else -1, -1)
+            if st != layout.OK:
+                return (layout.OK if st == layout.TIMEOUT else st, out)
+            out.append((kind, data))
+        return (layout.OK, out)
+
     def read(self, deadline_ns: int = -1, slice_ns: int = -1):
         """See ``mpx._ring.RingReader.read``."""
         self._live()

@@ -32,7 +32,14 @@ from typing import Any
 from mpx import _debug, layout, serde
 from mpx._impl import ring_implementation
 from mpx.config import Config
-from mpx.errors import HandleError, QueueClosedError, QueueTimeout, RoleError, ShmError
+from mpx.errors import (
+    DeserializationError,
+    HandleError,
+    QueueClosedError,
+    QueueTimeout,
+    RoleError,
+    ShmError,
+)
 from mpx.transport.base import Handle, Reader, Writer
 from mpx.transport.shm import ShmReader, ShmWriter
 from mpx.transport.zmq import ZmqReader, ZmqWriter
@@ -71,6 +78,8 @@ class _Broadcast:
         # an end that lends its slots in place (shared memory) first: see slot()
         self.ends = sorted(ends, key=lambda e: not e.shares_memory)
         self.shares_memory = all(e.shares_memory for e in ends)
+        if len(ends) == 1:
+            self.has_room = ends[0].has_room  # (asked before every pipelined call)
 
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         for e in self.ends:
@@ -479,6 +488,21 @@ class MessageQueue:
         deadline = _deadline(timeout)
         kind, data = reader.read(deadline, cancel, not indefinite)
         return serde.decode(kind, data)
+
+    def dequeue_ready(self, on_error: Callable[[DeserializationError], Any]) -> list:
+        """Every message already published, unpickled, in order, without waiting: one call
+        for a batch (an empty list when nothing is there). A message that cannot be
+        unpickled is replaced in the list by ``on_error(the DeserializationError)``; the
+        messages after it are still returned."""
+        got = self._need_reader("dequeue_ready").read_ready()
+        out = []
+        decode = serde.decode
+        for kind, data in got:
+            try:
+                out.append(decode(kind, data))
+            except DeserializationError as e:
+                out.append(on_error(e))
+        return out
 
     def dequeue_stream(self, timeout: float | None = None,
                        cancel: threading.Event | None = None) -> tuple[int, int, Any]:

@@ -457,3 +457,27 @@ def test_signal_handler_runs_while_enqueue_waits_for_space():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_dequeue_ready_returns_the_published_batch_and_marks_the_undecodable(transport):
+    cfg = mpx.Config(transport=transport, allow_insecure=transport == "zmq")
+    with mpx.MessageQueue(1, 1, config=cfg) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
+        try:
+            q.wait_until_ready(timeout=10)
+            r.wait_until_ready(timeout=10)
+            assert r.dequeue_ready(lambda e: e) == []
+            for obj in ("a", Unloadable(), {"b": 2}, bytes(3 << 20)):
+                q.enqueue(obj)
+            deadline = time.monotonic() + 10
+            got: list = []
+            while len(got) < 4 and time.monotonic() < deadline:
+                got += r.dequeue_ready(lambda e: ("undecodable", e))
+            assert got[0] == "a" and got[2] == {"b": 2} and got[3] == bytes(3 << 20)
+            assert got[1][0] == "undecodable"
+            assert isinstance(got[1][1], mpx.DeserializationError)
+            q.enqueue("next")  # the queue goes on
+            assert r.dequeue(timeout=5) == "next"
+        finally:
+            r.close()

@@ -377,3 +377,31 @@ def test_assembler_builds_an_owned_message(impl, as_bytes):
     assert data == b"abcdefghij" and type(data) is (bytes if as_bytes else bytearray)
     with pytest.raises(ValueError, match="already taken"):
         out.result()
+
+
+def test_read_ready_takes_every_published_message_without_waiting(ring):
+    w, (r,) = ring(chunk=64, nchunks=8)
+    t0 = time.monotonic()
+    assert r.read_ready() == (layout.OK, [])
+    assert w.write(BYTES, (b"a",), in_s(1)) == layout.OK
+    assert w.write(ARRAY, (b"y" * 150,), in_s(1)) == layout.OK  # three slots
+    assert w.write(BYTES, (b"c",), in_s(1)) == layout.OK
+    st, got = r.read_ready()
+    assert st == layout.OK
+    assert got == [(BYTES, b"a"), (ARRAY, bytearray(b"y" * 150)), (BYTES, b"c")]
+    assert type(got[1][1]) is bytearray
+    assert r.read_ready() == (layout.OK, [])
+    assert time.monotonic() - t0 < 1  # nothing waited for the next message
+    assert w.write(BYTES, (b"d",), in_s(1)) == layout.OK
+    assert read_ok(r) == (BYTES, b"d")  # read() goes on where read_ready() stopped
+
+
+def test_read_ready_skips_an_aborted_message_at_the_end(ring):
+    w, (r,) = ring(chunk=64, nchunks=2)
+    assert w.write(BYTES, (b"x" * 64 * 3,), in_s(0.2)) == layout.TIMEOUT  # gives up mid-way
+    t0 = time.monotonic()
+    st, got = r.read_ready()
+    assert (st, got) == (layout.OK, [])
+    assert time.monotonic() - t0 < 1
+    assert w.write(BYTES, (b"next",), in_s(1)) == layout.OK
+    assert r.read_ready() == (layout.OK, [(BYTES, b"next")])

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import functools
 import logging
 import threading
 import time
@@ -61,6 +60,12 @@ LOOP_LEASE_S = 0.005
 # How long a sender whose broadcast ring is full, having read the replies there, waits for
 # the next one before it looks at the ring again.
 DRAIN_WAIT_S = 0.001
+
+
+def _undecodable(e: DeserializationError) -> list:
+    """The ERR payload that stands for a reply the driver could not unpickle (a list: a
+    reply is a tuple)."""
+    return ["DeserializationError", f"the driver could not unpickle the result: {e}", ""]
 
 
 class Call:
@@ -168,7 +173,7 @@ class CallTable:
             seq = self.next_seq
             call = Call(seq, name, self.n_ranks, reply_rank, aggregator, deadline)
             if non_block:
-                call.future = RPCFuture(functools.partial(self.wait, call), self)
+                call.future = RPCFuture(self, call)
             with self.lock:
                 self.check_usable()
                 self.pending[seq] = call
@@ -320,8 +325,7 @@ class CallTable:
             seq, status, payload = self.resp[rank].dequeue(timeout=timeout, cancel=cancel,
                                                            indefinite=True)
         except DeserializationError as e:
-            seq, status = self.next_reply[rank], wire.ERR
-            payload = ("DeserializationError", f"the driver could not unpickle the result: {e}", "")
+            seq, status, payload = self.next_reply[rank], wire.ERR, _undecodable(e)
         except PeerDiedError as e:
             e.rank = rank
             raise
@@ -330,15 +334,20 @@ class CallTable:
             self._complete_futures()
 
     def _read_available(self) -> int:
-        """Read every reply that is already there, then set the futures of the calls they
-        settled, in one batch; how many."""
+        """Read every reply that is already there, a batch per rank, then set the futures
+        of the calls they settled; how many."""
         got = 0
+        record = self._record
         try:
             for rank, q in enumerate(self.resp):
-                while q.poll():
-                    self._read_one(rank, None, complete=False)
+                for reply in q.dequeue_ready(_undecodable):
+                    if type(reply) is tuple:
+                        record(rank, *reply)
+                    else:
+                        record(rank, self.next_reply[rank], wire.ERR, reply)
                     got += 1
         except PeerDiedError as e:
+            e.rank = rank
             self._peer_gone(e)
         except Cancelled:
             pass
@@ -422,10 +431,7 @@ class CallTable:
                     fut = call.future
                     assert fut is not None
                     try:
-                        if call.error is not None:
-                            fut.set_exception(call.error)
-                        else:
-                            fut.set_result(call.value)
+                        fut._complete(call.value, call.error)
                     except concurrent.futures.InvalidStateError:
                         pass  # only a future someone set by hand
             finally:

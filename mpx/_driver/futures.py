@@ -11,7 +11,12 @@ from typing import Any, Protocol
 
 
 class ReplySource(Protocol):
-    """What an event loop needs of the call table to read replies in its own thread."""
+    """What a future needs of the call table: to wait for its call, and (an event loop)
+    to read replies in its own thread."""
+
+    def wait(self, call: Any, timeout: float | None = None) -> None:
+        """Return once ``call`` is done (reading replies meanwhile); TimeoutError after
+        ``timeout`` seconds."""
 
     def read_ready(self) -> int | None:
         """Read the replies already there: how many, or None if another thread reads."""
@@ -37,12 +42,13 @@ class _LoopDelivery:
         self.loop = weakref.ref(loop)  # the registry is keyed by the loop: no cycle
         self.thread = threading.get_ident()
         self.lock = threading.Lock()
-        self.batch: list[tuple[asyncio.Future, concurrent.futures.Future]] = []
+        self.batch: list[tuple[asyncio.Future, concurrent.futures.Future, ReplySource]] = []
         self.awaiting: dict[ReplySource, int] = {}  # futures awaited in this loop, by source
         self.reading: set[ReplySource] = set()      # sources this loop reads now
 
     def forget(self, source: ReplySource) -> None:
-        """An await of a future of ``source`` ended (done, or cancelled)."""
+        """A future of ``source`` awaited in this loop was handed to its awaiting task (or
+        that task gave up on it); in the loop's thread."""
         left = self.awaiting[source] - 1
         if left:
             self.awaiting[source] = left
@@ -53,7 +59,7 @@ class _LoopDelivery:
             source: ReplySource) -> None:
         with self.lock:
             first = not self.batch
-            self.batch.append((target, done))
+            self.batch.append((target, done, source))
         loop = self.loop()
         if threading.get_ident() == self.thread:
             if first and loop is not None:
@@ -78,8 +84,9 @@ class _LoopDelivery:
             return
         with self.lock:
             batch, self.batch = self.batch, []
-        for target, done in batch:
+        for target, done, source in batch:
             _set_target(target, done)
+            self.forget(source)
 
     def _read(self, source: ReplySource) -> None:
         loop = self.loop()
@@ -166,13 +173,13 @@ class RPCFuture(concurrent.futures.Future):
     _target: asyncio.Future | None = None
     _delivery: _LoopDelivery | None = None
 
-    def __init__(self, wait: Callable[[float | None], None], source: ReplySource) -> None:
+    def __init__(self, source: ReplySource, call: Any) -> None:
         # (no super().__init__(): it builds the Condition)
         self._lock = threading.Lock()
         self._state = _RUNNING  # set_running_or_notify_cancel(), for a future none has seen
         self._waiters: list = []  # (the base class's wait/as_completed append to it)
         self._done_callbacks: list[Callable[[concurrent.futures.Future], object]] = []
-        self._wait: Callable[[float | None], None] | None = wait
+        self._call = call  # what source.wait() waits for, until this future is done
         self._source = source
 
     @property
@@ -202,9 +209,9 @@ class RPCFuture(concurrent.futures.Future):
         """The call's result; ``TimeoutError`` after ``timeout`` seconds (the call goes on).
         The waiting thread reads the replies itself when no other thread does."""
         if self._state != _FINISHED:
-            wait = self._wait
-            if wait is not None:
-                wait(timeout)
+            call = self._call
+            if call is not None:
+                self._source.wait(call, timeout)
             if self._state != _FINISHED:  # set by another thread just now: wait for it
                 return super().result(timeout)
         exc = self._exception
@@ -218,9 +225,9 @@ class RPCFuture(concurrent.futures.Future):
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The call's exception, or None; waits as :meth:`result` does."""
         if self._state != _FINISHED:
-            wait = self._wait
-            if wait is not None:
-                wait(timeout)
+            call = self._call
+            if call is not None:
+                self._source.wait(call, timeout)
             if self._state != _FINISHED:
                 return super().exception(timeout)
         return self._exception
@@ -249,7 +256,7 @@ class RPCFuture(concurrent.futures.Future):
                 raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
             self._result, self._exception = result, exc
             self._state = _FINISHED
-            self._wait = None  # (its closure holds the call, which holds this future)
+            self._call = None  # (the call holds this future)
             if self._waiters:
                 for waiter in self._waiters:
                     if exc is None:
@@ -261,6 +268,8 @@ class RPCFuture(concurrent.futures.Future):
             target = self._target
         if target is not None:
             self._target = None
+            delivery = self._delivery
+            assert delivery is not None
             if target.get_loop() is _running_loop():
                 # the loop's own thread: wake the task directly (_set_target, inline: hot)
                 if not target.done():
@@ -268,9 +277,8 @@ class RPCFuture(concurrent.futures.Future):
                         target.set_result(result)
                     else:
                         target.set_exception(exc)
+                delivery.forget(self._source)
             else:
-                delivery = self._delivery
-                assert delivery is not None
                 delivery.add(target, self, self._source)
         for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
             try:
@@ -279,8 +287,11 @@ class RPCFuture(concurrent.futures.Future):
                 _LOGGER.exception("exception calling callback for %r", self)
 
     def __await__(self) -> Generator[Any, None, Any]:
+        # Not a generator: the task gets the asyncio future's own (C) iterator, so every
+        # step of the awaiting task runs no Python frame of ours. The loop's count of
+        # awaited futures drops when the outcome is handed over (or dropped), not here.
         if self._state == _FINISHED:
-            return self.result(0)
+            return _finished(self)
         loop = _running_loop()
         if loop is None:
             raise RuntimeError("an RPCFuture is awaited only in a running event loop")
@@ -297,10 +308,12 @@ class RPCFuture(concurrent.futures.Future):
         awaiting[source] = awaiting.get(source, 0) + 1
         if source not in delivery.reading:
             delivery._read(source)
-        try:
-            return (yield from target)
-        finally:
-            delivery.forget(source)
+        return target.__await__()
+
+
+def _finished(future: RPCFuture) -> Generator[Any, None, Any]:
+    return future.result(0)
+    yield  # (a generator that returns at once)
 
 
 def _set_target(target: asyncio.Future, done: concurrent.futures.Future) -> None:

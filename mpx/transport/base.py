@@ -153,6 +153,14 @@ class Reader(Endpoint):
         """The next message as ``(kind, data)``; ``data`` is owned (bytes or bytearray).
         ``warn``: log the wait when it grows long."""
 
+    def read_ready(self) -> list[tuple[int, Any]]:
+        """Every message already waiting, as ``(kind, data)`` pairs, without waiting for
+        the next; raises as read() does once nothing before the error is left."""
+        out = []
+        while self.poll():
+            out.append(self.read(-1, None, False))
+        return out
+
     def read_stream(self, deadline_ns: int,
                     cancel: threading.Event | None) -> tuple[int, int, Iterable]:
         """The next message as ``(kind, total, pieces)``: ``pieces`` yields its bytes as they

@@ -152,6 +152,9 @@ class ShmWriter(Writer):
         return self._ring.free_slots()
 
     def has_room(self, pieces: tuple) -> bool:
+        if len(pieces) == 1 and type(pieces[0]) is bytes and \
+                len(pieces[0]) <= self.config.max_chunk_bytes:
+            return self._ring.has_room(1)  # a small pickle (inline: hot)
         return self._ring.has_room(self._slots_needed(pieces))
 
     def _slots_needed(self, pieces: tuple) -> int:
@@ -329,6 +332,14 @@ class ShmReader(Reader):
                                        self.writer_pid)
                     continue
                 raise self._read_error(st)
+
+    def read_ready(self) -> list[tuple[int, Any]]:
+        with self._lock:
+            self._check_open()
+            st, got = self._ring.read_ready()
+        if st != layout.OK and not got:
+            raise self._read_error(st)
+        return got
 
     def _read_error(self, st: int) -> Exception:
         if st == layout.TIMEOUT:
