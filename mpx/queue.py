@@ -78,14 +78,14 @@ class _Broadcast:
         # an end that lends its slots in place (shared memory) first: see slot()
         self.ends = sorted(ends, key=lambda e: not e.shares_memory)
         self.shares_memory = all(e.shares_memory for e in ends)
-        if len(ends) == 1:
-            self.has_room = ends[0].has_room  # (asked before every pipelined call)
 
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         for e in self.ends:
             e.wait_ready(deadline_ns, cancel)
 
     def has_room(self, parts: tuple) -> bool:
+        if len(self.ends) == 1:
+            return self.ends[0].has_room(parts)  # (asked before every pipelined call)
         return all(e.has_room(parts) for e in self.ends)
 
     def write(self, kind: int, parts: Any, deadline_ns: int, total: int = -1) -> None:
