@@ -10,14 +10,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import psutil
 import pytest
-from _nodes import KEY, TESTS
+from _nodes import KEY, TESTS, free_port
 from _procs import wait_gone
 
 from mpx._cli.hostlist import expand_hostlist, first_host
@@ -114,19 +113,7 @@ def test_place_errors_name_what_is_missing():
 
 def _two_free_ports() -> int:
     """A port p with p + 1 free too (the executor's and the launchers')."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 65534:
-            continue
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-        except OSError:
-            continue
-        return port
-    raise AssertionError("no two consecutive free ports")
+    return free_port(2)
 
 
 def _node(job_env: dict, *app_args: str, key: str | None = KEY) -> subprocess.Popen:

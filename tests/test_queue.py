@@ -481,3 +481,20 @@ def test_dequeue_ready_returns_the_published_batch_and_marks_the_undecodable(tra
             assert r.dequeue(timeout=5) == "next"
         finally:
             r.close()
+
+
+def test_dequeue_ready_after_the_writer_closed_returns_the_rest_then_nothing():
+    q = mpx.MessageQueue(1, 1)
+    r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+    try:
+        q.wait_until_ready(timeout=10)
+        for i in range(3):
+            q.enqueue(i)
+        q.close()
+        assert r.dequeue_ready(lambda e: e) == [0, 1, 2]
+        assert r.dequeue_ready(lambda e: e) == []  # it never waits, so it never finds out
+        with pytest.raises(mpx.PeerDiedError):
+            r.dequeue(timeout=5)
+    finally:
+        r.close()
+        q.close()
