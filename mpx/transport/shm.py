@@ -152,9 +152,6 @@ class ShmWriter(Writer):
         return self._ring.free_slots()
 
     def has_room(self, pieces: tuple) -> bool:
-        if len(pieces) == 1 and type(pieces[0]) is bytes and \
-                len(pieces[0]) <= self.config.max_chunk_bytes:
-            return self._ring.has_room(1)  # a small pickle (inline: hot)
         return self._ring.has_room(self._slots_needed(pieces))
 
     def _slots_needed(self, pieces: tuple) -> int:
