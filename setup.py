@@ -1,4 +1,4 @@
-"""Builds mpx/_ring.pyx and mpx/_buffers.pyx.
+"""Builds mpx/_ring.pyx, mpx/_buffers.pyx and mpx/_future_core.pyx.
 
 Without a C compiler or the Python headers the build warns and installs mpx without the
 extension: it then runs on the pure-Python ring (slower). Set MPX_REQUIRE_EXTENSION=1 to make
@@ -54,7 +54,7 @@ def _extension(name: str) -> Extension:
 
 
 # _ring cimports _buffers: both are built, or (without a compiler) neither is used.
-extensions = [_extension("_buffers"), _extension("_ring")]
+extensions = [_extension("_buffers"), _extension("_ring"), _extension("_future_core")]
 
 setup(
     ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),

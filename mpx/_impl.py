@@ -1,5 +1,6 @@
 """Chooses the implementation of the mechanism modules: compiled (``mpx._ring``,
-``mpx._buffers``) or their pure-Python twins (``mpx._ring_py``, ``mpx._buffers_py``)."""
+``mpx._buffers``, ``mpx._future_core``) or their pure-Python twins (``mpx._ring_py``,
+``mpx._buffers_py``, ``mpx._future_core_py``)."""
 
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ def _choose(name: str) -> ModuleType:
                 _warned = True
                 warnings.warn(
                     f"mpx: the compiled ring (mpx.{name}) is not available ({e}); using the "
-                    "pure-Python ring, which is several times slower. Build it with "
-                    "`pip install .` or `python setup.py build_ext --inplace` (needs Cython "
-                    "and a C compiler), or set MPX_PURE_PYTHON=1 to silence this warning.",
-                    RuntimeWarning, stacklevel=4)
+                    "pure-Python ring and futures, which are several times slower. Build "
+                    "them with `pip install .` or `python setup.py build_ext --inplace` (needs "
+                    "Cython and a C compiler), or set MPX_PURE_PYTHON=1 to silence this "
+                    "warning.", RuntimeWarning, stacklevel=4)
     return importlib.import_module(f"mpx.{name}_py")
 
 
@@ -43,6 +44,12 @@ def buffers_module() -> ModuleType:
     """The buffers module to use now (``Assembler``), of the same implementation as the
     ring."""
     return _choose("_buffers")
+
+
+def future_core_module() -> ModuleType:
+    """The module of RPCFuture's core (``FutureCore``), of the same implementation as the
+    ring."""
+    return _choose("_future_core")
 
 
 def ring_implementation() -> str:

@@ -6,8 +6,9 @@ import asyncio
 import concurrent.futures
 import threading
 import weakref
-from collections.abc import Callable, Generator
 from typing import Any, Protocol
+
+from mpx._impl import future_core_module
 
 
 class ReplySource(Protocol):
@@ -135,7 +136,12 @@ def _delivery(loop: asyncio.AbstractEventLoop) -> _LoopDelivery:
     return found
 
 
-class RPCFuture(concurrent.futures.Future):
+# the state, completion and asyncio hand-off, in C fields when the extension is built
+_core = future_core_module()
+_core.configure(_last, _delivery)
+
+
+class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[misc,name-defined]
     """The future of one ``collective_rpc(..., non_block=True)`` call.
 
     It completes when the call's replies arrive, whether or not anyone calls ``result()``:
@@ -164,23 +170,16 @@ class RPCFuture(concurrent.futures.Future):
     # or the sleeper did: the Condition exists when the completer looks, and the sleeper is
     # already waiting on it (or will see FINISHED). No wake-up is lost, and the base class's
     # methods that use ``self._condition`` (wait, as_completed, repr) work unchanged.
+    # ``_core.FutureCore`` holds the state and does the completing and the awaiting.
 
-    # Until set on the instance, these read as their class defaults (fewer stores per call).
-    _cond: threading.Condition | None = None
-    _result: Any = None
-    _exception: BaseException | None = None
-    # the asyncio future of the first task that awaits this one, and its loop's delivery
-    _target: asyncio.Future | None = None
-    _delivery: _LoopDelivery | None = None
-
-    def __init__(self, source: ReplySource, call: Any) -> None:
-        # (no super().__init__(): it builds the Condition)
-        self._lock = threading.Lock()
-        self._state = _RUNNING  # set_running_or_notify_cancel(), for a future none has seen
-        self._waiters: list = []  # (the base class's wait/as_completed append to it)
-        self._done_callbacks: list[Callable[[concurrent.futures.Future], object]] = []
-        self._call = call  # what source.wait() waits for, until this future is done
-        self._source = source
+    # (its fields, for the type checker: annotations only, no class attributes)
+    _lock: threading.Lock
+    _cond: threading.Condition | None
+    _state: str
+    _result: Any
+    _exception: BaseException | None
+    _call: Any
+    _source: ReplySource
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
@@ -192,19 +191,6 @@ class RPCFuture(concurrent.futures.Future):
                 cond = self._cond
         return cond
 
-    def done(self) -> bool:
-        return self._state == _FINISHED
-
-    def cancel(self) -> bool:
-        """False: the call was sent, and a sent call runs to its end."""
-        return False
-
-    def cancelled(self) -> bool:
-        return False
-
-    def running(self) -> bool:
-        return self._state == _RUNNING
-
     def result(self, timeout: float | None = None) -> Any:
         """The call's result; ``TimeoutError`` after ``timeout`` seconds (the call goes on).
         The waiting thread reads the replies itself when no other thread does."""
@@ -213,7 +199,7 @@ class RPCFuture(concurrent.futures.Future):
             if call is not None:
                 self._source.wait(call, timeout)
             if self._state != _FINISHED:  # set by another thread just now: wait for it
-                return super().result(timeout)
+                return concurrent.futures.Future.result(self, timeout)
         exc = self._exception
         if exc is not None:
             try:
@@ -229,92 +215,14 @@ class RPCFuture(concurrent.futures.Future):
             if call is not None:
                 self._source.wait(call, timeout)
             if self._state != _FINISHED:
-                return super().exception(timeout)
+                return concurrent.futures.Future.exception(self, timeout)
         return self._exception
-
-    def add_done_callback(self, fn: Callable[[concurrent.futures.Future], object]) -> None:
-        """Run ``fn(future)`` once the call is done, in the thread that completes it (at
-        once, here, if it is done already)."""
-        with self._lock:
-            if self._state != _FINISHED:
-                self._done_callbacks.append(fn)
-                return
-        try:
-            fn(self)
-        except Exception:
-            _LOGGER.exception("exception calling callback for %r", self)
 
     def set_result(self, result: Any) -> None:
         self._complete(result, None)
 
     def set_exception(self, exception: BaseException | None) -> None:
         self._complete(None, exception)
-
-    def _complete(self, result: Any, exc: BaseException | None) -> None:
-        with self._lock:
-            if self._state == _FINISHED:
-                raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
-            self._result, self._exception = result, exc
-            self._state = _FINISHED
-            self._call = None  # (the call holds this future)
-            if self._waiters:
-                for waiter in self._waiters:
-                    if exc is None:
-                        waiter.add_result(self)
-                    else:
-                        waiter.add_exception(self)
-            if self._cond is not None:
-                self._cond.notify_all()
-            target = self._target
-        if target is not None:
-            self._target = None
-            delivery = self._delivery
-            assert delivery is not None
-            if target.get_loop() is _running_loop():
-                # the loop's own thread: wake the task directly (_set_target, inline: hot)
-                if not target.done():
-                    if exc is None:
-                        target.set_result(result)
-                    else:
-                        target.set_exception(exc)
-                delivery.forget(self._source)
-            else:
-                delivery.add(target, self, self._source)
-        for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
-            try:
-                fn(self)
-            except Exception:
-                _LOGGER.exception("exception calling callback for %r", self)
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        # Not a generator: the task gets the asyncio future's own (C) iterator, so every
-        # step of the awaiting task runs no Python frame of ours. The loop's count of
-        # awaited futures drops when the outcome is handed over (or dropped), not here.
-        if self._state == _FINISHED:
-            return _finished(self)
-        loop = _running_loop()
-        if loop is None:
-            raise RuntimeError("an RPCFuture is awaited only in a running event loop")
-        target = loop.create_future()
-        delivery = _delivery(loop)
-        source = self._source
-        with self._lock:
-            first = self._state != _FINISHED and self._target is None
-            if first:
-                self._target, self._delivery = target, delivery
-        if not first:  # done meanwhile, or a second task awaits it: the general way
-            self.add_done_callback(lambda f: delivery.add(target, f, source))
-        awaiting = delivery.awaiting  # a future of source is awaited: read for it
-        awaiting[source] = awaiting.get(source, 0) + 1
-        if source not in delivery.reading:
-            delivery._read(source)
-        return target.__await__()
-
-
-def _finished(future: RPCFuture) -> Generator[Any, None, Any]:
-    return future.result(0)
-    yield  # (a generator that returns at once)
-
 
 def _set_target(target: asyncio.Future, done: concurrent.futures.Future) -> None:
     """Hand a done call's outcome to the asyncio future a task awaits (in its loop's thread)."""

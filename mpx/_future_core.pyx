@@ -1,0 +1,166 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The hot part of ``mpx.RPCFuture`` (see mpx/_driver/futures.py): its state, completion
+and the hand-off to an awaiting asyncio task, with the state in C fields.
+
+``mpx/_future_core_py.py`` is its pure-Python twin, with the same fields, methods and
+locking; ``RPCFuture`` puts either under its own Python methods. The synchronisation is
+described there, in ``RPCFuture``'s comment: every state change, and every read that must
+not miss one, holds ``_lock`` (a ``threading.Lock``), on which the Condition of the base
+class's waits is built.
+"""
+
+import asyncio
+import concurrent.futures
+import threading
+
+IMPLEMENTATION = "cython"
+
+cdef object _RUNNING = concurrent.futures._base.RUNNING
+cdef object _FINISHED = concurrent.futures._base.FINISHED
+cdef object _LOGGER = concurrent.futures._base.LOGGER
+cdef object _InvalidStateError = concurrent.futures.InvalidStateError
+cdef object _running_loop = asyncio._get_running_loop
+cdef object _AsyncioFuture = asyncio.Future
+cdef object _STOCK_CREATE_FUTURE = asyncio.BaseEventLoop.create_future
+cdef object _Lock = threading.Lock
+
+# set by mpx._driver.futures: this thread's cached (loop, delivery), and the lookup
+cdef object _last = None
+cdef object _delivery_of = None
+
+
+def configure(last, delivery_of):
+    """``last``: a threading.local whose ``delivery`` is this thread's last delivery;
+    ``delivery_of(loop)``: the delivery of a loop, made on first use."""
+    global _last, _delivery_of
+    _last, _delivery_of = last, delivery_of
+
+
+def _finished(future):
+    return future.result(0)
+    yield  # (a generator that returns at once)
+
+
+cdef class FutureCore:
+    """State, completion and asyncio hand-off of an RPCFuture."""
+
+    cdef public object _lock
+    cdef public object _state
+    cdef public object _result
+    cdef public object _exception
+    cdef public object _waiters
+    cdef public object _done_callbacks
+    cdef public object _cond
+    cdef public object _call
+    cdef public object _source
+    cdef public object _target
+    cdef public object _delivery
+
+    def __init__(self, source, call):
+        self._lock = _Lock()
+        self._state = _RUNNING
+        self._waiters = []
+        self._done_callbacks = []
+        self._call = call
+        self._source = source
+
+    def done(self):
+        return self._state is _FINISHED
+
+    def cancel(self):
+        """False: the call was sent, and a sent call runs to its end."""
+        return False
+
+    def cancelled(self):
+        return False
+
+    def running(self):
+        return self._state is _RUNNING
+
+    def add_done_callback(self, fn):
+        """Run ``fn(future)`` once the call is done, in the thread that completes it (at
+        once, here, if it is done already)."""
+        with self._lock:
+            if self._state is not _FINISHED:
+                self._done_callbacks.append(fn)
+                return
+        try:
+            fn(self)
+        except Exception:
+            _LOGGER.exception("exception calling callback for %r", self)
+
+    def _complete(self, result, exc):
+        cdef object target = None, delivery, awaiting, source, waiter, fn
+        cdef Py_ssize_t left
+        cdef bint finished
+        with self._lock:
+            finished = self._state is _FINISHED
+            if not finished:
+                self._result = result
+                self._exception = exc
+                self._state = _FINISHED
+                self._call = None  # (the call holds this future)
+                if self._waiters:
+                    for waiter in self._waiters:
+                        if exc is None:
+                            waiter.add_result(self)
+                        else:
+                            waiter.add_exception(self)
+                if self._cond is not None:
+                    self._cond.notify_all()
+                target = self._target
+        if finished:  # (raised here: the repr takes the lock)
+            raise _InvalidStateError(f"{_FINISHED}: {self!r}")
+        if target is not None:
+            self._target = None
+            delivery = self._delivery
+            source = self._source
+            if target.get_loop() is _running_loop():
+                # the loop's own thread: wake the task directly
+                if not target.done():
+                    if exc is None:
+                        target.set_result(result)
+                    else:
+                        target.set_exception(exc)
+                awaiting = delivery.awaiting  # delivery.forget(source)
+                left = awaiting[source] - 1
+                if left:
+                    awaiting[source] = left
+                else:
+                    del awaiting[source]
+            else:
+                delivery.add(target, self, source)
+        for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
+            try:
+                fn(self)
+            except Exception:
+                _LOGGER.exception("exception calling callback for %r", self)
+
+    def __await__(self):
+        cdef object loop, target, delivery, source, awaiting
+        cdef bint first
+        if self._state is _FINISHED:
+            return _finished(self)
+        loop = _running_loop()
+        if loop is None:
+            raise RuntimeError("an RPCFuture is awaited only in a running event loop")
+        delivery = getattr(_last, "delivery", None)
+        if delivery is None or delivery.loop() is not loop:
+            delivery = _delivery_of(loop)
+        if type(loop).create_future is _STOCK_CREATE_FUTURE:
+            target = _AsyncioFuture(loop=loop)
+        else:
+            target = loop.create_future()
+        source = self._source
+        with self._lock:
+            first = self._state is not _FINISHED and self._target is None
+            if first:
+                self._target = target
+                self._delivery = delivery
+        if not first:  # done meanwhile, or a second task awaits it: the general way
+            self.add_done_callback(lambda f: delivery.add(target, f, source))
+        awaiting = delivery.awaiting  # a future of source is awaited: read for it
+        awaiting[source] = awaiting.get(source, 0) + 1
+        if source not in delivery.reading:
+            delivery._read(source)
+        return target.__await__()

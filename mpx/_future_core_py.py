@@ -1,0 +1,148 @@
+"""Pure-Python twin of ``mpx._future_core`` (the same fields, methods and locking): the
+hot part of ``mpx.RPCFuture``, used when the extension is absent or MPX_PURE_PYTHON=1."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Generator
+from typing import Any
+
+IMPLEMENTATION = "python"
+
+_RUNNING = concurrent.futures._base.RUNNING  # type: ignore[attr-defined]
+_FINISHED = concurrent.futures._base.FINISHED  # type: ignore[attr-defined]
+_LOGGER = concurrent.futures._base.LOGGER  # type: ignore[attr-defined]
+_running_loop = asyncio._get_running_loop  # the C function: no RuntimeError, no warning
+_AsyncioFuture = asyncio.Future
+_STOCK_CREATE_FUTURE = asyncio.BaseEventLoop.create_future
+
+_last: Any = None
+_delivery_of: Any = None
+
+
+def configure(last: Any, delivery_of: Callable[[asyncio.AbstractEventLoop], Any]) -> None:
+    """See ``mpx._future_core.configure``."""
+    global _last, _delivery_of
+    _last, _delivery_of = last, delivery_of
+
+
+def _finished(future: Any) -> Generator[Any, None, Any]:
+    return future.result(0)
+    yield  # (a generator that returns at once)
+
+
+class FutureCore:
+    """See ``mpx._future_core.FutureCore``."""
+
+    # Until set on the instance, these read as their class defaults (fewer stores per call).
+    _cond: threading.Condition | None = None
+    _result: Any = None
+    _exception: BaseException | None = None
+    # the asyncio future of the first task that awaits this one, and its loop's delivery
+    _target: asyncio.Future | None = None
+    _delivery: Any = None
+
+    def __init__(self, source: Any, call: Any) -> None:
+        self._lock = threading.Lock()
+        self._state = _RUNNING
+        self._waiters: list = []
+        self._done_callbacks: list[Callable[[Any], object]] = []
+        self._call = call
+        self._source = source
+
+    def done(self) -> bool:
+        return self._state == _FINISHED
+
+    def cancel(self) -> bool:
+        """False: the call was sent, and a sent call runs to its end."""
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return self._state == _RUNNING
+
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
+        """Run ``fn(future)`` once the call is done, in the thread that completes it (at
+        once, here, if it is done already)."""
+        with self._lock:
+            if self._state != _FINISHED:
+                self._done_callbacks.append(fn)
+                return
+        try:
+            fn(self)
+        except Exception:
+            _LOGGER.exception("exception calling callback for %r", self)
+
+    def _complete(self, result: Any, exc: BaseException | None) -> None:
+        with self._lock:
+            finished = self._state == _FINISHED
+            if not finished:
+                self._result, self._exception = result, exc
+                self._state = _FINISHED
+                self._call = None  # (the call holds this future)
+                if self._waiters:
+                    for waiter in self._waiters:
+                        if exc is None:
+                            waiter.add_result(self)
+                        else:
+                            waiter.add_exception(self)
+                if self._cond is not None:
+                    self._cond.notify_all()
+                target = self._target
+        if finished:  # (raised here: the repr takes the lock)
+            raise concurrent.futures.InvalidStateError(f"{_FINISHED}: {self!r}")
+        if target is not None:
+            self._target = None
+            delivery = self._delivery
+            source = self._source
+            if target.get_loop() is _running_loop():
+                # the loop's own thread: wake the task directly
+                if not target.done():
+                    if exc is None:
+                        target.set_result(result)
+                    else:
+                        target.set_exception(exc)
+                awaiting = delivery.awaiting  # delivery.forget(source), inline: hot
+                left = awaiting[source] - 1
+                if left:
+                    awaiting[source] = left
+                else:
+                    del awaiting[source]
+            else:
+                delivery.add(target, self, source)
+        for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
+            try:
+                fn(self)
+            except Exception:
+                _LOGGER.exception("exception calling callback for %r", self)
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        # Not a generator: the task gets the asyncio future's own (C) iterator, so every
+        # step of the awaiting task runs no Python frame of ours. The loop's count of
+        # awaited futures drops when the outcome is handed over (or dropped), not here.
+        if self._state == _FINISHED:
+            return _finished(self)
+        loop = _running_loop()
+        if loop is None:
+            raise RuntimeError("an RPCFuture is awaited only in a running event loop")
+        delivery = getattr(_last, "delivery", None)
+        if delivery is None or delivery.loop() is not loop:
+            delivery = _delivery_of(loop)
+        target = _AsyncioFuture(loop=loop) if type(loop).create_future is \
+            _STOCK_CREATE_FUTURE else loop.create_future()
+        source = self._source
+        with self._lock:
+            first = self._state != _FINISHED and self._target is None
+            if first:
+                self._target, self._delivery = target, delivery
+        if not first:  # done meanwhile, or a second task awaits it: the general way
+            self.add_done_callback(lambda f: delivery.add(target, f, source))
+        awaiting = delivery.awaiting  # a future of source is awaited: read for it
+        awaiting[source] = awaiting.get(source, 0) + 1
+        if source not in delivery.reading:
+            delivery._read(source)
+        return target.__await__()

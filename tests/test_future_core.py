@@ -1,0 +1,162 @@
+"""RPCFuture's core (``mpx._future_core`` and its twin ``mpx._future_core_py``), each under
+RPCFuture's own methods, in one process: the completing thread, waiters, callbacks and the
+asyncio hand-off. The executor's tests run the same paths across processes with whichever
+core this run imports."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import threading
+import time
+
+import pytest
+from _env import IMPLS
+
+from mpx._driver import futures as F
+
+
+class Source:
+    """A stand-in for the call table: ``wait`` completes the call from another thread."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def wait(self, call, timeout=None):
+        self.waits += 1
+        fut = call["future"]
+        t = threading.Thread(target=fut.set_result, args=(call["value"],))
+        t.start()
+        t.join()
+
+    def read_ready(self):
+        return 0
+
+    def lease_to_loop(self):
+        pass
+
+    def wake_background(self):
+        pass
+
+
+@pytest.fixture(params=IMPLS)
+def make(request):
+    """``make(value)``: a future of that core whose call, once waited for, gives ``value``."""
+    name = "mpx._future_core" if request.param == "cython" else "mpx._future_core_py"
+    if request.param == "cython":
+        pytest.importorskip("mpx._future_core", reason="extension not built")
+    core = importlib.import_module(name)
+    core.configure(F._last, F._delivery)
+    methods = {k: v for k, v in F.RPCFuture.__dict__.items()
+               if k in ("_condition", "result", "exception", "set_result", "set_exception")}
+    cls = type("RPCFuture", (core.FutureCore, concurrent.futures.Future), methods)
+    assert core.IMPLEMENTATION == request.param
+    source = Source()
+
+    def factory(value=None):
+        call = {"value": value}
+        call["future"] = fut = cls(source, call)
+        return fut
+
+    factory.source = source
+    return factory
+
+
+def test_a_running_future_cannot_be_cancelled_and_completes_once(make):
+    f = make()
+    assert f.running() and not f.done() and not f.cancelled()
+    assert f.cancel() is False
+    f.set_result(3)
+    assert f.done() and not f.running() and f.result() == 3 and f.exception() is None
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        f.set_result(4)
+    e = make()
+    e.set_exception(KeyError("k"))
+    with pytest.raises(KeyError):
+        e.result()
+    assert isinstance(e.exception(), KeyError)
+
+
+def test_callbacks_run_in_the_completing_thread_or_at_once(make):
+    f = make()
+    seen = []
+    f.add_done_callback(lambda fut: seen.append((fut.result(), threading.get_ident())))
+    f.add_done_callback(lambda fut: 1 / 0)  # logged, not raised, the others still run
+    f.add_done_callback(lambda fut: seen.append("third"))
+    t = threading.Thread(target=f.set_result, args=(5,))
+    t.start()
+    t.join()
+    assert seen == [(5, t.ident), "third"]
+    f.add_done_callback(lambda fut: seen.append("late"))
+    assert seen[-1] == "late"
+
+
+def test_result_waits_through_the_source_and_wait_as_completed_work(make):
+    f = make(7)
+    assert f.result(timeout=5) == 7 and make.source.waits == 1
+    fs = [make(i) for i in range(5)]
+    threading.Timer(0.05, lambda: [g.set_result(i) for i, g in enumerate(fs)]).start()
+    done, not_done = concurrent.futures.wait(fs, timeout=5)
+    assert len(done) == 5 and not not_done
+    gs = [make() for _ in range(3)]
+    threading.Timer(0.05, lambda: [g.set_exception(ValueError(i)) for i, g in enumerate(gs)]).start()
+    assert len(list(concurrent.futures.as_completed(gs, timeout=5))) == 3
+
+
+def test_a_thread_sleeping_on_the_condition_is_woken(make):
+    f = make()
+    got = []
+    t = threading.Thread(target=lambda: got.append(
+        concurrent.futures.Future.result(f, timeout=5)))
+    t.start()
+    time.sleep(0.05)  # asleep on the Condition built on the future's lock
+    f.set_result("woken")
+    t.join(5)
+    assert got == ["woken"]
+
+
+def test_awaited_from_the_loop_and_from_other_threads(make):
+    async def main():
+        loop = asyncio.get_running_loop()
+        delivery = F._delivery(loop)
+        inline = [make() for _ in range(100)]
+        for i, f in enumerate(inline):
+            loop.call_later(0.001, f.set_result, i)  # completed in the loop's own thread
+        across = [make() for _ in range(100)]
+        for i, f in enumerate(across):
+            threading.Timer(0.001, f.set_result, args=(i,)).start()  # from other threads
+        got = await asyncio.gather(*inline, *across)
+        assert got == list(range(100)) * 2
+        assert not delivery.awaiting  # every awaited future was handed over
+        twice = make()
+        loop.call_later(0.01, twice.set_result, "x")
+        assert await asyncio.gather(twice, twice) == ["x", "x"]  # a second awaiter
+        done = make()
+        done.set_exception(KeyError("k"))
+        with pytest.raises(KeyError):
+            await done
+        return delivery
+
+    delivery = asyncio.run(main())
+    assert not delivery.awaiting
+
+
+def test_a_wait_for_timeout_leaves_the_future_to_finish(make):
+    async def main():
+        loop = asyncio.get_running_loop()
+        f = make()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(f, 0.05)
+        assert not f.done() and f.cancel() is False
+        loop.call_soon(f.set_result, "late")  # the reply comes after all: dropped, counted
+        await asyncio.sleep(0.01)
+        assert f.result() == "late"
+        assert not F._delivery(loop).awaiting
+
+    asyncio.run(main())
+
+
+def test_awaiting_outside_a_running_loop_is_refused(make):
+    with pytest.raises(RuntimeError, match="running event loop"):
+        make().__await__()
