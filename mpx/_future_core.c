@@ -1688,7 +1688,7 @@ struct __pyx_obj_3mpx_12_future_core_FutureCore {
   PyObject *_state;
   PyObject *_result;
   PyObject *_exception;
-  PyObject *_waiters;
+  PyObject *waiters;
   PyObject *_done_callbacks;
   PyObject *_cond;
   PyObject *_call;
@@ -1711,8 +1711,8 @@ struct __pyx_obj_3mpx_12_future_core___pyx_scope_struct___finished {
 };
 
 
-/* "mpx/_future_core.pyx":139
- *                 _LOGGER.exception("exception calling callback for %r", self)
+/* "mpx/_future_core.pyx":148
+ *                     _LOGGER.exception("exception calling callback for %r", self)
  * 
  *     def __await__(self):             # <<<<<<<<<<<<<<
  *         cdef object loop, target, delivery, source, awaiting
@@ -2570,6 +2570,16 @@ static void __Pyx_RaiseErrorWithType1(PyObject* exc_type, const char* message, c
 CYTHON_UNUSED
 static int __Pyx_RaiseUnexpectedTypeError(const char *expected, PyObject *obj);
 
+/* RaiseErrorWithObjectTypes.proto (used by ExtTypeTest) */
+#define __Pyx_RaiseErrorWithObjectTypes1(exc_type, message, arg, obj1, obj2) __Pyx_RaiseErrorWithTypes1(exc_type, message, arg, Py_TYPE(obj1), Py_TYPE(obj2))
+#define __Pyx_RaiseTypeErrorWithObjectTypes(message, obj1, obj2) __Pyx_RaiseTypeErrorWithTypes(message, Py_TYPE(obj1), Py_TYPE(obj2))
+#define __Pyx_RaiseTypeErrorWithTypes(message, type_obj1, type_obj2) __Pyx_RaiseErrorWithTypes1(PyExc_TypeError, "%.1s" message, "", type_obj1, type_obj2)
+CYTHON_UNUSED
+static void __Pyx_RaiseErrorWithTypes1(PyObject* exc_type, const char *message, const char *arg, PyTypeObject *type_obj1, PyTypeObject *type_obj2);
+
+/* ExtTypeTest.proto */
+static CYTHON_INLINE int __Pyx_TypeTest(PyObject *obj, PyTypeObject *type);
+
 /* ArgTypeTestError.export */
 static void __Pyx_ArgTypeError(PyObject *obj, PyTypeObject *type, const char *name, int exact);
 
@@ -2954,12 +2964,13 @@ int __pyx_module_is_main_mpx___future_core = 0;
 /* Implementation of "mpx._future_core" */
 /* #### Code section: global_var ### */
 /* #### Code section: string_decls ### */
-static const char __pyx_k_call__cond__delivery__done_call[] = "_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, _waiters";
+static const char __pyx_k_call__cond__delivery__done_call[] = "_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, waiters";
 static const char __pyx_k_The_hot_part_of_mpx_RPCFuture_se[] = "The hot part of ``mpx.RPCFuture`` (see mpx/_driver/futures.py): its state, completion\nand the hand-off to an awaiting asyncio task, with the state in C fields.\n\n``mpx/_future_core_py.py`` is its pure-Python twin, with the same fields, methods and\nlocking; ``RPCFuture`` puts either under its own Python methods. The synchronisation is\ndescribed there, in ``RPCFuture``\047s comment: every state change, and every read that must\nnot miss one, holds ``_lock`` (a ``threading.Lock``), on which the Condition of the base\nclass\047s waits is built.\n";
 /* #### Code section: decls ### */
 static PyObject *__pyx_pf_3mpx_12_future_core_configure(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_last, PyObject *__pyx_v_delivery_of); /* proto */
 static PyObject *__pyx_pf_3mpx_12_future_core_2_finished(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_future); /* proto */
 static int __pyx_pf_3mpx_12_future_core_10FutureCore___init__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self, PyObject *__pyx_v_source, PyObject *__pyx_v_call); /* proto */
+static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_8_waiters___get__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self); /* proto */
 static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_2done(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self); /* proto */
 static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_4cancel(CYTHON_UNUSED struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self); /* proto */
 static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_6cancelled(CYTHON_UNUSED struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self); /* proto */
@@ -2980,9 +2991,6 @@ static int __pyx_pf_3mpx_12_future_core_10FutureCore_7_result_4__del__(struct __
 static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10_exception___get__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self); /* proto */
 static int __pyx_pf_3mpx_12_future_core_10FutureCore_10_exception_2__set__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
 static int __pyx_pf_3mpx_12_future_core_10FutureCore_10_exception_4__del__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self); /* proto */
-static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_8_waiters___get__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self); /* proto */
-static int __pyx_pf_3mpx_12_future_core_10FutureCore_8_waiters_2__set__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
-static int __pyx_pf_3mpx_12_future_core_10FutureCore_8_waiters_4__del__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self); /* proto */
 static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_15_done_callbacks___get__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self); /* proto */
 static int __pyx_pf_3mpx_12_future_core_10FutureCore_15_done_callbacks_2__set__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
 static int __pyx_pf_3mpx_12_future_core_10FutureCore_15_done_callbacks_4__del__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self); /* proto */
@@ -3003,7 +3011,8 @@ static int __pyx_pf_3mpx_12_future_core_10FutureCore_9_delivery_2__set__(struct 
 static int __pyx_pf_3mpx_12_future_core_10FutureCore_9_delivery_4__del__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self); /* proto */
 static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self); /* proto */
 static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_18__setstate_cython__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self, PyObject *__pyx_v___pyx_state); /* proto */
-static PyObject *__pyx_pf_3mpx_12_future_core_5__pyx_unpickle_FutureCore(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v___pyx_type, long __pyx_v___pyx_checksum, PyObject *__pyx_v___pyx_state); /* proto */
+static PyObject *__pyx_pf_3mpx_12_future_core_5complete_each(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_completed); /* proto */
+static PyObject *__pyx_pf_3mpx_12_future_core_7__pyx_unpickle_FutureCore(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v___pyx_type, long __pyx_v___pyx_checksum, PyObject *__pyx_v___pyx_state); /* proto */
 static PyObject *__pyx_tp_new__initialisation_3mpx_12_future_core_FutureCore(PyObject *o, 
 #if CYTHON_VECTORCALL_TPNEW
     PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
@@ -3112,8 +3121,8 @@ namespace {
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_pop;
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_values;
     PyObject *__pyx_tuple[2];
-    PyObject *__pyx_codeobj_tab[12];
-    PyObject *__pyx_string_tab[131];
+    PyObject *__pyx_codeobj_tab[13];
+    PyObject *__pyx_string_tab[137];
     PyObject *__pyx_number_tab[3];
 /* #### Code section: module_state_contents ### */
 /* PyFrozenDict.module_state_decls */
@@ -3258,63 +3267,69 @@ static __pyx_mstatetype * const __pyx_mstate_global = &__pyx_mstate_global_stati
 #define __pyx_n_u_cancelled __pyx_string_tab[74]
 #define __pyx_n_u_cline_in_traceback __pyx_string_tab[75]
 #define __pyx_n_u_close __pyx_string_tab[76]
-#define __pyx_n_u_concurrent __pyx_string_tab[77]
-#define __pyx_n_u_concurrent_futures __pyx_string_tab[78]
-#define __pyx_n_u_configure __pyx_string_tab[79]
-#define __pyx_n_u_create_future __pyx_string_tab[80]
-#define __pyx_n_u_cython __pyx_string_tab[81]
-#define __pyx_n_u_delivery __pyx_string_tab[82]
-#define __pyx_n_u_delivery_of __pyx_string_tab[83]
-#define __pyx_n_u_done __pyx_string_tab[84]
-#define __pyx_n_u_exc __pyx_string_tab[85]
-#define __pyx_n_u_exception __pyx_string_tab[86]
-#define __pyx_n_u_f __pyx_string_tab[87]
-#define __pyx_n_u_finished_2 __pyx_string_tab[88]
-#define __pyx_n_u_fn __pyx_string_tab[89]
-#define __pyx_n_u_future __pyx_string_tab[90]
-#define __pyx_n_u_futures __pyx_string_tab[91]
-#define __pyx_n_u_get __pyx_string_tab[92]
-#define __pyx_n_u_get_loop __pyx_string_tab[93]
-#define __pyx_n_u_items __pyx_string_tab[94]
-#define __pyx_n_u_last __pyx_string_tab[95]
-#define __pyx_n_u_left __pyx_string_tab[96]
-#define __pyx_n_u_loop __pyx_string_tab[97]
-#define __pyx_n_u_mpx__future_core __pyx_string_tab[98]
-#define __pyx_n_u_next __pyx_string_tab[99]
-#define __pyx_n_u_notify_all __pyx_string_tab[100]
-#define __pyx_n_u_pop __pyx_string_tab[101]
-#define __pyx_n_u_reading __pyx_string_tab[102]
-#define __pyx_n_u_result __pyx_string_tab[103]
-#define __pyx_n_u_running __pyx_string_tab[104]
-#define __pyx_n_u_self __pyx_string_tab[105]
-#define __pyx_n_u_send __pyx_string_tab[106]
-#define __pyx_n_u_set_exception __pyx_string_tab[107]
-#define __pyx_n_u_set_result __pyx_string_tab[108]
-#define __pyx_n_u_setdefault __pyx_string_tab[109]
-#define __pyx_n_u_source __pyx_string_tab[110]
-#define __pyx_n_u_state __pyx_string_tab[111]
-#define __pyx_n_u_target __pyx_string_tab[112]
-#define __pyx_n_u_threading __pyx_string_tab[113]
-#define __pyx_n_u_throw __pyx_string_tab[114]
-#define __pyx_n_u_update __pyx_string_tab[115]
-#define __pyx_n_u_use_setstate __pyx_string_tab[116]
-#define __pyx_n_u_value __pyx_string_tab[117]
-#define __pyx_n_u_values __pyx_string_tab[118]
-#define __pyx_n_u_waiter __pyx_string_tab[119]
-#define __pyx_kp_b_iso88591__3 __pyx_string_tab[120]
-#define __pyx_kp_b_iso88591_q __pyx_string_tab[121]
-#define __pyx_kp_b_iso88591_q_0_kQR_XQa_7_A_1 __pyx_string_tab[122]
-#define __pyx_kp_b_iso88591__4 __pyx_string_tab[123]
-#define __pyx_kp_b_iso88591_XT_OtS_ddllppzz_I_I_M_M_V_V_Z_Z __pyx_string_tab[124]
-#define __pyx_kp_b_iso88591_A_q_2 __pyx_string_tab[125]
-#define __pyx_kp_b_iso88591_A_t83a __pyx_string_tab[126]
-#define __pyx_kp_b_iso88591_A_Q_t83a_t1_Kq_N_Ja_IQ_4q_a_4s_Q __pyx_string_tab[127]
-#define __pyx_kp_b_iso88591_A_q __pyx_string_tab[128]
-#define __pyx_kp_b_iso88591_A_t87_G1A_aq_Q_C1 __pyx_string_tab[129]
-#define __pyx_kp_b_iso88591_XT_Q __pyx_string_tab[130]
+#define __pyx_n_u_complete_each __pyx_string_tab[77]
+#define __pyx_n_u_completed __pyx_string_tab[78]
+#define __pyx_n_u_concurrent __pyx_string_tab[79]
+#define __pyx_n_u_concurrent_futures __pyx_string_tab[80]
+#define __pyx_n_u_configure __pyx_string_tab[81]
+#define __pyx_n_u_create_future __pyx_string_tab[82]
+#define __pyx_n_u_cython __pyx_string_tab[83]
+#define __pyx_n_u_delivery __pyx_string_tab[84]
+#define __pyx_n_u_delivery_of __pyx_string_tab[85]
+#define __pyx_n_u_done __pyx_string_tab[86]
+#define __pyx_n_u_error __pyx_string_tab[87]
+#define __pyx_n_u_exc __pyx_string_tab[88]
+#define __pyx_n_u_exception __pyx_string_tab[89]
+#define __pyx_n_u_f __pyx_string_tab[90]
+#define __pyx_n_u_finished_2 __pyx_string_tab[91]
+#define __pyx_n_u_fn __pyx_string_tab[92]
+#define __pyx_n_u_fut __pyx_string_tab[93]
+#define __pyx_n_u_future __pyx_string_tab[94]
+#define __pyx_n_u_futures __pyx_string_tab[95]
+#define __pyx_n_u_get __pyx_string_tab[96]
+#define __pyx_n_u_get_loop __pyx_string_tab[97]
+#define __pyx_n_u_items __pyx_string_tab[98]
+#define __pyx_n_u_last __pyx_string_tab[99]
+#define __pyx_n_u_left __pyx_string_tab[100]
+#define __pyx_n_u_loop __pyx_string_tab[101]
+#define __pyx_n_u_mpx__future_core __pyx_string_tab[102]
+#define __pyx_n_u_next __pyx_string_tab[103]
+#define __pyx_n_u_notify_all __pyx_string_tab[104]
+#define __pyx_n_u_pop __pyx_string_tab[105]
+#define __pyx_n_u_popleft __pyx_string_tab[106]
+#define __pyx_n_u_reading __pyx_string_tab[107]
+#define __pyx_n_u_result __pyx_string_tab[108]
+#define __pyx_n_u_running __pyx_string_tab[109]
+#define __pyx_n_u_self __pyx_string_tab[110]
+#define __pyx_n_u_send __pyx_string_tab[111]
+#define __pyx_n_u_set_exception __pyx_string_tab[112]
+#define __pyx_n_u_set_result __pyx_string_tab[113]
+#define __pyx_n_u_setdefault __pyx_string_tab[114]
+#define __pyx_n_u_source __pyx_string_tab[115]
+#define __pyx_n_u_state __pyx_string_tab[116]
+#define __pyx_n_u_target __pyx_string_tab[117]
+#define __pyx_n_u_threading __pyx_string_tab[118]
+#define __pyx_n_u_throw __pyx_string_tab[119]
+#define __pyx_n_u_update __pyx_string_tab[120]
+#define __pyx_n_u_use_setstate __pyx_string_tab[121]
+#define __pyx_n_u_value __pyx_string_tab[122]
+#define __pyx_n_u_values __pyx_string_tab[123]
+#define __pyx_n_u_waiter __pyx_string_tab[124]
+#define __pyx_kp_b_iso88591__3 __pyx_string_tab[125]
+#define __pyx_kp_b_iso88591_q __pyx_string_tab[126]
+#define __pyx_kp_b_iso88591_q_0_kQR_XQa_7_A_1 __pyx_string_tab[127]
+#define __pyx_kp_b_iso88591__4 __pyx_string_tab[128]
+#define __pyx_kp_b_iso88591_XT_OtS_ddllppzz_I_I_M_M_V_V_Z_Z __pyx_string_tab[129]
+#define __pyx_kp_b_iso88591_y_d_z_hd __pyx_string_tab[130]
+#define __pyx_kp_b_iso88591_A_q_2 __pyx_string_tab[131]
+#define __pyx_kp_b_iso88591_A_t83a __pyx_string_tab[132]
+#define __pyx_kp_b_iso88591_A_Q_t83a_t1_Kq_N_Ja_IQ_4q_a_4s_Q __pyx_string_tab[133]
+#define __pyx_kp_b_iso88591_A_q __pyx_string_tab[134]
+#define __pyx_kp_b_iso88591_A_t87_4_1_1A_q_aq_Q_C1 __pyx_string_tab[135]
+#define __pyx_kp_b_iso88591_XT_Q __pyx_string_tab[136]
 #define __pyx_int_0 __pyx_number_tab[0]
 #define __pyx_int_1 __pyx_number_tab[1]
-#define __pyx_int_228533149 __pyx_number_tab[2]
+#define __pyx_int_173136015 __pyx_number_tab[2]
 /* #### Code section: module_state_clear ### */
 #if CYTHON_USE_MODULE_STATE
 static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
@@ -3339,8 +3354,8 @@ static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_values.method);
   for (int i=0; i<2; ++i) { Py_CLEAR(clear_module_state->__pyx_tuple[i]); }
-  for (int i=0; i<12; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<131; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<13; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<137; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
   for (int i=0; i<3; ++i) { Py_CLEAR(clear_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_clear_contents ### */
 /* CommonTypesMetaclass.module_state_clear */
@@ -3377,8 +3392,8 @@ static CYTHON_SMALL_CODE int __pyx_m_traverse(PyObject *m, visitproc visit, void
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_values.method);
   for (int i=0; i<2; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_tuple[i]); }
-  for (int i=0; i<12; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<131; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<13; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<137; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
   for (int i=0; i<3; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_traverse_contents ### */
 /* CommonTypesMetaclass.module_state_traverse */
@@ -3867,7 +3882,7 @@ static int __pyx_pf_3mpx_12_future_core_10FutureCore___init__(struct __pyx_obj_3
  *     def __init__(self, source, call):
  *         self._lock = _Lock()             # <<<<<<<<<<<<<<
  *         self._state = _RUNNING
- *         self._waiters = []
+ *         self._call = call
 */
   __pyx_t_2 = NULL;
   __Pyx_INCREF(__pyx_v_3mpx_12_future_core__Lock);
@@ -3901,8 +3916,8 @@ static int __pyx_pf_3mpx_12_future_core_10FutureCore___init__(struct __pyx_obj_3
  *     def __init__(self, source, call):
  *         self._lock = _Lock()
  *         self._state = _RUNNING             # <<<<<<<<<<<<<<
- *         self._waiters = []
- *         self._done_callbacks = []
+ *         self._call = call
+ *         self._source = source
 */
   __Pyx_INCREF(__pyx_v_3mpx_12_future_core__RUNNING);
   __Pyx_GIVEREF(__pyx_v_3mpx_12_future_core__RUNNING);
@@ -3912,34 +3927,6 @@ static int __pyx_pf_3mpx_12_future_core_10FutureCore___init__(struct __pyx_obj_3
   /* "mpx/_future_core.pyx":62
  *         self._lock = _Lock()
  *         self._state = _RUNNING
- *         self._waiters = []             # <<<<<<<<<<<<<<
- *         self._done_callbacks = []
- *         self._call = call
-*/
-  __pyx_t_1 = PyList_New(0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 62, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_1);
-  __Pyx_GIVEREF(__pyx_t_1);
-  __Pyx_GOTREF(__pyx_v_self->_waiters);
-  __Pyx_DECREF_SET(__pyx_v_self->_waiters, __pyx_t_1);
-  __pyx_t_1 = 0;
-
-  /* "mpx/_future_core.pyx":63
- *         self._state = _RUNNING
- *         self._waiters = []
- *         self._done_callbacks = []             # <<<<<<<<<<<<<<
- *         self._call = call
- *         self._source = source
-*/
-  __pyx_t_1 = PyList_New(0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 63, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_1);
-  __Pyx_GIVEREF(__pyx_t_1);
-  __Pyx_GOTREF(__pyx_v_self->_done_callbacks);
-  __Pyx_DECREF_SET(__pyx_v_self->_done_callbacks, __pyx_t_1);
-  __pyx_t_1 = 0;
-
-  /* "mpx/_future_core.pyx":64
- *         self._waiters = []
- *         self._done_callbacks = []
  *         self._call = call             # <<<<<<<<<<<<<<
  *         self._source = source
  * 
@@ -3949,12 +3936,12 @@ static int __pyx_pf_3mpx_12_future_core_10FutureCore___init__(struct __pyx_obj_3
   __Pyx_GOTREF(__pyx_v_self->_call);
   __Pyx_DECREF_SET(__pyx_v_self->_call, __pyx_v_call);
 
-  /* "mpx/_future_core.pyx":65
- *         self._done_callbacks = []
+  /* "mpx/_future_core.pyx":63
+ *         self._state = _RUNNING
  *         self._call = call
  *         self._source = source             # <<<<<<<<<<<<<<
  * 
- *     def done(self):
+ *     @property
 */
   __Pyx_INCREF(__pyx_v_source);
   __Pyx_GIVEREF(__pyx_v_source);
@@ -3984,8 +3971,112 @@ static int __pyx_pf_3mpx_12_future_core_10FutureCore___init__(struct __pyx_obj_3
   return __pyx_r;
 }
 
-/* "mpx/_future_core.pyx":67
+/* "mpx/_future_core.pyx":65
  *         self._source = source
+ * 
+ *     @property             # <<<<<<<<<<<<<<
+ *     def _waiters(self):
+ *         # (concurrent.futures.wait and as_completed append to it, holding the lock)
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_3mpx_12_future_core_10FutureCore_8_waiters_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_3mpx_12_future_core_10FutureCore_8_waiters_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_3mpx_12_future_core_10FutureCore_8_waiters___get__(((struct __pyx_obj_3mpx_12_future_core_FutureCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_8_waiters___get__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__get__", 0);
+
+  /* "mpx/_future_core.pyx":68
+ *     def _waiters(self):
+ *         # (concurrent.futures.wait and as_completed append to it, holding the lock)
+ *         if self.waiters is None:             # <<<<<<<<<<<<<<
+ *             self.waiters = []
+ *         return self.waiters
+*/
+  __pyx_t_1 = (__pyx_v_self->waiters == Py_None);
+  if (__pyx_t_1) {
+
+
+    /* "mpx/_future_core.pyx":69
+ *         # (concurrent.futures.wait and as_completed append to it, holding the lock)
+ *         if self.waiters is None:
+ *             self.waiters = []             # <<<<<<<<<<<<<<
+ *         return self.waiters
+ * 
+*/
+    __pyx_t_2 = PyList_New(0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 69, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+    __Pyx_GIVEREF(__pyx_t_2);
+    __Pyx_GOTREF(__pyx_v_self->waiters);
+    __Pyx_DECREF_SET(__pyx_v_self->waiters, __pyx_t_2);
+    __pyx_t_2 = 0;
+
+    /* "mpx/_future_core.pyx":68
+ *     def _waiters(self):
+ *         # (concurrent.futures.wait and as_completed append to it, holding the lock)
+ *         if self.waiters is None:             # <<<<<<<<<<<<<<
+ *             self.waiters = []
+ *         return self.waiters
+*/
+  }
+
+  /* "mpx/_future_core.pyx":70
+ *         if self.waiters is None:
+ *             self.waiters = []
+ *         return self.waiters             # <<<<<<<<<<<<<<
+ * 
+ *     def done(self):
+*/
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __Pyx_INCREF(__pyx_v_self->waiters);
+      __pyx_r = __pyx_v_self->waiters;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  goto __pyx_L0;
+
+  /* "mpx/_future_core.pyx":65
+ *         self._source = source
+ * 
+ *     @property             # <<<<<<<<<<<<<<
+ *     def _waiters(self):
+ *         # (concurrent.futures.wait and as_completed append to it, holding the lock)
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("mpx._future_core.FutureCore._waiters.__get__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "mpx/_future_core.pyx":72
+ *         return self.waiters
  * 
  *     def done(self):             # <<<<<<<<<<<<<<
  *         return self._state is _FINISHED
@@ -4044,7 +4135,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_2done(struct __pyx_ob
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("done", 0);
 
-  /* "mpx/_future_core.pyx":68
+  /* "mpx/_future_core.pyx":73
  * 
  *     def done(self):
  *         return self._state is _FINISHED             # <<<<<<<<<<<<<<
@@ -4052,7 +4143,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_2done(struct __pyx_ob
  *     def cancel(self):
 */
   __pyx_t_1 = (__pyx_v_self->_state == __pyx_v_3mpx_12_future_core__FINISHED);
-  __pyx_t_2 = __Pyx_PyBool_FromLong(__pyx_t_1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 68, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyBool_FromLong(__pyx_t_1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 73, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
 
   {
@@ -4066,8 +4157,8 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_2done(struct __pyx_ob
   __pyx_t_2 = 0;
   goto __pyx_L0;
 
-  /* "mpx/_future_core.pyx":67
- *         self._source = source
+  /* "mpx/_future_core.pyx":72
+ *         return self.waiters
  * 
  *     def done(self):             # <<<<<<<<<<<<<<
  *         return self._state is _FINISHED
@@ -4085,7 +4176,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_2done(struct __pyx_ob
   return __pyx_r;
 }
 
-/* "mpx/_future_core.pyx":70
+/* "mpx/_future_core.pyx":75
  *         return self._state is _FINISHED
  * 
  *     def cancel(self):             # <<<<<<<<<<<<<<
@@ -4141,7 +4232,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_4cancel(CYTHON_UNUSED
   __Pyx_RefNannyDeclarations
   __Pyx_RefNannySetupContext("cancel", 0);
 
-  /* "mpx/_future_core.pyx":72
+  /* "mpx/_future_core.pyx":77
  *     def cancel(self):
  *         """False: the call was sent, and a sent call runs to its end."""
  *         return False             # <<<<<<<<<<<<<<
@@ -4159,7 +4250,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_4cancel(CYTHON_UNUSED
   }
   goto __pyx_L0;
 
-  /* "mpx/_future_core.pyx":70
+  /* "mpx/_future_core.pyx":75
  *         return self._state is _FINISHED
  * 
  *     def cancel(self):             # <<<<<<<<<<<<<<
@@ -4174,7 +4265,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_4cancel(CYTHON_UNUSED
   return __pyx_r;
 }
 
-/* "mpx/_future_core.pyx":74
+/* "mpx/_future_core.pyx":79
  *         return False
  * 
  *     def cancelled(self):             # <<<<<<<<<<<<<<
@@ -4229,7 +4320,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_6cancelled(CYTHON_UNU
   __Pyx_RefNannyDeclarations
   __Pyx_RefNannySetupContext("cancelled", 0);
 
-  /* "mpx/_future_core.pyx":75
+  /* "mpx/_future_core.pyx":80
  * 
  *     def cancelled(self):
  *         return False             # <<<<<<<<<<<<<<
@@ -4247,7 +4338,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_6cancelled(CYTHON_UNU
   }
   goto __pyx_L0;
 
-  /* "mpx/_future_core.pyx":74
+  /* "mpx/_future_core.pyx":79
  *         return False
  * 
  *     def cancelled(self):             # <<<<<<<<<<<<<<
@@ -4262,7 +4353,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_6cancelled(CYTHON_UNU
   return __pyx_r;
 }
 
-/* "mpx/_future_core.pyx":77
+/* "mpx/_future_core.pyx":82
  *         return False
  * 
  *     def running(self):             # <<<<<<<<<<<<<<
@@ -4322,7 +4413,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_8running(struct __pyx
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("running", 0);
 
-  /* "mpx/_future_core.pyx":78
+  /* "mpx/_future_core.pyx":83
  * 
  *     def running(self):
  *         return self._state is _RUNNING             # <<<<<<<<<<<<<<
@@ -4330,7 +4421,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_8running(struct __pyx
  *     def add_done_callback(self, fn):
 */
   __pyx_t_1 = (__pyx_v_self->_state == __pyx_v_3mpx_12_future_core__RUNNING);
-  __pyx_t_2 = __Pyx_PyBool_FromLong(__pyx_t_1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 78, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyBool_FromLong(__pyx_t_1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 83, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
 
   {
@@ -4344,7 +4435,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_8running(struct __pyx
   __pyx_t_2 = 0;
   goto __pyx_L0;
 
-  /* "mpx/_future_core.pyx":77
+  /* "mpx/_future_core.pyx":82
  *         return False
  * 
  *     def running(self):             # <<<<<<<<<<<<<<
@@ -4363,7 +4454,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_8running(struct __pyx
   return __pyx_r;
 }
 
-/* "mpx/_future_core.pyx":80
+/* "mpx/_future_core.pyx":85
  *         return self._state is _RUNNING
  * 
  *     def add_done_callback(self, fn):             # <<<<<<<<<<<<<<
@@ -4411,32 +4502,32 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_fn,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 80, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 85, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 80, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 85, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "add_done_callback", 0) < (0)) __PYX_ERR(0, 80, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "add_done_callback", 0) < (0)) __PYX_ERR(0, 85, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("add_done_callback", 1, 1, 1, i); __PYX_ERR(0, 80, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("add_done_callback", 1, 1, 1, i); __PYX_ERR(0, 85, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 1)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 80, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 85, __pyx_L3_error)
     }
     __pyx_v_fn = values[0];
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("add_done_callback", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 80, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("add_done_callback", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 85, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -4480,18 +4571,18 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("add_done_callback", 0);
 
-  /* "mpx/_future_core.pyx":83
+  /* "mpx/_future_core.pyx":88
  *         """Run ``fn(future)`` once the call is done, in the thread that completes it (at
  *         once, here, if it is done already)."""
  *         with self._lock:             # <<<<<<<<<<<<<<
  *             if self._state is not _FINISHED:
- *                 self._done_callbacks.append(fn)
+ *                 if self._done_callbacks is None:
 */
   /*with:*/ {
-    __pyx_t_1 = __Pyx_PyObject_LookupSpecial(__pyx_v_self->_lock, __pyx_mstate_global->__pyx_n_u_exit); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 83, __pyx_L1_error)
+    __pyx_t_1 = __Pyx_PyObject_LookupSpecial(__pyx_v_self->_lock, __pyx_mstate_global->__pyx_n_u_exit); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 88, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_1);
     __pyx_t_3 = NULL;
-    __pyx_t_4 = __Pyx_PyObject_LookupSpecial(__pyx_v_self->_lock, __pyx_mstate_global->__pyx_n_u_enter); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 83, __pyx_L3_error)
+    __pyx_t_4 = __Pyx_PyObject_LookupSpecial(__pyx_v_self->_lock, __pyx_mstate_global->__pyx_n_u_enter); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 88, __pyx_L3_error)
     __Pyx_GOTREF(__pyx_t_4);
     __pyx_t_5 = 1;
     #if CYTHON_UNPACK_METHODS
@@ -4510,7 +4601,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_5, (1-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 83, __pyx_L3_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 88, __pyx_L3_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
@@ -4524,30 +4615,71 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
         __Pyx_XGOTREF(__pyx_t_8);
         /*try:*/ {
 
-          /* "mpx/_future_core.pyx":84
+          /* "mpx/_future_core.pyx":89
  *         once, here, if it is done already)."""
  *         with self._lock:
  *             if self._state is not _FINISHED:             # <<<<<<<<<<<<<<
- *                 self._done_callbacks.append(fn)
- *                 return
+ *                 if self._done_callbacks is None:
+ *                     self._done_callbacks = [fn]
 */
           __pyx_t_9 = (__pyx_v_self->_state != __pyx_v_3mpx_12_future_core__FINISHED);
           if (__pyx_t_9) {
 
 
-            /* "mpx/_future_core.pyx":85
+            /* "mpx/_future_core.pyx":90
  *         with self._lock:
  *             if self._state is not _FINISHED:
- *                 self._done_callbacks.append(fn)             # <<<<<<<<<<<<<<
+ *                 if self._done_callbacks is None:             # <<<<<<<<<<<<<<
+ *                     self._done_callbacks = [fn]
+ *                 else:
+*/
+            __pyx_t_9 = (__pyx_v_self->_done_callbacks == Py_None);
+            if (__pyx_t_9) {
+
+
+              /* "mpx/_future_core.pyx":91
+ *             if self._state is not _FINISHED:
+ *                 if self._done_callbacks is None:
+ *                     self._done_callbacks = [fn]             # <<<<<<<<<<<<<<
+ *                 else:
+ *                     self._done_callbacks.append(fn)
+*/
+              __pyx_t_2 = PyList_New(1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 91, __pyx_L7_error)
+              __Pyx_GOTREF(__pyx_t_2);
+              __Pyx_INCREF(__pyx_v_fn);
+              __Pyx_GIVEREF(__pyx_v_fn);
+              if (__Pyx_PyList_SET_ITEM(__pyx_t_2, 0, __pyx_v_fn) != (0)) __PYX_ERR(0, 91, __pyx_L7_error);
+              __Pyx_GIVEREF(__pyx_t_2);
+              __Pyx_GOTREF(__pyx_v_self->_done_callbacks);
+              __Pyx_DECREF_SET(__pyx_v_self->_done_callbacks, __pyx_t_2);
+              __pyx_t_2 = 0;
+
+              /* "mpx/_future_core.pyx":90
+ *         with self._lock:
+ *             if self._state is not _FINISHED:
+ *                 if self._done_callbacks is None:             # <<<<<<<<<<<<<<
+ *                     self._done_callbacks = [fn]
+ *                 else:
+*/
+              goto __pyx_L14;
+            }
+
+            /* "mpx/_future_core.pyx":93
+ *                     self._done_callbacks = [fn]
+ *                 else:
+ *                     self._done_callbacks.append(fn)             # <<<<<<<<<<<<<<
  *                 return
  *         try:
 */
-            __pyx_t_10 = __Pyx_PyObject_Append(__pyx_v_self->_done_callbacks, __pyx_v_fn); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 85, __pyx_L7_error)
+            /*else*/ {
+              __pyx_t_10 = __Pyx_PyObject_Append(__pyx_v_self->_done_callbacks, __pyx_v_fn); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 93, __pyx_L7_error)
 
+            }
+            __pyx_L14:;
 
-            /* "mpx/_future_core.pyx":86
- *             if self._state is not _FINISHED:
- *                 self._done_callbacks.append(fn)
+            /* "mpx/_future_core.pyx":94
+ *                 else:
+ *                     self._done_callbacks.append(fn)
  *                 return             # <<<<<<<<<<<<<<
  *         try:
  *             fn(self)
@@ -4562,21 +4694,21 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
             }
             goto __pyx_L11_try_return;
 
-            /* "mpx/_future_core.pyx":84
+            /* "mpx/_future_core.pyx":89
  *         once, here, if it is done already)."""
  *         with self._lock:
  *             if self._state is not _FINISHED:             # <<<<<<<<<<<<<<
- *                 self._done_callbacks.append(fn)
- *                 return
+ *                 if self._done_callbacks is None:
+ *                     self._done_callbacks = [fn]
 */
           }
 
-          /* "mpx/_future_core.pyx":83
+          /* "mpx/_future_core.pyx":88
  *         """Run ``fn(future)`` once the call is done, in the thread that completes it (at
  *         once, here, if it is done already)."""
  *         with self._lock:             # <<<<<<<<<<<<<<
  *             if self._state is not _FINISHED:
- *                 self._done_callbacks.append(fn)
+ *                 if self._done_callbacks is None:
 */
         }
         __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
@@ -4589,23 +4721,23 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
         __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
         /*except:*/ {
           __Pyx_AddTraceback("mpx._future_core.FutureCore.add_done_callback", __pyx_clineno, __pyx_lineno, __pyx_filename);
-          if (__Pyx_GetException(&__pyx_t_2, &__pyx_t_4, &__pyx_t_3) < 0) __PYX_ERR(0, 83, __pyx_L9_except_error)
+          if (__Pyx_GetException(&__pyx_t_2, &__pyx_t_4, &__pyx_t_3) < 0) __PYX_ERR(0, 88, __pyx_L9_except_error)
           __Pyx_XGOTREF(__pyx_t_2);
           __Pyx_XGOTREF(__pyx_t_4);
           __Pyx_XGOTREF(__pyx_t_3);
           {
             PyObject* __pyx_temp[3] = {__pyx_t_2, __pyx_t_4, __pyx_t_3};
-            __pyx_t_11 = __Pyx_PyTuple_FromArray(__pyx_temp, 3); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 83, __pyx_L9_except_error)
+            __pyx_t_11 = __Pyx_PyTuple_FromArray(__pyx_temp, 3); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 88, __pyx_L9_except_error)
             __Pyx_GOTREF(__pyx_t_11);
           }
           __pyx_t_12 = __Pyx_PyObject_Call(__pyx_t_1, __pyx_t_11, NULL);
           __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
           __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
-          if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 83, __pyx_L9_except_error)
+          if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 88, __pyx_L9_except_error)
           __Pyx_GOTREF(__pyx_t_12);
           __pyx_t_9 = __Pyx_PyObject_IsTrue(__pyx_t_12);
           __Pyx_DECREF(__pyx_t_12); __pyx_t_12 = 0;
-          if (__pyx_t_9 < (0)) __PYX_ERR(0, 83, __pyx_L9_except_error)
+          if (__pyx_t_9 < (0)) __PYX_ERR(0, 88, __pyx_L9_except_error)
           __pyx_t_13 = (!__pyx_t_9);
 
 
@@ -4616,7 +4748,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
             __Pyx_XGIVEREF(__pyx_t_3);
             __Pyx_ErrRestoreWithState(__pyx_t_2, __pyx_t_4, __pyx_t_3);
             __pyx_t_2 = 0;  __pyx_t_4 = 0;  __pyx_t_3 = 0; 
-            __PYX_ERR(0, 83, __pyx_L9_except_error)
+            __PYX_ERR(0, 88, __pyx_L9_except_error)
           }
           __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
           __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
@@ -4648,7 +4780,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
         if (__pyx_t_1) {
           __pyx_t_8 = __Pyx_PyObject_Call(__pyx_t_1, __pyx_mstate_global->__pyx_tuple[0], NULL);
           __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-          if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 83, __pyx_L1_error)
+          if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 88, __pyx_L1_error)
           __Pyx_GOTREF(__pyx_t_8);
           __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
         }
@@ -4660,7 +4792,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
         if (__pyx_t_1) {
           __pyx_t_7 = __Pyx_PyObject_Call(__pyx_t_1, __pyx_mstate_global->__pyx_tuple[0], NULL);
           __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-          if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 83, __pyx_L1_error)
+          if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 88, __pyx_L1_error)
           __Pyx_GOTREF(__pyx_t_7);
           __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
         }
@@ -4670,15 +4802,15 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
       }
       __pyx_L6:;
     }
-    goto __pyx_L17;
+    goto __pyx_L18;
     __pyx_L3_error:;
     __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
     goto __pyx_L1_error;
-    __pyx_L17:;
+    __pyx_L18:;
   }
 
-  /* "mpx/_future_core.pyx":87
- *                 self._done_callbacks.append(fn)
+  /* "mpx/_future_core.pyx":95
+ *                     self._done_callbacks.append(fn)
  *                 return
  *         try:             # <<<<<<<<<<<<<<
  *             fn(self)
@@ -4693,7 +4825,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
     __Pyx_XGOTREF(__pyx_t_7);
     /*try:*/ {
 
-      /* "mpx/_future_core.pyx":88
+      /* "mpx/_future_core.pyx":96
  *                 return
  *         try:
  *             fn(self)             # <<<<<<<<<<<<<<
@@ -4720,13 +4852,13 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
         __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_2, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
         __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
         __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-        if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 88, __pyx_L18_error)
+        if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 96, __pyx_L19_error)
         __Pyx_GOTREF(__pyx_t_3);
       }
       __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
-      /* "mpx/_future_core.pyx":87
- *                 self._done_callbacks.append(fn)
+      /* "mpx/_future_core.pyx":95
+ *                     self._done_callbacks.append(fn)
  *                 return
  *         try:             # <<<<<<<<<<<<<<
  *             fn(self)
@@ -4736,14 +4868,14 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
     __Pyx_XDECREF(__pyx_t_1); __pyx_t_1 = 0;
     __Pyx_XDECREF(__pyx_t_8); __pyx_t_8 = 0;
     __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
-    goto __pyx_L23_try_end;
-    __pyx_L18_error:;
+    goto __pyx_L24_try_end;
+    __pyx_L19_error:;
     __Pyx_XDECREF(__pyx_t_11); __pyx_t_11 = 0;
     __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
     __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-    /* "mpx/_future_core.pyx":89
+    /* "mpx/_future_core.pyx":97
  *         try:
  *             fn(self)
  *         except Exception:             # <<<<<<<<<<<<<<
@@ -4753,12 +4885,12 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
     __pyx_t_14 = __Pyx_PyErr_ExceptionMatches(((PyObject *)(((PyTypeObject*)PyExc_Exception))));
     if (__pyx_t_14) {
       __Pyx_AddTraceback("mpx._future_core.FutureCore.add_done_callback", __pyx_clineno, __pyx_lineno, __pyx_filename);
-      if (__Pyx_GetException(&__pyx_t_3, &__pyx_t_2, &__pyx_t_4) < 0) __PYX_ERR(0, 89, __pyx_L20_except_error)
+      if (__Pyx_GetException(&__pyx_t_3, &__pyx_t_2, &__pyx_t_4) < 0) __PYX_ERR(0, 97, __pyx_L21_except_error)
       __Pyx_XGOTREF(__pyx_t_3);
       __Pyx_XGOTREF(__pyx_t_2);
       __Pyx_XGOTREF(__pyx_t_4);
 
-      /* "mpx/_future_core.pyx":90
+      /* "mpx/_future_core.pyx":98
  *             fn(self)
  *         except Exception:
  *             _LOGGER.exception("exception calling callback for %r", self)             # <<<<<<<<<<<<<<
@@ -4772,39 +4904,39 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
         PyObject *__pyx_callargs[3] = {__pyx_t_15, __pyx_mstate_global->__pyx_kp_u_exception_calling_callback_for_r, ((PyObject *)__pyx_v_self)};
         __pyx_t_11 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_exception, __pyx_callargs+__pyx_t_5, (3-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
         __Pyx_XDECREF(__pyx_t_15); __pyx_t_15 = 0;
-        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 90, __pyx_L20_except_error)
+        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 98, __pyx_L21_except_error)
         __Pyx_GOTREF(__pyx_t_11);
       }
       __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
       __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
       __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
-      goto __pyx_L19_exception_handled;
+      goto __pyx_L20_exception_handled;
     }
-    goto __pyx_L20_except_error;
+    goto __pyx_L21_except_error;
 
-    /* "mpx/_future_core.pyx":87
- *                 self._done_callbacks.append(fn)
+    /* "mpx/_future_core.pyx":95
+ *                     self._done_callbacks.append(fn)
  *                 return
  *         try:             # <<<<<<<<<<<<<<
  *             fn(self)
  *         except Exception:
 */
-    __pyx_L20_except_error:;
+    __pyx_L21_except_error:;
     __Pyx_XGIVEREF(__pyx_t_1);
     __Pyx_XGIVEREF(__pyx_t_8);
     __Pyx_XGIVEREF(__pyx_t_7);
     __Pyx_ExceptionReset(__pyx_t_1, __pyx_t_8, __pyx_t_7);
     goto __pyx_L1_error;
-    __pyx_L19_exception_handled:;
+    __pyx_L20_exception_handled:;
     __Pyx_XGIVEREF(__pyx_t_1);
     __Pyx_XGIVEREF(__pyx_t_8);
     __Pyx_XGIVEREF(__pyx_t_7);
     __Pyx_ExceptionReset(__pyx_t_1, __pyx_t_8, __pyx_t_7);
-    __pyx_L23_try_end:;
+    __pyx_L24_try_end:;
   }
 
-  /* "mpx/_future_core.pyx":80
+  /* "mpx/_future_core.pyx":85
  *         return self._state is _RUNNING
  * 
  *     def add_done_callback(self, fn):             # <<<<<<<<<<<<<<
@@ -4829,7 +4961,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_10add_done_callback(s
   return __pyx_r;
 }
 
-/* "mpx/_future_core.pyx":92
+/* "mpx/_future_core.pyx":100
  *             _LOGGER.exception("exception calling callback for %r", self)
  * 
  *     def _complete(self, result, exc):             # <<<<<<<<<<<<<<
@@ -4877,39 +5009,39 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_result,&__pyx_mstate_global->__pyx_n_u_exc,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 92, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 100, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 92, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 100, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 92, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 100, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "_complete", 0) < (0)) __PYX_ERR(0, 92, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "_complete", 0) < (0)) __PYX_ERR(0, 100, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 2; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("_complete", 1, 2, 2, i); __PYX_ERR(0, 92, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("_complete", 1, 2, 2, i); __PYX_ERR(0, 100, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 2)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 92, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 100, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 92, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 100, __pyx_L3_error)
     }
     __pyx_v_result = values[0];
     __pyx_v_exc = values[1];
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("_complete", 1, 2, 2, __pyx_nargs); __PYX_ERR(0, 92, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("_complete", 1, 2, 2, __pyx_nargs); __PYX_ERR(0, 100, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -4964,7 +5096,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_complete", 0);
 
-  /* "mpx/_future_core.pyx":93
+  /* "mpx/_future_core.pyx":101
  * 
  *     def _complete(self, result, exc):
  *         cdef object target = None, delivery, awaiting, source, waiter, fn             # <<<<<<<<<<<<<<
@@ -4974,7 +5106,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
   __Pyx_INCREF(Py_None);
   __pyx_v_target = Py_None;
 
-  /* "mpx/_future_core.pyx":96
+  /* "mpx/_future_core.pyx":104
  *         cdef Py_ssize_t left
  *         cdef bint finished
  *         with self._lock:             # <<<<<<<<<<<<<<
@@ -4982,10 +5114,10 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
  *             if not finished:
 */
   /*with:*/ {
-    __pyx_t_1 = __Pyx_PyObject_LookupSpecial(__pyx_v_self->_lock, __pyx_mstate_global->__pyx_n_u_exit); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 96, __pyx_L1_error)
+    __pyx_t_1 = __Pyx_PyObject_LookupSpecial(__pyx_v_self->_lock, __pyx_mstate_global->__pyx_n_u_exit); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 104, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_1);
     __pyx_t_3 = NULL;
-    __pyx_t_4 = __Pyx_PyObject_LookupSpecial(__pyx_v_self->_lock, __pyx_mstate_global->__pyx_n_u_enter); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 96, __pyx_L3_error)
+    __pyx_t_4 = __Pyx_PyObject_LookupSpecial(__pyx_v_self->_lock, __pyx_mstate_global->__pyx_n_u_enter); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 104, __pyx_L3_error)
     __Pyx_GOTREF(__pyx_t_4);
     __pyx_t_5 = 1;
     #if CYTHON_UNPACK_METHODS
@@ -5004,7 +5136,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_5, (1-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 96, __pyx_L3_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 104, __pyx_L3_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
@@ -5018,7 +5150,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
         __Pyx_XGOTREF(__pyx_t_8);
         /*try:*/ {
 
-          /* "mpx/_future_core.pyx":97
+          /* "mpx/_future_core.pyx":105
  *         cdef bint finished
  *         with self._lock:
  *             finished = self._state is _FINISHED             # <<<<<<<<<<<<<<
@@ -5028,7 +5160,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
           __pyx_t_9 = (__pyx_v_self->_state == __pyx_v_3mpx_12_future_core__FINISHED);
           __pyx_v_finished = __pyx_t_9;
 
-          /* "mpx/_future_core.pyx":98
+          /* "mpx/_future_core.pyx":106
  *         with self._lock:
  *             finished = self._state is _FINISHED
  *             if not finished:             # <<<<<<<<<<<<<<
@@ -5040,7 +5172,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
           if (__pyx_t_9) {
 
 
-            /* "mpx/_future_core.pyx":99
+            /* "mpx/_future_core.pyx":107
  *             finished = self._state is _FINISHED
  *             if not finished:
  *                 self._result = result             # <<<<<<<<<<<<<<
@@ -5052,7 +5184,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
             __Pyx_GOTREF(__pyx_v_self->_result);
             __Pyx_DECREF_SET(__pyx_v_self->_result, __pyx_v_result);
 
-            /* "mpx/_future_core.pyx":100
+            /* "mpx/_future_core.pyx":108
  *             if not finished:
  *                 self._result = result
  *                 self._exception = exc             # <<<<<<<<<<<<<<
@@ -5064,56 +5196,56 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
             __Pyx_GOTREF(__pyx_v_self->_exception);
             __Pyx_DECREF_SET(__pyx_v_self->_exception, __pyx_v_exc);
 
-            /* "mpx/_future_core.pyx":101
+            /* "mpx/_future_core.pyx":109
  *                 self._result = result
  *                 self._exception = exc
  *                 self._state = _FINISHED             # <<<<<<<<<<<<<<
  *                 self._call = None  # (the call holds this future)
- *                 if self._waiters:
+ *                 if self.waiters:
 */
             __Pyx_INCREF(__pyx_v_3mpx_12_future_core__FINISHED);
             __Pyx_GIVEREF(__pyx_v_3mpx_12_future_core__FINISHED);
             __Pyx_GOTREF(__pyx_v_self->_state);
             __Pyx_DECREF_SET(__pyx_v_self->_state, __pyx_v_3mpx_12_future_core__FINISHED);
 
-            /* "mpx/_future_core.pyx":102
+            /* "mpx/_future_core.pyx":110
  *                 self._exception = exc
  *                 self._state = _FINISHED
  *                 self._call = None  # (the call holds this future)             # <<<<<<<<<<<<<<
- *                 if self._waiters:
- *                     for waiter in self._waiters:
+ *                 if self.waiters:
+ *                     for waiter in self.waiters:
 */
             __Pyx_INCREF(Py_None);
             __Pyx_GIVEREF(Py_None);
             __Pyx_GOTREF(__pyx_v_self->_call);
             __Pyx_DECREF_SET(__pyx_v_self->_call, Py_None);
 
-            /* "mpx/_future_core.pyx":103
+            /* "mpx/_future_core.pyx":111
  *                 self._state = _FINISHED
  *                 self._call = None  # (the call holds this future)
- *                 if self._waiters:             # <<<<<<<<<<<<<<
- *                     for waiter in self._waiters:
+ *                 if self.waiters:             # <<<<<<<<<<<<<<
+ *                     for waiter in self.waiters:
  *                         if exc is None:
 */
-            __pyx_t_9 = __Pyx_PyObject_IsTrue(__pyx_v_self->_waiters); if (unlikely((__pyx_t_9 < 0))) __PYX_ERR(0, 103, __pyx_L7_error)
+            __pyx_t_9 = __Pyx_PyObject_IsTrue(__pyx_v_self->waiters); if (unlikely((__pyx_t_9 < 0))) __PYX_ERR(0, 111, __pyx_L7_error)
             if (__pyx_t_9) {
 
 
-              /* "mpx/_future_core.pyx":104
+              /* "mpx/_future_core.pyx":112
  *                 self._call = None  # (the call holds this future)
- *                 if self._waiters:
- *                     for waiter in self._waiters:             # <<<<<<<<<<<<<<
+ *                 if self.waiters:
+ *                     for waiter in self.waiters:             # <<<<<<<<<<<<<<
  *                         if exc is None:
  *                             waiter.add_result(self)
 */
-              if (likely(PyList_CheckExact(__pyx_v_self->_waiters)) || PyTuple_CheckExact(__pyx_v_self->_waiters)) {
-                __pyx_t_2 = __pyx_v_self->_waiters; __Pyx_INCREF(__pyx_t_2);
+              if (likely(PyList_CheckExact(__pyx_v_self->waiters)) || PyTuple_CheckExact(__pyx_v_self->waiters)) {
+                __pyx_t_2 = __pyx_v_self->waiters; __Pyx_INCREF(__pyx_t_2);
                 __pyx_t_10 = 0;
                 __pyx_t_11 = NULL;
               } else {
-                __pyx_t_10 = -1; __pyx_t_2 = PyObject_GetIter(__pyx_v_self->_waiters); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 104, __pyx_L7_error)
+                __pyx_t_10 = -1; __pyx_t_2 = PyObject_GetIter(__pyx_v_self->waiters); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 112, __pyx_L7_error)
                 __Pyx_GOTREF(__pyx_t_2);
-                __pyx_t_11 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_2); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 104, __pyx_L7_error)
+                __pyx_t_11 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_2); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 112, __pyx_L7_error)
               }
               for (;;) {
                 if (likely(!__pyx_t_11)) {
@@ -5121,7 +5253,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
                     {
                       Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_2);
                       #if !CYTHON_ASSUME_SAFE_SIZE
-                      if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 104, __pyx_L7_error)
+                      if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 112, __pyx_L7_error)
                       #endif
                       if (__pyx_t_10 >= __pyx_temp) break;
                     }
@@ -5131,7 +5263,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
                     {
                       Py_ssize_t __pyx_temp = __Pyx_PyTuple_GET_SIZE(__pyx_t_2);
                       #if !CYTHON_ASSUME_SAFE_SIZE
-                      if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 104, __pyx_L7_error)
+                      if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 112, __pyx_L7_error)
                       #endif
                       if (__pyx_t_10 >= __pyx_temp) break;
                     }
@@ -5142,13 +5274,13 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
                     #endif
                     ++__pyx_t_10;
                   }
-                  if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 104, __pyx_L7_error)
+                  if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 112, __pyx_L7_error)
                 } else {
                   __pyx_t_4 = __pyx_t_11(__pyx_t_2);
                   if (unlikely(!__pyx_t_4)) {
                     PyObject* exc_type = PyErr_Occurred();
                     if (exc_type) {
-                      if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 104, __pyx_L7_error)
+                      if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 112, __pyx_L7_error)
                       PyErr_Clear();
                     }
                     break;
@@ -5158,9 +5290,9 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
                 __Pyx_XDECREF_SET(__pyx_v_waiter, __pyx_t_4);
                 __pyx_t_4 = 0;
 
-                /* "mpx/_future_core.pyx":105
- *                 if self._waiters:
- *                     for waiter in self._waiters:
+                /* "mpx/_future_core.pyx":113
+ *                 if self.waiters:
+ *                     for waiter in self.waiters:
  *                         if exc is None:             # <<<<<<<<<<<<<<
  *                             waiter.add_result(self)
  *                         else:
@@ -5169,8 +5301,8 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
                 if (__pyx_t_9) {
 
 
-                  /* "mpx/_future_core.pyx":106
- *                     for waiter in self._waiters:
+                  /* "mpx/_future_core.pyx":114
+ *                     for waiter in self.waiters:
  *                         if exc is None:
  *                             waiter.add_result(self)             # <<<<<<<<<<<<<<
  *                         else:
@@ -5183,14 +5315,14 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
                     PyObject *__pyx_callargs[2] = {__pyx_t_3, ((PyObject *)__pyx_v_self)};
                     __pyx_t_4 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_add_result, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
                     __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-                    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 106, __pyx_L7_error)
+                    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 114, __pyx_L7_error)
                     __Pyx_GOTREF(__pyx_t_4);
                   }
                   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-                  /* "mpx/_future_core.pyx":105
- *                 if self._waiters:
- *                     for waiter in self._waiters:
+                  /* "mpx/_future_core.pyx":113
+ *                 if self.waiters:
+ *                     for waiter in self.waiters:
  *                         if exc is None:             # <<<<<<<<<<<<<<
  *                             waiter.add_result(self)
  *                         else:
@@ -5198,7 +5330,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
                   goto __pyx_L17;
                 }
 
-                /* "mpx/_future_core.pyx":108
+                /* "mpx/_future_core.pyx":116
  *                             waiter.add_result(self)
  *                         else:
  *                             waiter.add_exception(self)             # <<<<<<<<<<<<<<
@@ -5213,33 +5345,33 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
                     PyObject *__pyx_callargs[2] = {__pyx_t_3, ((PyObject *)__pyx_v_self)};
                     __pyx_t_4 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_add_exception, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
                     __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-                    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 108, __pyx_L7_error)
+                    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 116, __pyx_L7_error)
                     __Pyx_GOTREF(__pyx_t_4);
                   }
                   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
                 }
                 __pyx_L17:;
 
-                /* "mpx/_future_core.pyx":104
+                /* "mpx/_future_core.pyx":112
  *                 self._call = None  # (the call holds this future)
- *                 if self._waiters:
- *                     for waiter in self._waiters:             # <<<<<<<<<<<<<<
+ *                 if self.waiters:
+ *                     for waiter in self.waiters:             # <<<<<<<<<<<<<<
  *                         if exc is None:
  *                             waiter.add_result(self)
 */
               }
               __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-              /* "mpx/_future_core.pyx":103
+              /* "mpx/_future_core.pyx":111
  *                 self._state = _FINISHED
  *                 self._call = None  # (the call holds this future)
- *                 if self._waiters:             # <<<<<<<<<<<<<<
- *                     for waiter in self._waiters:
+ *                 if self.waiters:             # <<<<<<<<<<<<<<
+ *                     for waiter in self.waiters:
  *                         if exc is None:
 */
             }
 
-            /* "mpx/_future_core.pyx":109
+            /* "mpx/_future_core.pyx":117
  *                         else:
  *                             waiter.add_exception(self)
  *                 if self._cond is not None:             # <<<<<<<<<<<<<<
@@ -5250,7 +5382,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
             if (__pyx_t_9) {
 
 
-              /* "mpx/_future_core.pyx":110
+              /* "mpx/_future_core.pyx":118
  *                             waiter.add_exception(self)
  *                 if self._cond is not None:
  *                     self._cond.notify_all()             # <<<<<<<<<<<<<<
@@ -5264,12 +5396,12 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
                 PyObject *__pyx_callargs[2] = {__pyx_t_4, NULL};
                 __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_notify_all, __pyx_callargs+__pyx_t_5, (1-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
                 __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
-                if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 110, __pyx_L7_error)
+                if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 118, __pyx_L7_error)
                 __Pyx_GOTREF(__pyx_t_2);
               }
               __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-              /* "mpx/_future_core.pyx":109
+              /* "mpx/_future_core.pyx":117
  *                         else:
  *                             waiter.add_exception(self)
  *                 if self._cond is not None:             # <<<<<<<<<<<<<<
@@ -5278,7 +5410,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
 */
             }
 
-            /* "mpx/_future_core.pyx":111
+            /* "mpx/_future_core.pyx":119
  *                 if self._cond is not None:
  *                     self._cond.notify_all()
  *                 target = self._target             # <<<<<<<<<<<<<<
@@ -5290,7 +5422,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
             __Pyx_DECREF_SET(__pyx_v_target, __pyx_t_2);
             __pyx_t_2 = 0;
 
-            /* "mpx/_future_core.pyx":98
+            /* "mpx/_future_core.pyx":106
  *         with self._lock:
  *             finished = self._state is _FINISHED
  *             if not finished:             # <<<<<<<<<<<<<<
@@ -5299,7 +5431,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
 */
           }
 
-          /* "mpx/_future_core.pyx":96
+          /* "mpx/_future_core.pyx":104
  *         cdef Py_ssize_t left
  *         cdef bint finished
  *         with self._lock:             # <<<<<<<<<<<<<<
@@ -5317,23 +5449,23 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
         __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
         /*except:*/ {
           __Pyx_AddTraceback("mpx._future_core.FutureCore._complete", __pyx_clineno, __pyx_lineno, __pyx_filename);
-          if (__Pyx_GetException(&__pyx_t_2, &__pyx_t_4, &__pyx_t_3) < 0) __PYX_ERR(0, 96, __pyx_L9_except_error)
+          if (__Pyx_GetException(&__pyx_t_2, &__pyx_t_4, &__pyx_t_3) < 0) __PYX_ERR(0, 104, __pyx_L9_except_error)
           __Pyx_XGOTREF(__pyx_t_2);
           __Pyx_XGOTREF(__pyx_t_4);
           __Pyx_XGOTREF(__pyx_t_3);
           {
             PyObject* __pyx_temp[3] = {__pyx_t_2, __pyx_t_4, __pyx_t_3};
-            __pyx_t_12 = __Pyx_PyTuple_FromArray(__pyx_temp, 3); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 96, __pyx_L9_except_error)
+            __pyx_t_12 = __Pyx_PyTuple_FromArray(__pyx_temp, 3); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 104, __pyx_L9_except_error)
             __Pyx_GOTREF(__pyx_t_12);
           }
           __pyx_t_13 = __Pyx_PyObject_Call(__pyx_t_1, __pyx_t_12, NULL);
           __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
           __Pyx_DECREF(__pyx_t_12); __pyx_t_12 = 0;
-          if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 96, __pyx_L9_except_error)
+          if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 104, __pyx_L9_except_error)
           __Pyx_GOTREF(__pyx_t_13);
           __pyx_t_9 = __Pyx_PyObject_IsTrue(__pyx_t_13);
           __Pyx_DECREF(__pyx_t_13); __pyx_t_13 = 0;
-          if (__pyx_t_9 < (0)) __PYX_ERR(0, 96, __pyx_L9_except_error)
+          if (__pyx_t_9 < (0)) __PYX_ERR(0, 104, __pyx_L9_except_error)
           __pyx_t_14 = (!__pyx_t_9);
 
 
@@ -5344,7 +5476,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
             __Pyx_XGIVEREF(__pyx_t_3);
             __Pyx_ErrRestoreWithState(__pyx_t_2, __pyx_t_4, __pyx_t_3);
             __pyx_t_2 = 0;  __pyx_t_4 = 0;  __pyx_t_3 = 0; 
-            __PYX_ERR(0, 96, __pyx_L9_except_error)
+            __PYX_ERR(0, 104, __pyx_L9_except_error)
           }
           __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
           __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
@@ -5370,7 +5502,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
         if (__pyx_t_1) {
           __pyx_t_8 = __Pyx_PyObject_Call(__pyx_t_1, __pyx_mstate_global->__pyx_tuple[0], NULL);
           __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-          if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 96, __pyx_L1_error)
+          if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 104, __pyx_L1_error)
           __Pyx_GOTREF(__pyx_t_8);
           __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
         }
@@ -5385,7 +5517,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
     __pyx_L23:;
   }
 
-  /* "mpx/_future_core.pyx":112
+  /* "mpx/_future_core.pyx":120
  *                     self._cond.notify_all()
  *                 target = self._target
  *         if finished:  # (raised here: the repr takes the lock)             # <<<<<<<<<<<<<<
@@ -5394,7 +5526,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
 */
   if (unlikely(__pyx_v_finished)) {
 
-    /* "mpx/_future_core.pyx":113
+    /* "mpx/_future_core.pyx":121
  *                 target = self._target
  *         if finished:  # (raised here: the repr takes the lock)
  *             raise _InvalidStateError(f"{_FINISHED}: {self!r}")             # <<<<<<<<<<<<<<
@@ -5404,9 +5536,9 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
     __pyx_t_4 = NULL;
     __Pyx_INCREF(__pyx_v_3mpx_12_future_core__InvalidStateError);
     __pyx_t_2 = __pyx_v_3mpx_12_future_core__InvalidStateError; 
-    __pyx_t_12 = __Pyx_PyObject_FormatSimple(__pyx_v_3mpx_12_future_core__FINISHED, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 113, __pyx_L1_error)
+    __pyx_t_12 = __Pyx_PyObject_FormatSimple(__pyx_v_3mpx_12_future_core__FINISHED, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 121, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_12);
-    __pyx_t_15 = __Pyx_PyObject_FormatSimpleAndDecref(PyObject_Repr(((PyObject *)__pyx_v_self)), __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 113, __pyx_L1_error)
+    __pyx_t_15 = __Pyx_PyObject_FormatSimpleAndDecref(PyObject_Repr(((PyObject *)__pyx_v_self)), __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 121, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_15);
     __pyx_t_16[0] = __pyx_t_12;
     __pyx_t_16[1] = __pyx_mstate_global->__pyx_kp_u_;
@@ -5420,7 +5552,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
     __pyx_t_17 |= __Pyx_PyUnicode_KIND_04(__pyx_t_16[0]) | __Pyx_PyUnicode_KIND_04(__pyx_t_16[2]);
     #endif
     __pyx_t_18 = __Pyx_PyUnicode_Join(__pyx_t_16, 3, __pyx_t_10, __pyx_t_17);
-    if (unlikely(!__pyx_t_18)) __PYX_ERR(0, 113, __pyx_L1_error)
+    if (unlikely(!__pyx_t_18)) __PYX_ERR(0, 121, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_18);
     __Pyx_DECREF(__pyx_t_12); __pyx_t_12 = 0;
     __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
@@ -5442,14 +5574,14 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
       __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
       __Pyx_DECREF(__pyx_t_18); __pyx_t_18 = 0;
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 113, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 121, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_Raise(__pyx_t_3, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __PYX_ERR(0, 113, __pyx_L1_error)
+    __PYX_ERR(0, 121, __pyx_L1_error)
 
-    /* "mpx/_future_core.pyx":112
+    /* "mpx/_future_core.pyx":120
  *                     self._cond.notify_all()
  *                 target = self._target
  *         if finished:  # (raised here: the repr takes the lock)             # <<<<<<<<<<<<<<
@@ -5458,7 +5590,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
 */
   }
 
-  /* "mpx/_future_core.pyx":114
+  /* "mpx/_future_core.pyx":122
  *         if finished:  # (raised here: the repr takes the lock)
  *             raise _InvalidStateError(f"{_FINISHED}: {self!r}")
  *         if target is not None:             # <<<<<<<<<<<<<<
@@ -5469,7 +5601,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
   if (__pyx_t_14) {
 
 
-    /* "mpx/_future_core.pyx":115
+    /* "mpx/_future_core.pyx":123
  *             raise _InvalidStateError(f"{_FINISHED}: {self!r}")
  *         if target is not None:
  *             self._target = None             # <<<<<<<<<<<<<<
@@ -5481,7 +5613,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
     __Pyx_GOTREF(__pyx_v_self->_target);
     __Pyx_DECREF_SET(__pyx_v_self->_target, Py_None);
 
-    /* "mpx/_future_core.pyx":116
+    /* "mpx/_future_core.pyx":124
  *         if target is not None:
  *             self._target = None
  *             delivery = self._delivery             # <<<<<<<<<<<<<<
@@ -5493,7 +5625,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
     __pyx_v_delivery = __pyx_t_3;
     __pyx_t_3 = 0;
 
-    /* "mpx/_future_core.pyx":117
+    /* "mpx/_future_core.pyx":125
  *             self._target = None
  *             delivery = self._delivery
  *             source = self._source             # <<<<<<<<<<<<<<
@@ -5505,7 +5637,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
     __pyx_v_source = __pyx_t_3;
     __pyx_t_3 = 0;
 
-    /* "mpx/_future_core.pyx":118
+    /* "mpx/_future_core.pyx":126
  *             delivery = self._delivery
  *             source = self._source
  *             if target.get_loop() is _running_loop():             # <<<<<<<<<<<<<<
@@ -5519,7 +5651,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
       PyObject *__pyx_callargs[2] = {__pyx_t_2, NULL};
       __pyx_t_3 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_get_loop, __pyx_callargs+__pyx_t_5, (1-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 118, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 126, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __pyx_t_18 = NULL;
@@ -5542,7 +5674,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_5, (1-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_18); __pyx_t_18 = 0;
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 118, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 126, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __pyx_t_14 = (__pyx_t_3 == __pyx_t_2);
@@ -5551,7 +5683,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
     if (__pyx_t_14) {
 
 
-      /* "mpx/_future_core.pyx":120
+      /* "mpx/_future_core.pyx":128
  *             if target.get_loop() is _running_loop():
  *                 # the loop's own thread: wake the task directly
  *                 if not target.done():             # <<<<<<<<<<<<<<
@@ -5565,10 +5697,10 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
         PyObject *__pyx_callargs[2] = {__pyx_t_3, NULL};
         __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_done, __pyx_callargs+__pyx_t_5, (1-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
         __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-        if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 120, __pyx_L1_error)
+        if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 128, __pyx_L1_error)
         __Pyx_GOTREF(__pyx_t_2);
       }
-      __pyx_t_14 = __Pyx_PyObject_IsTrue(__pyx_t_2); if (unlikely((__pyx_t_14 < 0))) __PYX_ERR(0, 120, __pyx_L1_error)
+      __pyx_t_14 = __Pyx_PyObject_IsTrue(__pyx_t_2); if (unlikely((__pyx_t_14 < 0))) __PYX_ERR(0, 128, __pyx_L1_error)
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
       __pyx_t_9 = (!__pyx_t_14);
 
@@ -5576,7 +5708,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
       if (__pyx_t_9) {
 
 
-        /* "mpx/_future_core.pyx":121
+        /* "mpx/_future_core.pyx":129
  *                 # the loop's own thread: wake the task directly
  *                 if not target.done():
  *                     if exc is None:             # <<<<<<<<<<<<<<
@@ -5587,7 +5719,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
         if (__pyx_t_9) {
 
 
-          /* "mpx/_future_core.pyx":122
+          /* "mpx/_future_core.pyx":130
  *                 if not target.done():
  *                     if exc is None:
  *                         target.set_result(result)             # <<<<<<<<<<<<<<
@@ -5601,12 +5733,12 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
             PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_v_result};
             __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_set_result, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
             __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-            if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 122, __pyx_L1_error)
+            if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 130, __pyx_L1_error)
             __Pyx_GOTREF(__pyx_t_2);
           }
           __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-          /* "mpx/_future_core.pyx":121
+          /* "mpx/_future_core.pyx":129
  *                 # the loop's own thread: wake the task directly
  *                 if not target.done():
  *                     if exc is None:             # <<<<<<<<<<<<<<
@@ -5616,7 +5748,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
           goto __pyx_L28;
         }
 
-        /* "mpx/_future_core.pyx":124
+        /* "mpx/_future_core.pyx":132
  *                         target.set_result(result)
  *                     else:
  *                         target.set_exception(exc)             # <<<<<<<<<<<<<<
@@ -5631,14 +5763,14 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
             PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_v_exc};
             __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_set_exception, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
             __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-            if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 124, __pyx_L1_error)
+            if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 132, __pyx_L1_error)
             __Pyx_GOTREF(__pyx_t_2);
           }
           __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
         }
         __pyx_L28:;
 
-        /* "mpx/_future_core.pyx":120
+        /* "mpx/_future_core.pyx":128
  *             if target.get_loop() is _running_loop():
  *                 # the loop's own thread: wake the task directly
  *                 if not target.done():             # <<<<<<<<<<<<<<
@@ -5647,35 +5779,35 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
 */
       }
 
-      /* "mpx/_future_core.pyx":125
+      /* "mpx/_future_core.pyx":133
  *                     else:
  *                         target.set_exception(exc)
  *                 awaiting = delivery.awaiting  # delivery.forget(source)             # <<<<<<<<<<<<<<
  *                 left = awaiting[source] - 1
  *                 if left:
 */
-      __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_delivery, __pyx_mstate_global->__pyx_n_u_awaiting); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 125, __pyx_L1_error)
+      __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_delivery, __pyx_mstate_global->__pyx_n_u_awaiting); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 133, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
       __pyx_v_awaiting = __pyx_t_2;
       __pyx_t_2 = 0;
 
-      /* "mpx/_future_core.pyx":126
+      /* "mpx/_future_core.pyx":134
  *                         target.set_exception(exc)
  *                 awaiting = delivery.awaiting  # delivery.forget(source)
  *                 left = awaiting[source] - 1             # <<<<<<<<<<<<<<
  *                 if left:
  *                     awaiting[source] = left
 */
-      __pyx_t_2 = __Pyx_PyObject_GetItem(__pyx_v_awaiting, __pyx_v_source); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 126, __pyx_L1_error)
+      __pyx_t_2 = __Pyx_PyObject_GetItem(__pyx_v_awaiting, __pyx_v_source); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 134, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
-      __pyx_t_3 = __Pyx_PyLong_SubtractObjC(__pyx_t_2, __pyx_mstate_global->__pyx_int_1, 1, 0, 0); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 126, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_SubtractObjC(__pyx_t_2, __pyx_mstate_global->__pyx_int_1, 1, 0, 0); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 134, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-      __pyx_t_10 = __Pyx_PyIndex_AsSsize_t(__pyx_t_3); if (unlikely((__pyx_t_10 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 126, __pyx_L1_error)
+      __pyx_t_10 = __Pyx_PyIndex_AsSsize_t(__pyx_t_3); if (unlikely((__pyx_t_10 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 134, __pyx_L1_error)
       __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
       __pyx_v_left = __pyx_t_10;
 
-      /* "mpx/_future_core.pyx":127
+      /* "mpx/_future_core.pyx":135
  *                 awaiting = delivery.awaiting  # delivery.forget(source)
  *                 left = awaiting[source] - 1
  *                 if left:             # <<<<<<<<<<<<<<
@@ -5687,19 +5819,19 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
       if (__pyx_t_9) {
 
 
-        /* "mpx/_future_core.pyx":128
+        /* "mpx/_future_core.pyx":136
  *                 left = awaiting[source] - 1
  *                 if left:
  *                     awaiting[source] = left             # <<<<<<<<<<<<<<
  *                 else:
  *                     del awaiting[source]
 */
-        __pyx_t_3 = PyLong_FromSsize_t(__pyx_v_left); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 128, __pyx_L1_error)
+        __pyx_t_3 = PyLong_FromSsize_t(__pyx_v_left); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 136, __pyx_L1_error)
         __Pyx_GOTREF(__pyx_t_3);
-        if (unlikely((PyObject_SetItem(__pyx_v_awaiting, __pyx_v_source, __pyx_t_3) < 0))) __PYX_ERR(0, 128, __pyx_L1_error)
+        if (unlikely((PyObject_SetItem(__pyx_v_awaiting, __pyx_v_source, __pyx_t_3) < 0))) __PYX_ERR(0, 136, __pyx_L1_error)
         __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
-        /* "mpx/_future_core.pyx":127
+        /* "mpx/_future_core.pyx":135
  *                 awaiting = delivery.awaiting  # delivery.forget(source)
  *                 left = awaiting[source] - 1
  *                 if left:             # <<<<<<<<<<<<<<
@@ -5709,7 +5841,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
         goto __pyx_L29;
       }
 
-      /* "mpx/_future_core.pyx":130
+      /* "mpx/_future_core.pyx":138
  *                     awaiting[source] = left
  *                 else:
  *                     del awaiting[source]             # <<<<<<<<<<<<<<
@@ -5717,11 +5849,11 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
  *                 delivery.add(target, self, source)
 */
       /*else*/ {
-        if (unlikely((PyObject_DelItem(__pyx_v_awaiting, __pyx_v_source) < 0))) __PYX_ERR(0, 130, __pyx_L1_error)
+        if (unlikely((PyObject_DelItem(__pyx_v_awaiting, __pyx_v_source) < 0))) __PYX_ERR(0, 138, __pyx_L1_error)
       }
       __pyx_L29:;
 
-      /* "mpx/_future_core.pyx":118
+      /* "mpx/_future_core.pyx":126
  *             delivery = self._delivery
  *             source = self._source
  *             if target.get_loop() is _running_loop():             # <<<<<<<<<<<<<<
@@ -5731,12 +5863,12 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
       goto __pyx_L26;
     }
 
-    /* "mpx/_future_core.pyx":132
+    /* "mpx/_future_core.pyx":140
  *                     del awaiting[source]
  *             else:
  *                 delivery.add(target, self, source)             # <<<<<<<<<<<<<<
- *         for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
- *             try:
+ *         if self._done_callbacks is not None:
+ *             for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
 */
     /*else*/ {
       __pyx_t_2 = __pyx_v_delivery;
@@ -5746,14 +5878,14 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
         PyObject *__pyx_callargs[4] = {__pyx_t_2, __pyx_v_target, ((PyObject *)__pyx_v_self), __pyx_v_source};
         __pyx_t_3 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_add, __pyx_callargs+__pyx_t_5, (4-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
         __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
-        if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 132, __pyx_L1_error)
+        if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 140, __pyx_L1_error)
         __Pyx_GOTREF(__pyx_t_3);
       }
       __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     }
     __pyx_L26:;
 
-    /* "mpx/_future_core.pyx":114
+    /* "mpx/_future_core.pyx":122
  *         if finished:  # (raised here: the repr takes the lock)
  *             raise _InvalidStateError(f"{_FINISHED}: {self!r}")
  *         if target is not None:             # <<<<<<<<<<<<<<
@@ -5762,204 +5894,224 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
 */
   }
 
-  /* "mpx/_future_core.pyx":133
+  /* "mpx/_future_core.pyx":141
  *             else:
  *                 delivery.add(target, self, source)
- *         for fn in self._done_callbacks:  # (added before FINISHED: none is added now)             # <<<<<<<<<<<<<<
- *             try:
- *                 fn(self)
+ *         if self._done_callbacks is not None:             # <<<<<<<<<<<<<<
+ *             for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
+ *                 try:
 */
-  if (likely(PyList_CheckExact(__pyx_v_self->_done_callbacks)) || PyTuple_CheckExact(__pyx_v_self->_done_callbacks)) {
-    __pyx_t_3 = __pyx_v_self->_done_callbacks; __Pyx_INCREF(__pyx_t_3);
-    __pyx_t_10 = 0;
-    __pyx_t_11 = NULL;
-  } else {
-    __pyx_t_10 = -1; __pyx_t_3 = PyObject_GetIter(__pyx_v_self->_done_callbacks); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 133, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_t_3);
-    __pyx_t_11 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_3); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 133, __pyx_L1_error)
-  }
-  for (;;) {
-    if (likely(!__pyx_t_11)) {
-      if (likely(PyList_CheckExact(__pyx_t_3))) {
-        {
-          Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_3);
-          #if !CYTHON_ASSUME_SAFE_SIZE
-          if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 133, __pyx_L1_error)
-          #endif
-          if (__pyx_t_10 >= __pyx_temp) break;
-        }
-        __pyx_t_2 = __Pyx_PyList_GET_ITEM_REF(__pyx_t_3, __pyx_t_10, __Pyx_ReferenceSharing_OwnStrongReference);
-        ++__pyx_t_10;
-      } else {
-        {
-          Py_ssize_t __pyx_temp = __Pyx_PyTuple_GET_SIZE(__pyx_t_3);
-          #if !CYTHON_ASSUME_SAFE_SIZE
-          if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 133, __pyx_L1_error)
-          #endif
-          if (__pyx_t_10 >= __pyx_temp) break;
-        }
-        #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
-        __pyx_t_2 = __Pyx_NewRef(PyTuple_GET_ITEM(__pyx_t_3, __pyx_t_10));
-        #else
-        __pyx_t_2 = __Pyx_PySequence_ITEM(__pyx_t_3, __pyx_t_10);
-        #endif
-        ++__pyx_t_10;
-      }
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 133, __pyx_L1_error)
+  __pyx_t_9 = (__pyx_v_self->_done_callbacks != Py_None);
+  if (__pyx_t_9) {
+
+
+    /* "mpx/_future_core.pyx":142
+ *                 delivery.add(target, self, source)
+ *         if self._done_callbacks is not None:
+ *             for fn in self._done_callbacks:  # (added before FINISHED: none is added now)             # <<<<<<<<<<<<<<
+ *                 try:
+ *                     fn(self)
+*/
+    if (likely(PyList_CheckExact(__pyx_v_self->_done_callbacks)) || PyTuple_CheckExact(__pyx_v_self->_done_callbacks)) {
+      __pyx_t_3 = __pyx_v_self->_done_callbacks; __Pyx_INCREF(__pyx_t_3);
+      __pyx_t_10 = 0;
+      __pyx_t_11 = NULL;
     } else {
-      __pyx_t_2 = __pyx_t_11(__pyx_t_3);
-      if (unlikely(!__pyx_t_2)) {
-        PyObject* exc_type = PyErr_Occurred();
-        if (exc_type) {
-          if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 133, __pyx_L1_error)
-          PyErr_Clear();
-        }
-        break;
-      }
+      __pyx_t_10 = -1; __pyx_t_3 = PyObject_GetIter(__pyx_v_self->_done_callbacks); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 142, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_3);
+      __pyx_t_11 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_3); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 142, __pyx_L1_error)
     }
-    __Pyx_GOTREF(__pyx_t_2);
-    __Pyx_XDECREF_SET(__pyx_v_fn, __pyx_t_2);
-    __pyx_t_2 = 0;
-
-    /* "mpx/_future_core.pyx":134
- *                 delivery.add(target, self, source)
- *         for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
- *             try:             # <<<<<<<<<<<<<<
- *                 fn(self)
- *             except Exception:
-*/
-    {
-      __Pyx_PyThreadState_declare
-      __Pyx_PyThreadState_assign
-      __Pyx_ExceptionSave(&__pyx_t_1, &__pyx_t_8, &__pyx_t_7);
-      __Pyx_XGOTREF(__pyx_t_1);
-      __Pyx_XGOTREF(__pyx_t_8);
-      __Pyx_XGOTREF(__pyx_t_7);
-      /*try:*/ {
-
-        /* "mpx/_future_core.pyx":135
- *         for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
- *             try:
- *                 fn(self)             # <<<<<<<<<<<<<<
- *             except Exception:
- *                 _LOGGER.exception("exception calling callback for %r", self)
-*/
-        __pyx_t_4 = NULL;
-        __Pyx_INCREF(__pyx_v_fn);
-        __pyx_t_18 = __pyx_v_fn; 
-        __pyx_t_5 = 1;
-        #if CYTHON_UNPACK_METHODS
-        if (unlikely(PyMethod_Check(__pyx_t_18))) {
-          __pyx_t_4 = PyMethod_GET_SELF(__pyx_t_18);
-          assert(__pyx_t_4);
-          PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_18);
-          __Pyx_INCREF(__pyx_t_4);
-          __Pyx_INCREF(__pyx__function);
-          __Pyx_DECREF_SET(__pyx_t_18, __pyx__function);
-          __pyx_t_5 = 0;
+    for (;;) {
+      if (likely(!__pyx_t_11)) {
+        if (likely(PyList_CheckExact(__pyx_t_3))) {
+          {
+            Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_3);
+            #if !CYTHON_ASSUME_SAFE_SIZE
+            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 142, __pyx_L1_error)
+            #endif
+            if (__pyx_t_10 >= __pyx_temp) break;
+          }
+          __pyx_t_2 = __Pyx_PyList_GET_ITEM_REF(__pyx_t_3, __pyx_t_10, __Pyx_ReferenceSharing_OwnStrongReference);
+          ++__pyx_t_10;
+        } else {
+          {
+            Py_ssize_t __pyx_temp = __Pyx_PyTuple_GET_SIZE(__pyx_t_3);
+            #if !CYTHON_ASSUME_SAFE_SIZE
+            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 142, __pyx_L1_error)
+            #endif
+            if (__pyx_t_10 >= __pyx_temp) break;
+          }
+          #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+          __pyx_t_2 = __Pyx_NewRef(PyTuple_GET_ITEM(__pyx_t_3, __pyx_t_10));
+          #else
+          __pyx_t_2 = __Pyx_PySequence_ITEM(__pyx_t_3, __pyx_t_10);
+          #endif
+          ++__pyx_t_10;
         }
-        #endif
-        {
-          PyObject *__pyx_callargs[2] = {__pyx_t_4, ((PyObject *)__pyx_v_self)};
-          __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_18, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
-          __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
-          __Pyx_DECREF(__pyx_t_18); __pyx_t_18 = 0;
-          if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 135, __pyx_L32_error)
-          __Pyx_GOTREF(__pyx_t_2);
+        if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 142, __pyx_L1_error)
+      } else {
+        __pyx_t_2 = __pyx_t_11(__pyx_t_3);
+        if (unlikely(!__pyx_t_2)) {
+          PyObject* exc_type = PyErr_Occurred();
+          if (exc_type) {
+            if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 142, __pyx_L1_error)
+            PyErr_Clear();
+          }
+          break;
         }
-        __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-
-        /* "mpx/_future_core.pyx":134
- *                 delivery.add(target, self, source)
- *         for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
- *             try:             # <<<<<<<<<<<<<<
- *                 fn(self)
- *             except Exception:
-*/
       }
-      __Pyx_XDECREF(__pyx_t_1); __pyx_t_1 = 0;
-      __Pyx_XDECREF(__pyx_t_8); __pyx_t_8 = 0;
-      __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
-      goto __pyx_L39_try_end;
-      __pyx_L32_error:;
-      __Pyx_XDECREF(__pyx_t_12); __pyx_t_12 = 0;
-      __Pyx_XDECREF(__pyx_t_15); __pyx_t_15 = 0;
-      __Pyx_XDECREF(__pyx_t_18); __pyx_t_18 = 0;
-      __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
-      __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
+      __Pyx_GOTREF(__pyx_t_2);
+      __Pyx_XDECREF_SET(__pyx_v_fn, __pyx_t_2);
+      __pyx_t_2 = 0;
 
-      /* "mpx/_future_core.pyx":136
- *             try:
- *                 fn(self)
- *             except Exception:             # <<<<<<<<<<<<<<
- *                 _LOGGER.exception("exception calling callback for %r", self)
+      /* "mpx/_future_core.pyx":143
+ *         if self._done_callbacks is not None:
+ *             for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
+ *                 try:             # <<<<<<<<<<<<<<
+ *                     fn(self)
+ *                 except Exception:
+*/
+      {
+        __Pyx_PyThreadState_declare
+        __Pyx_PyThreadState_assign
+        __Pyx_ExceptionSave(&__pyx_t_1, &__pyx_t_8, &__pyx_t_7);
+        __Pyx_XGOTREF(__pyx_t_1);
+        __Pyx_XGOTREF(__pyx_t_8);
+        __Pyx_XGOTREF(__pyx_t_7);
+        /*try:*/ {
+
+          /* "mpx/_future_core.pyx":144
+ *             for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
+ *                 try:
+ *                     fn(self)             # <<<<<<<<<<<<<<
+ *                 except Exception:
+ *                     _LOGGER.exception("exception calling callback for %r", self)
+*/
+          __pyx_t_4 = NULL;
+          __Pyx_INCREF(__pyx_v_fn);
+          __pyx_t_18 = __pyx_v_fn; 
+          __pyx_t_5 = 1;
+          #if CYTHON_UNPACK_METHODS
+          if (unlikely(PyMethod_Check(__pyx_t_18))) {
+            __pyx_t_4 = PyMethod_GET_SELF(__pyx_t_18);
+            assert(__pyx_t_4);
+            PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_18);
+            __Pyx_INCREF(__pyx_t_4);
+            __Pyx_INCREF(__pyx__function);
+            __Pyx_DECREF_SET(__pyx_t_18, __pyx__function);
+            __pyx_t_5 = 0;
+          }
+          #endif
+          {
+            PyObject *__pyx_callargs[2] = {__pyx_t_4, ((PyObject *)__pyx_v_self)};
+            __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_18, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+            __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
+            __Pyx_DECREF(__pyx_t_18); __pyx_t_18 = 0;
+            if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 144, __pyx_L33_error)
+            __Pyx_GOTREF(__pyx_t_2);
+          }
+          __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+          /* "mpx/_future_core.pyx":143
+ *         if self._done_callbacks is not None:
+ *             for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
+ *                 try:             # <<<<<<<<<<<<<<
+ *                     fn(self)
+ *                 except Exception:
+*/
+        }
+        __Pyx_XDECREF(__pyx_t_1); __pyx_t_1 = 0;
+        __Pyx_XDECREF(__pyx_t_8); __pyx_t_8 = 0;
+        __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
+        goto __pyx_L40_try_end;
+        __pyx_L33_error:;
+        __Pyx_XDECREF(__pyx_t_12); __pyx_t_12 = 0;
+        __Pyx_XDECREF(__pyx_t_15); __pyx_t_15 = 0;
+        __Pyx_XDECREF(__pyx_t_18); __pyx_t_18 = 0;
+        __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
+        __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+        /* "mpx/_future_core.pyx":145
+ *                 try:
+ *                     fn(self)
+ *                 except Exception:             # <<<<<<<<<<<<<<
+ *                     _LOGGER.exception("exception calling callback for %r", self)
  * 
 */
-      __pyx_t_17 = __Pyx_PyErr_ExceptionMatches(((PyObject *)(((PyTypeObject*)PyExc_Exception))));
-      if (__pyx_t_17) {
-        __Pyx_AddTraceback("mpx._future_core.FutureCore._complete", __pyx_clineno, __pyx_lineno, __pyx_filename);
-        if (__Pyx_GetException(&__pyx_t_2, &__pyx_t_18, &__pyx_t_4) < 0) __PYX_ERR(0, 136, __pyx_L34_except_error)
-        __Pyx_XGOTREF(__pyx_t_2);
-        __Pyx_XGOTREF(__pyx_t_18);
-        __Pyx_XGOTREF(__pyx_t_4);
+        __pyx_t_17 = __Pyx_PyErr_ExceptionMatches(((PyObject *)(((PyTypeObject*)PyExc_Exception))));
+        if (__pyx_t_17) {
+          __Pyx_AddTraceback("mpx._future_core.FutureCore._complete", __pyx_clineno, __pyx_lineno, __pyx_filename);
+          if (__Pyx_GetException(&__pyx_t_2, &__pyx_t_18, &__pyx_t_4) < 0) __PYX_ERR(0, 145, __pyx_L35_except_error)
+          __Pyx_XGOTREF(__pyx_t_2);
+          __Pyx_XGOTREF(__pyx_t_18);
+          __Pyx_XGOTREF(__pyx_t_4);
 
-        /* "mpx/_future_core.pyx":137
- *                 fn(self)
- *             except Exception:
- *                 _LOGGER.exception("exception calling callback for %r", self)             # <<<<<<<<<<<<<<
+          /* "mpx/_future_core.pyx":146
+ *                     fn(self)
+ *                 except Exception:
+ *                     _LOGGER.exception("exception calling callback for %r", self)             # <<<<<<<<<<<<<<
  * 
  *     def __await__(self):
 */
-        __pyx_t_12 = __pyx_v_3mpx_12_future_core__LOGGER;
-        __Pyx_INCREF(__pyx_t_12);
-        __pyx_t_5 = 0;
-        {
-          PyObject *__pyx_callargs[3] = {__pyx_t_12, __pyx_mstate_global->__pyx_kp_u_exception_calling_callback_for_r, ((PyObject *)__pyx_v_self)};
-          __pyx_t_15 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_exception, __pyx_callargs+__pyx_t_5, (3-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
-          __Pyx_XDECREF(__pyx_t_12); __pyx_t_12 = 0;
-          if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 137, __pyx_L34_except_error)
-          __Pyx_GOTREF(__pyx_t_15);
+          __pyx_t_12 = __pyx_v_3mpx_12_future_core__LOGGER;
+          __Pyx_INCREF(__pyx_t_12);
+          __pyx_t_5 = 0;
+          {
+            PyObject *__pyx_callargs[3] = {__pyx_t_12, __pyx_mstate_global->__pyx_kp_u_exception_calling_callback_for_r, ((PyObject *)__pyx_v_self)};
+            __pyx_t_15 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_exception, __pyx_callargs+__pyx_t_5, (3-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+            __Pyx_XDECREF(__pyx_t_12); __pyx_t_12 = 0;
+            if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 146, __pyx_L35_except_error)
+            __Pyx_GOTREF(__pyx_t_15);
+          }
+          __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
+          __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
+          __Pyx_XDECREF(__pyx_t_18); __pyx_t_18 = 0;
+          __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
+          goto __pyx_L34_exception_handled;
         }
-        __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
-        __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
-        __Pyx_XDECREF(__pyx_t_18); __pyx_t_18 = 0;
-        __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
-        goto __pyx_L33_exception_handled;
-      }
-      goto __pyx_L34_except_error;
+        goto __pyx_L35_except_error;
 
-      /* "mpx/_future_core.pyx":134
- *                 delivery.add(target, self, source)
- *         for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
- *             try:             # <<<<<<<<<<<<<<
- *                 fn(self)
- *             except Exception:
+        /* "mpx/_future_core.pyx":143
+ *         if self._done_callbacks is not None:
+ *             for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
+ *                 try:             # <<<<<<<<<<<<<<
+ *                     fn(self)
+ *                 except Exception:
 */
-      __pyx_L34_except_error:;
-      __Pyx_XGIVEREF(__pyx_t_1);
-      __Pyx_XGIVEREF(__pyx_t_8);
-      __Pyx_XGIVEREF(__pyx_t_7);
-      __Pyx_ExceptionReset(__pyx_t_1, __pyx_t_8, __pyx_t_7);
-      goto __pyx_L1_error;
-      __pyx_L33_exception_handled:;
-      __Pyx_XGIVEREF(__pyx_t_1);
-      __Pyx_XGIVEREF(__pyx_t_8);
-      __Pyx_XGIVEREF(__pyx_t_7);
-      __Pyx_ExceptionReset(__pyx_t_1, __pyx_t_8, __pyx_t_7);
-      __pyx_L39_try_end:;
-    }
+        __pyx_L35_except_error:;
+        __Pyx_XGIVEREF(__pyx_t_1);
+        __Pyx_XGIVEREF(__pyx_t_8);
+        __Pyx_XGIVEREF(__pyx_t_7);
+        __Pyx_ExceptionReset(__pyx_t_1, __pyx_t_8, __pyx_t_7);
+        goto __pyx_L1_error;
+        __pyx_L34_exception_handled:;
+        __Pyx_XGIVEREF(__pyx_t_1);
+        __Pyx_XGIVEREF(__pyx_t_8);
+        __Pyx_XGIVEREF(__pyx_t_7);
+        __Pyx_ExceptionReset(__pyx_t_1, __pyx_t_8, __pyx_t_7);
+        __pyx_L40_try_end:;
+      }
 
-    /* "mpx/_future_core.pyx":133
+      /* "mpx/_future_core.pyx":142
+ *                 delivery.add(target, self, source)
+ *         if self._done_callbacks is not None:
+ *             for fn in self._done_callbacks:  # (added before FINISHED: none is added now)             # <<<<<<<<<<<<<<
+ *                 try:
+ *                     fn(self)
+*/
+    }
+    __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+
+    /* "mpx/_future_core.pyx":141
  *             else:
  *                 delivery.add(target, self, source)
- *         for fn in self._done_callbacks:  # (added before FINISHED: none is added now)             # <<<<<<<<<<<<<<
- *             try:
- *                 fn(self)
+ *         if self._done_callbacks is not None:             # <<<<<<<<<<<<<<
+ *             for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
+ *                 try:
 */
   }
-  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
-  /* "mpx/_future_core.pyx":92
+  /* "mpx/_future_core.pyx":100
  *             _LOGGER.exception("exception calling callback for %r", self)
  * 
  *     def _complete(self, result, exc):             # <<<<<<<<<<<<<<
@@ -5993,8 +6145,8 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_12_complete(struct __
   return __pyx_r;
 }
 
-/* "mpx/_future_core.pyx":139
- *                 _LOGGER.exception("exception calling callback for %r", self)
+/* "mpx/_future_core.pyx":148
+ *                     _LOGGER.exception("exception calling callback for %r", self)
  * 
  *     def __await__(self):             # <<<<<<<<<<<<<<
  *         cdef object loop, target, delivery, source, awaiting
@@ -6016,7 +6168,7 @@ static PyObject *__pyx_pw_3mpx_12_future_core_10FutureCore_15__await__(PyObject 
   return __pyx_r;
 }
 
-/* "mpx/_future_core.pyx":161
+/* "mpx/_future_core.pyx":170
  *                 self._delivery = delivery
  *         if not first:  # done meanwhile, or a second task awaits it: the general way
  *             self.add_done_callback(lambda f: delivery.add(target, f, source))             # <<<<<<<<<<<<<<
@@ -6063,32 +6215,32 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_f,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 161, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 170, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 161, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 170, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "lambda", 0) < (0)) __PYX_ERR(0, 161, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "lambda", 0) < (0)) __PYX_ERR(0, 170, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("lambda", 1, 1, 1, i); __PYX_ERR(0, 161, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("lambda", 1, 1, 1, i); __PYX_ERR(0, 170, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 1)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 161, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 170, __pyx_L3_error)
     }
     __pyx_v_f = values[0];
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("lambda", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 161, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("lambda", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 170, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -6123,17 +6275,17 @@ static PyObject *__pyx_lambda_funcdef_lambda(PyObject *__pyx_self, PyObject *__p
   __Pyx_RefNannySetupContext("lambda", 0);
   __pyx_outer_scope = (struct __pyx_obj_3mpx_12_future_core___pyx_scope_struct_1___await__ *) __Pyx_CyFunction_GetClosure(__pyx_self);
   __pyx_cur_scope = __pyx_outer_scope;
-  if (unlikely(!__pyx_cur_scope->__pyx_v_delivery)) { __Pyx_RaiseClosureNameError("delivery"); __PYX_ERR(0, 161, __pyx_L1_error) }
+  if (unlikely(!__pyx_cur_scope->__pyx_v_delivery)) { __Pyx_RaiseClosureNameError("delivery"); __PYX_ERR(0, 170, __pyx_L1_error) }
   __pyx_t_2 = __pyx_cur_scope->__pyx_v_delivery;
   __Pyx_INCREF(__pyx_t_2);
-  if (unlikely(!__pyx_cur_scope->__pyx_v_target)) { __Pyx_RaiseClosureNameError("target"); __PYX_ERR(0, 161, __pyx_L1_error) }
-  if (unlikely(!__pyx_cur_scope->__pyx_v_source)) { __Pyx_RaiseClosureNameError("source"); __PYX_ERR(0, 161, __pyx_L1_error) }
+  if (unlikely(!__pyx_cur_scope->__pyx_v_target)) { __Pyx_RaiseClosureNameError("target"); __PYX_ERR(0, 170, __pyx_L1_error) }
+  if (unlikely(!__pyx_cur_scope->__pyx_v_source)) { __Pyx_RaiseClosureNameError("source"); __PYX_ERR(0, 170, __pyx_L1_error) }
   __pyx_t_3 = 0;
   {
     PyObject *__pyx_callargs[4] = {__pyx_t_2, __pyx_cur_scope->__pyx_v_target, __pyx_v_f, __pyx_cur_scope->__pyx_v_source};
     __pyx_t_1 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_add, __pyx_callargs+__pyx_t_3, (4-__pyx_t_3) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
-    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 161, __pyx_L1_error)
+    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 170, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_1);
   }
   {
@@ -6159,8 +6311,8 @@ static PyObject *__pyx_lambda_funcdef_lambda(PyObject *__pyx_self, PyObject *__p
   return __pyx_r;
 }
 
-/* "mpx/_future_core.pyx":139
- *                 _LOGGER.exception("exception calling callback for %r", self)
+/* "mpx/_future_core.pyx":148
+ *                     _LOGGER.exception("exception calling callback for %r", self)
  * 
  *     def __await__(self):             # <<<<<<<<<<<<<<
  *         cdef object loop, target, delivery, source, awaiting
@@ -6193,12 +6345,12 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
   if (unlikely(!__pyx_cur_scope)) {
     __pyx_cur_scope = ((struct __pyx_obj_3mpx_12_future_core___pyx_scope_struct_1___await__ *)Py_None);
     __Pyx_INCREF(Py_None);
-    __PYX_ERR(0, 139, __pyx_L1_error)
+    __PYX_ERR(0, 148, __pyx_L1_error)
   } else {
     __Pyx_GOTREF((PyObject *)__pyx_cur_scope);
   }
 
-  /* "mpx/_future_core.pyx":142
+  /* "mpx/_future_core.pyx":151
  *         cdef object loop, target, delivery, source, awaiting
  *         cdef bint first
  *         if self._state is _FINISHED:             # <<<<<<<<<<<<<<
@@ -6209,7 +6361,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
   if (__pyx_t_1) {
 
 
-    /* "mpx/_future_core.pyx":143
+    /* "mpx/_future_core.pyx":152
  *         cdef bint first
  *         if self._state is _FINISHED:
  *             return _finished(self)             # <<<<<<<<<<<<<<
@@ -6217,7 +6369,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
  *         if loop is None:
 */
     __pyx_t_3 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_finished); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 143, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_finished); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 152, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
     __pyx_t_5 = 1;
     #if CYTHON_UNPACK_METHODS
@@ -6236,7 +6388,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 143, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 152, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     {
@@ -6250,7 +6402,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
     __pyx_t_2 = 0;
     goto __pyx_L0;
 
-    /* "mpx/_future_core.pyx":142
+    /* "mpx/_future_core.pyx":151
  *         cdef object loop, target, delivery, source, awaiting
  *         cdef bint first
  *         if self._state is _FINISHED:             # <<<<<<<<<<<<<<
@@ -6259,7 +6411,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
 */
   }
 
-  /* "mpx/_future_core.pyx":144
+  /* "mpx/_future_core.pyx":153
  *         if self._state is _FINISHED:
  *             return _finished(self)
  *         loop = _running_loop()             # <<<<<<<<<<<<<<
@@ -6286,13 +6438,13 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
     __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_3, __pyx_callargs+__pyx_t_5, (1-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 144, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 153, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   __pyx_v_loop = __pyx_t_2;
   __pyx_t_2 = 0;
 
-  /* "mpx/_future_core.pyx":145
+  /* "mpx/_future_core.pyx":154
  *             return _finished(self)
  *         loop = _running_loop()
  *         if loop is None:             # <<<<<<<<<<<<<<
@@ -6303,7 +6455,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
   if (unlikely(__pyx_t_1)) {
 
 
-    /* "mpx/_future_core.pyx":146
+    /* "mpx/_future_core.pyx":155
  *         loop = _running_loop()
  *         if loop is None:
  *             raise RuntimeError("an RPCFuture is awaited only in a running event loop")             # <<<<<<<<<<<<<<
@@ -6316,14 +6468,14 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
       PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_mstate_global->__pyx_kp_u_an_RPCFuture_is_awaited_only_in};
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_RuntimeError)), __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 146, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 155, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_Raise(__pyx_t_2, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-    __PYX_ERR(0, 146, __pyx_L1_error)
+    __PYX_ERR(0, 155, __pyx_L1_error)
 
-    /* "mpx/_future_core.pyx":145
+    /* "mpx/_future_core.pyx":154
  *             return _finished(self)
  *         loop = _running_loop()
  *         if loop is None:             # <<<<<<<<<<<<<<
@@ -6332,7 +6484,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
 */
   }
 
-  /* "mpx/_future_core.pyx":147
+  /* "mpx/_future_core.pyx":156
  *         if loop is None:
  *             raise RuntimeError("an RPCFuture is awaited only in a running event loop")
  *         delivery = getattr(_last, "delivery", None)             # <<<<<<<<<<<<<<
@@ -6341,14 +6493,14 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
 */
   __pyx_t_2 = __pyx_v_3mpx_12_future_core__last;
   __Pyx_INCREF(__pyx_t_2);
-  __pyx_t_3 = __Pyx_GetAttr3(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_delivery, Py_None); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 147, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_GetAttr3(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_delivery, Py_None); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 156, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
   __Pyx_GIVEREF(__pyx_t_3);
   __pyx_cur_scope->__pyx_v_delivery = __pyx_t_3;
   __pyx_t_3 = 0;
 
-  /* "mpx/_future_core.pyx":148
+  /* "mpx/_future_core.pyx":157
  *             raise RuntimeError("an RPCFuture is awaited only in a running event loop")
  *         delivery = getattr(_last, "delivery", None)
  *         if delivery is None or delivery.loop() is not loop:             # <<<<<<<<<<<<<<
@@ -6371,7 +6523,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
     PyObject *__pyx_callargs[2] = {__pyx_t_2, NULL};
     __pyx_t_3 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_loop, __pyx_callargs+__pyx_t_5, (1-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 148, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 157, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
   __pyx_t_6 = (__pyx_t_3 != __pyx_v_loop);
@@ -6383,7 +6535,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
   if (__pyx_t_1) {
 
 
-    /* "mpx/_future_core.pyx":149
+    /* "mpx/_future_core.pyx":158
  *         delivery = getattr(_last, "delivery", None)
  *         if delivery is None or delivery.loop() is not loop:
  *             delivery = _delivery_of(loop)             # <<<<<<<<<<<<<<
@@ -6410,7 +6562,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
       __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 149, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 158, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_GOTREF(__pyx_cur_scope->__pyx_v_delivery);
@@ -6418,7 +6570,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
     __Pyx_GIVEREF(__pyx_t_3);
     __pyx_t_3 = 0;
 
-    /* "mpx/_future_core.pyx":148
+    /* "mpx/_future_core.pyx":157
  *             raise RuntimeError("an RPCFuture is awaited only in a running event loop")
  *         delivery = getattr(_last, "delivery", None)
  *         if delivery is None or delivery.loop() is not loop:             # <<<<<<<<<<<<<<
@@ -6427,21 +6579,21 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
 */
   }
 
-  /* "mpx/_future_core.pyx":150
+  /* "mpx/_future_core.pyx":159
  *         if delivery is None or delivery.loop() is not loop:
  *             delivery = _delivery_of(loop)
  *         if type(loop).create_future is _STOCK_CREATE_FUTURE:             # <<<<<<<<<<<<<<
  *             target = _AsyncioFuture(loop=loop)
  *         else:
 */
-  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(((PyObject *)Py_TYPE(__pyx_v_loop)), __pyx_mstate_global->__pyx_n_u_create_future); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 150, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(((PyObject *)Py_TYPE(__pyx_v_loop)), __pyx_mstate_global->__pyx_n_u_create_future); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 159, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __pyx_t_1 = (__pyx_t_3 == __pyx_v_3mpx_12_future_core__STOCK_CREATE_FUTURE);
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   if (__pyx_t_1) {
 
 
-    /* "mpx/_future_core.pyx":151
+    /* "mpx/_future_core.pyx":160
  *             delivery = _delivery_of(loop)
  *         if type(loop).create_future is _STOCK_CREATE_FUTURE:
  *             target = _AsyncioFuture(loop=loop)             # <<<<<<<<<<<<<<
@@ -6469,13 +6621,13 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
       PyObject *__pyx_callargs[2] = {__pyx_t_4, __pyx_v_loop};
       #if CYTHON_VECTORCALL
       __pyx_t_7 = __pyx_mstate_global->__pyx_tuple[1];
-      if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 151, __pyx_L1_error)
+      if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 160, __pyx_L1_error)
       __Pyx_INCREF(__pyx_t_7);
       #else
       {
         PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_loop};
         __pyx_t_7 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+1, 1);
-        if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 151, __pyx_L1_error)
+        if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 160, __pyx_L1_error)
         __Pyx_GOTREF(__pyx_t_7);
       }
       #endif
@@ -6485,14 +6637,14 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
       #endif
       __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 151, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 160, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_GIVEREF(__pyx_t_3);
     __pyx_cur_scope->__pyx_v_target = __pyx_t_3;
     __pyx_t_3 = 0;
 
-    /* "mpx/_future_core.pyx":150
+    /* "mpx/_future_core.pyx":159
  *         if delivery is None or delivery.loop() is not loop:
  *             delivery = _delivery_of(loop)
  *         if type(loop).create_future is _STOCK_CREATE_FUTURE:             # <<<<<<<<<<<<<<
@@ -6502,7 +6654,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
     goto __pyx_L8;
   }
 
-  /* "mpx/_future_core.pyx":153
+  /* "mpx/_future_core.pyx":162
  *             target = _AsyncioFuture(loop=loop)
  *         else:
  *             target = loop.create_future()             # <<<<<<<<<<<<<<
@@ -6517,7 +6669,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
       PyObject *__pyx_callargs[2] = {__pyx_t_2, NULL};
       __pyx_t_3 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_create_future, __pyx_callargs+__pyx_t_5, (1-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 153, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 162, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_GIVEREF(__pyx_t_3);
@@ -6526,7 +6678,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
   }
   __pyx_L8:;
 
-  /* "mpx/_future_core.pyx":154
+  /* "mpx/_future_core.pyx":163
  *         else:
  *             target = loop.create_future()
  *         source = self._source             # <<<<<<<<<<<<<<
@@ -6539,7 +6691,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
   __pyx_cur_scope->__pyx_v_source = __pyx_t_3;
   __pyx_t_3 = 0;
 
-  /* "mpx/_future_core.pyx":155
+  /* "mpx/_future_core.pyx":164
  *             target = loop.create_future()
  *         source = self._source
  *         with self._lock:             # <<<<<<<<<<<<<<
@@ -6547,10 +6699,10 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
  *             if first:
 */
   /*with:*/ {
-    __pyx_t_8 = __Pyx_PyObject_LookupSpecial(__pyx_v_self->_lock, __pyx_mstate_global->__pyx_n_u_exit); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 155, __pyx_L1_error)
+    __pyx_t_8 = __Pyx_PyObject_LookupSpecial(__pyx_v_self->_lock, __pyx_mstate_global->__pyx_n_u_exit); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 164, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_8);
     __pyx_t_2 = NULL;
-    __pyx_t_7 = __Pyx_PyObject_LookupSpecial(__pyx_v_self->_lock, __pyx_mstate_global->__pyx_n_u_enter); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 155, __pyx_L9_error)
+    __pyx_t_7 = __Pyx_PyObject_LookupSpecial(__pyx_v_self->_lock, __pyx_mstate_global->__pyx_n_u_enter); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 164, __pyx_L9_error)
     __Pyx_GOTREF(__pyx_t_7);
     __pyx_t_5 = 1;
     #if CYTHON_UNPACK_METHODS
@@ -6569,7 +6721,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
       __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_7, __pyx_callargs+__pyx_t_5, (1-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
       __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 155, __pyx_L9_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 164, __pyx_L9_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
@@ -6578,7 +6730,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
         (void)__pyx_t_9; (void)__pyx_t_10; (void)__pyx_t_11; /* mark used */
         /*try:*/ {
 
-          /* "mpx/_future_core.pyx":156
+          /* "mpx/_future_core.pyx":165
  *         source = self._source
  *         with self._lock:
  *             first = self._state is not _FINISHED and self._target is None             # <<<<<<<<<<<<<<
@@ -6601,7 +6753,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
           __pyx_L19_bool_binop_done:;
           __pyx_v_first = __pyx_t_1;
 
-          /* "mpx/_future_core.pyx":157
+          /* "mpx/_future_core.pyx":166
  *         with self._lock:
  *             first = self._state is not _FINISHED and self._target is None
  *             if first:             # <<<<<<<<<<<<<<
@@ -6610,7 +6762,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
 */
           if (__pyx_v_first) {
 
-            /* "mpx/_future_core.pyx":158
+            /* "mpx/_future_core.pyx":167
  *             first = self._state is not _FINISHED and self._target is None
  *             if first:
  *                 self._target = target             # <<<<<<<<<<<<<<
@@ -6622,7 +6774,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
             __Pyx_GOTREF(__pyx_v_self->_target);
             __Pyx_DECREF_SET(__pyx_v_self->_target, __pyx_cur_scope->__pyx_v_target);
 
-            /* "mpx/_future_core.pyx":159
+            /* "mpx/_future_core.pyx":168
  *             if first:
  *                 self._target = target
  *                 self._delivery = delivery             # <<<<<<<<<<<<<<
@@ -6634,7 +6786,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
             __Pyx_GOTREF(__pyx_v_self->_delivery);
             __Pyx_DECREF_SET(__pyx_v_self->_delivery, __pyx_cur_scope->__pyx_v_delivery);
 
-            /* "mpx/_future_core.pyx":157
+            /* "mpx/_future_core.pyx":166
  *         with self._lock:
  *             first = self._state is not _FINISHED and self._target is None
  *             if first:             # <<<<<<<<<<<<<<
@@ -6643,7 +6795,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
 */
           }
 
-          /* "mpx/_future_core.pyx":155
+          /* "mpx/_future_core.pyx":164
  *             target = loop.create_future()
  *         source = self._source
  *         with self._lock:             # <<<<<<<<<<<<<<
@@ -6658,7 +6810,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
         if (__pyx_t_8) {
           __pyx_t_11 = __Pyx_PyObject_Call(__pyx_t_8, __pyx_mstate_global->__pyx_tuple[0], NULL);
           __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
-          if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 155, __pyx_L1_error)
+          if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 164, __pyx_L1_error)
           __Pyx_GOTREF(__pyx_t_11);
           __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
         }
@@ -6673,7 +6825,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
     __pyx_L22:;
   }
 
-  /* "mpx/_future_core.pyx":160
+  /* "mpx/_future_core.pyx":169
  *                 self._target = target
  *                 self._delivery = delivery
  *         if not first:  # done meanwhile, or a second task awaits it: the general way             # <<<<<<<<<<<<<<
@@ -6685,7 +6837,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
   if (__pyx_t_1) {
 
 
-    /* "mpx/_future_core.pyx":161
+    /* "mpx/_future_core.pyx":170
  *                 self._delivery = delivery
  *         if not first:  # done meanwhile, or a second task awaits it: the general way
  *             self.add_done_callback(lambda f: delivery.add(target, f, source))             # <<<<<<<<<<<<<<
@@ -6694,7 +6846,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
 */
     __pyx_t_7 = ((PyObject *)__pyx_v_self);
     __Pyx_INCREF(__pyx_t_7);
-    __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_9__await_____pyx_lambda_funcdef_lambda, 0, __pyx_mstate_global->__pyx_n_u_await___locals_lambda, ((PyObject*)__pyx_cur_scope), __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[1])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 161, __pyx_L1_error)
+    __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_9__await_____pyx_lambda_funcdef_lambda, 0, __pyx_mstate_global->__pyx_n_u_await___locals_lambda, ((PyObject*)__pyx_cur_scope), __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[1])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 170, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
     __pyx_t_5 = 0;
     {
@@ -6702,12 +6854,12 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
       __pyx_t_3 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_add_done_callback, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 161, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 170, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
-    /* "mpx/_future_core.pyx":160
+    /* "mpx/_future_core.pyx":169
  *                 self._target = target
  *                 self._delivery = delivery
  *         if not first:  # done meanwhile, or a second task awaits it: the general way             # <<<<<<<<<<<<<<
@@ -6716,19 +6868,19 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
 */
   }
 
-  /* "mpx/_future_core.pyx":162
+  /* "mpx/_future_core.pyx":171
  *         if not first:  # done meanwhile, or a second task awaits it: the general way
  *             self.add_done_callback(lambda f: delivery.add(target, f, source))
  *         awaiting = delivery.awaiting  # a future of source is awaited: read for it             # <<<<<<<<<<<<<<
  *         awaiting[source] = awaiting.get(source, 0) + 1
  *         if source not in delivery.reading:
 */
-  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_cur_scope->__pyx_v_delivery, __pyx_mstate_global->__pyx_n_u_awaiting); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 162, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_cur_scope->__pyx_v_delivery, __pyx_mstate_global->__pyx_n_u_awaiting); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 171, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __pyx_v_awaiting = __pyx_t_3;
   __pyx_t_3 = 0;
 
-  /* "mpx/_future_core.pyx":163
+  /* "mpx/_future_core.pyx":172
  *             self.add_done_callback(lambda f: delivery.add(target, f, source))
  *         awaiting = delivery.awaiting  # a future of source is awaited: read for it
  *         awaiting[source] = awaiting.get(source, 0) + 1             # <<<<<<<<<<<<<<
@@ -6742,34 +6894,35 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
     PyObject *__pyx_callargs[3] = {__pyx_t_2, __pyx_cur_scope->__pyx_v_source, __pyx_mstate_global->__pyx_int_0};
     __pyx_t_3 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_get, __pyx_callargs+__pyx_t_5, (3-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 163, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 172, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
-  __pyx_t_2 = __Pyx_PyLong_AddObjC(__pyx_t_3, __pyx_mstate_global->__pyx_int_1, 1, 0, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 163, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_AddObjC(__pyx_t_3, __pyx_mstate_global->__pyx_int_1, 1, 0, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 172, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-  if (unlikely((PyObject_SetItem(__pyx_v_awaiting, __pyx_cur_scope->__pyx_v_source, __pyx_t_2) < 0))) __PYX_ERR(0, 163, __pyx_L1_error)
+  if (unlikely((PyObject_SetItem(__pyx_v_awaiting, __pyx_cur_scope->__pyx_v_source, __pyx_t_2) < 0))) __PYX_ERR(0, 172, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "mpx/_future_core.pyx":164
+  /* "mpx/_future_core.pyx":173
  *         awaiting = delivery.awaiting  # a future of source is awaited: read for it
  *         awaiting[source] = awaiting.get(source, 0) + 1
  *         if source not in delivery.reading:             # <<<<<<<<<<<<<<
  *             delivery._read(source)
  *         return target.__await__()
 */
-  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_cur_scope->__pyx_v_delivery, __pyx_mstate_global->__pyx_n_u_reading); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 164, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_cur_scope->__pyx_v_delivery, __pyx_mstate_global->__pyx_n_u_reading); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 173, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_1 = (__Pyx_PySequence_ContainsTF(__pyx_cur_scope->__pyx_v_source, __pyx_t_2, Py_NE)); if (unlikely((__pyx_t_1 < 0))) __PYX_ERR(0, 164, __pyx_L1_error)
+  __pyx_t_1 = (__Pyx_PySequence_ContainsTF(__pyx_cur_scope->__pyx_v_source, __pyx_t_2, Py_NE)); if (unlikely((__pyx_t_1 < 0))) __PYX_ERR(0, 173, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
   if (__pyx_t_1) {
 
 
-    /* "mpx/_future_core.pyx":165
+    /* "mpx/_future_core.pyx":174
  *         awaiting[source] = awaiting.get(source, 0) + 1
  *         if source not in delivery.reading:
  *             delivery._read(source)             # <<<<<<<<<<<<<<
  *         return target.__await__()
+ * 
 */
     __pyx_t_3 = __pyx_cur_scope->__pyx_v_delivery;
     __Pyx_INCREF(__pyx_t_3);
@@ -6778,12 +6931,12 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
       PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_cur_scope->__pyx_v_source};
       __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_read, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 165, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 174, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-    /* "mpx/_future_core.pyx":164
+    /* "mpx/_future_core.pyx":173
  *         awaiting = delivery.awaiting  # a future of source is awaited: read for it
  *         awaiting[source] = awaiting.get(source, 0) + 1
  *         if source not in delivery.reading:             # <<<<<<<<<<<<<<
@@ -6792,10 +6945,12 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
 */
   }
 
-  /* "mpx/_future_core.pyx":166
+  /* "mpx/_future_core.pyx":175
  *         if source not in delivery.reading:
  *             delivery._read(source)
  *         return target.__await__()             # <<<<<<<<<<<<<<
+ * 
+ * 
 */
   __pyx_t_3 = __pyx_cur_scope->__pyx_v_target;
   __Pyx_INCREF(__pyx_t_3);
@@ -6804,7 +6959,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
     PyObject *__pyx_callargs[2] = {__pyx_t_3, NULL};
     __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_await, __pyx_callargs+__pyx_t_5, (1-__pyx_t_5) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 166, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 175, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   {
@@ -6818,8 +6973,8 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_14__await__(struct __
   __pyx_t_2 = 0;
   goto __pyx_L0;
 
-  /* "mpx/_future_core.pyx":139
- *                 _LOGGER.exception("exception calling callback for %r", self)
+  /* "mpx/_future_core.pyx":148
+ *                     _LOGGER.exception("exception calling callback for %r", self)
  * 
  *     def __await__(self):             # <<<<<<<<<<<<<<
  *         cdef object loop, target, delivery, source, awaiting
@@ -7175,7 +7330,7 @@ static int __pyx_pf_3mpx_12_future_core_10FutureCore_6_state_4__del__(struct __p
  *     cdef public object _state
  *     cdef public object _result             # <<<<<<<<<<<<<<
  *     cdef public object _exception
- *     cdef public object _waiters
+ *     cdef object waiters         # the base class's _waiters, made on first use
 */
 
 /* Python wrapper */
@@ -7337,8 +7492,8 @@ static int __pyx_pf_3mpx_12_future_core_10FutureCore_7_result_4__del__(struct __
  *     cdef public object _state
  *     cdef public object _result
  *     cdef public object _exception             # <<<<<<<<<<<<<<
- *     cdef public object _waiters
- *     cdef public object _done_callbacks
+ *     cdef object waiters         # the base class's _waiters, made on first use
+ *     cdef public object _done_callbacks  # None until a callback is added
 */
 
 /* Python wrapper */
@@ -7496,173 +7651,10 @@ static int __pyx_pf_3mpx_12_future_core_10FutureCore_10_exception_4__del__(struc
   return __pyx_r;
 }
 
-/* "mpx/_future_core.pyx":51
- *     cdef public object _result
- *     cdef public object _exception
- *     cdef public object _waiters             # <<<<<<<<<<<<<<
- *     cdef public object _done_callbacks
- *     cdef public object _cond
-*/
-
-/* Python wrapper */
-static PyObject *__pyx_pw_3mpx_12_future_core_10FutureCore_8_waiters_1__get__(PyObject *__pyx_v_self); /*proto*/
-static PyObject *__pyx_pw_3mpx_12_future_core_10FutureCore_8_waiters_1__get__(PyObject *__pyx_v_self) {
-  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
-  PyObject *__pyx_r = 0;
-  __Pyx_RefNannyDeclarations
-  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
-  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
-  __pyx_r = __pyx_pf_3mpx_12_future_core_10FutureCore_8_waiters___get__(((struct __pyx_obj_3mpx_12_future_core_FutureCore *)__pyx_v_self));
-
-  /* function exit code */
-  __Pyx_RefNannyFinishContext();
-  return __pyx_r;
-}
-
-static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_8_waiters___get__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self) {
-  PyObject *__pyx_r = NULL;
-  __Pyx_RefNannyDeclarations
-  PyObject *__pyx_t_1 = NULL;
-  PyObject *__pyx_t_2 = NULL;
-  __Pyx_RefNannySetupContext("__get__", 0);
-  {
-      __Pyx_PyCriticalSection __pyx_cs;
-      __pyx_t_1 = ((PyObject *)__pyx_v_self);
-      __Pyx_INCREF(__pyx_t_1);
-      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
-      /*try:*/ {
-        {
-          PyObject *__pyx_temp;
-          {
-            __pyx_temp = __pyx_r;
-            __Pyx_INCREF(__pyx_v_self->_waiters);
-            __pyx_r = __pyx_v_self->_waiters;
-          }
-          __Pyx_XDECREF(__pyx_temp);
-        }
-        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-        goto __pyx_L3_return;
-      }
-      /*finally:*/ {
-        __pyx_L3_return: {
-          __pyx_t_2 = __pyx_r;
-          __pyx_r = 0;
-          __Pyx_PyCriticalSection_End(&__pyx_cs);
-          __pyx_r = __pyx_t_2;
-          __pyx_t_2 = 0;
-          goto __pyx_L0;
-        }
-      }
-      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  }
-
-  /* function exit code */
-  __pyx_L0:;
-  __Pyx_XGIVEREF(__pyx_r);
-  __Pyx_RefNannyFinishContext();
-  return __pyx_r;
-}
-
-/* Python wrapper */
-static int __pyx_pw_3mpx_12_future_core_10FutureCore_8_waiters_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value); /*proto*/
-static int __pyx_pw_3mpx_12_future_core_10FutureCore_8_waiters_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value) {
-  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
-  int __pyx_r;
-  __Pyx_RefNannyDeclarations
-  __Pyx_RefNannySetupContext("__set__ (wrapper)", 0);
-  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
-  __pyx_r = __pyx_pf_3mpx_12_future_core_10FutureCore_8_waiters_2__set__(((struct __pyx_obj_3mpx_12_future_core_FutureCore *)__pyx_v_self), ((PyObject *)__pyx_v_value));
-
-  /* function exit code */
-  __Pyx_RefNannyFinishContext();
-  return __pyx_r;
-}
-
-static int __pyx_pf_3mpx_12_future_core_10FutureCore_8_waiters_2__set__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self, PyObject *__pyx_v_value) {
-  int __pyx_r;
-  __Pyx_RefNannyDeclarations
-  PyObject *__pyx_t_1 = NULL;
-  __Pyx_RefNannySetupContext("__set__", 0);
-  {
-      __Pyx_PyCriticalSection __pyx_cs;
-      __pyx_t_1 = ((PyObject *)__pyx_v_self);
-      __Pyx_INCREF(__pyx_t_1);
-      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
-      /*try:*/ {
-        __Pyx_INCREF(__pyx_v_value);
-        __Pyx_GIVEREF(__pyx_v_value);
-        __Pyx_GOTREF(__pyx_v_self->_waiters);
-        __Pyx_DECREF_SET(__pyx_v_self->_waiters, __pyx_v_value);
-      }
-      /*finally:*/ {
-        /*normal exit:*/{
-          __Pyx_PyCriticalSection_End(&__pyx_cs);
-          goto __pyx_L5;
-        }
-        __pyx_L5:;
-      }
-      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  }
-
-  /* function exit code */
-  __pyx_r = 0;
-
-  __Pyx_RefNannyFinishContext();
-  return __pyx_r;
-}
-
-/* Python wrapper */
-static int __pyx_pw_3mpx_12_future_core_10FutureCore_8_waiters_5__del__(PyObject *__pyx_v_self); /*proto*/
-static int __pyx_pw_3mpx_12_future_core_10FutureCore_8_waiters_5__del__(PyObject *__pyx_v_self) {
-  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
-  int __pyx_r;
-  __Pyx_RefNannyDeclarations
-  __Pyx_RefNannySetupContext("__del__ (wrapper)", 0);
-  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
-  __pyx_r = __pyx_pf_3mpx_12_future_core_10FutureCore_8_waiters_4__del__(((struct __pyx_obj_3mpx_12_future_core_FutureCore *)__pyx_v_self));
-
-  /* function exit code */
-  __Pyx_RefNannyFinishContext();
-  return __pyx_r;
-}
-
-static int __pyx_pf_3mpx_12_future_core_10FutureCore_8_waiters_4__del__(struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_self) {
-  int __pyx_r;
-  __Pyx_RefNannyDeclarations
-  PyObject *__pyx_t_1 = NULL;
-  __Pyx_RefNannySetupContext("__del__", 0);
-  {
-      __Pyx_PyCriticalSection __pyx_cs;
-      __pyx_t_1 = ((PyObject *)__pyx_v_self);
-      __Pyx_INCREF(__pyx_t_1);
-      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
-      /*try:*/ {
-        __Pyx_INCREF(Py_None);
-        __Pyx_GIVEREF(Py_None);
-        __Pyx_GOTREF(__pyx_v_self->_waiters);
-        __Pyx_DECREF_SET(__pyx_v_self->_waiters, Py_None);
-      }
-      /*finally:*/ {
-        /*normal exit:*/{
-          __Pyx_PyCriticalSection_End(&__pyx_cs);
-          goto __pyx_L5;
-        }
-        __pyx_L5:;
-      }
-      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  }
-
-  /* function exit code */
-  __pyx_r = 0;
-
-  __Pyx_RefNannyFinishContext();
-  return __pyx_r;
-}
-
 /* "mpx/_future_core.pyx":52
  *     cdef public object _exception
- *     cdef public object _waiters
- *     cdef public object _done_callbacks             # <<<<<<<<<<<<<<
+ *     cdef object waiters         # the base class's _waiters, made on first use
+ *     cdef public object _done_callbacks  # None until a callback is added             # <<<<<<<<<<<<<<
  *     cdef public object _cond
  *     cdef public object _call
 */
@@ -7823,8 +7815,8 @@ static int __pyx_pf_3mpx_12_future_core_10FutureCore_15_done_callbacks_4__del__(
 }
 
 /* "mpx/_future_core.pyx":53
- *     cdef public object _waiters
- *     cdef public object _done_callbacks
+ *     cdef object waiters         # the base class's _waiters, made on first use
+ *     cdef public object _done_callbacks  # None until a callback is added
  *     cdef public object _cond             # <<<<<<<<<<<<<<
  *     cdef public object _call
  *     cdef public object _source
@@ -7986,7 +7978,7 @@ static int __pyx_pf_3mpx_12_future_core_10FutureCore_5_cond_4__del__(struct __py
 }
 
 /* "mpx/_future_core.pyx":54
- *     cdef public object _done_callbacks
+ *     cdef public object _done_callbacks  # None until a callback is added
  *     cdef public object _cond
  *     cdef public object _call             # <<<<<<<<<<<<<<
  *     cdef public object _source
@@ -8705,7 +8697,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
  *     cdef object _dict
  *     cdef bint use_setstate
  *     with CRITICAL_SECTION(self):             # <<<<<<<<<<<<<<
- *         state = (self._call, self._cond, self._delivery, self._done_callbacks, self._exception, self._lock, self._result, self._source, self._state, self._target, self._waiters)
+ *         state = (self._call, self._cond, self._delivery, self._done_callbacks, self._exception, self._lock, self._result, self._source, self._state, self._target, self.waiters)
  *         _dict = getattr(self, '__dict__', None)
 */
   {
@@ -8718,7 +8710,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
         /* "(tree fragment)":6
  *     cdef bint use_setstate
  *     with CRITICAL_SECTION(self):
- *         state = (self._call, self._cond, self._delivery, self._done_callbacks, self._exception, self._lock, self._result, self._source, self._state, self._target, self._waiters)             # <<<<<<<<<<<<<<
+ *         state = (self._call, self._cond, self._delivery, self._done_callbacks, self._exception, self._lock, self._result, self._source, self._state, self._target, self.waiters)             # <<<<<<<<<<<<<<
  *         _dict = getattr(self, '__dict__', None)
  *     if _dict is not None and _dict:
 */
@@ -8754,15 +8746,15 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
         __Pyx_INCREF(__pyx_v_self->_target);
         __Pyx_GIVEREF(__pyx_v_self->_target);
         if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 9, __pyx_v_self->_target) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
-        __Pyx_INCREF(__pyx_v_self->_waiters);
-        __Pyx_GIVEREF(__pyx_v_self->_waiters);
-        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 10, __pyx_v_self->_waiters) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_INCREF(__pyx_v_self->waiters);
+        __Pyx_GIVEREF(__pyx_v_self->waiters);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 10, __pyx_v_self->waiters) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
         __pyx_v_state = ((PyObject*)__pyx_t_2);
         __pyx_t_2 = 0;
 
         /* "(tree fragment)":7
  *     with CRITICAL_SECTION(self):
- *         state = (self._call, self._cond, self._delivery, self._done_callbacks, self._exception, self._lock, self._result, self._source, self._state, self._target, self._waiters)
+ *         state = (self._call, self._cond, self._delivery, self._done_callbacks, self._exception, self._lock, self._result, self._source, self._state, self._target, self.waiters)
  *         _dict = getattr(self, '__dict__', None)             # <<<<<<<<<<<<<<
  *     if _dict is not None and _dict:
  *         state += (_dict,)
@@ -8777,7 +8769,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
  *     cdef object _dict
  *     cdef bint use_setstate
  *     with CRITICAL_SECTION(self):             # <<<<<<<<<<<<<<
- *         state = (self._call, self._cond, self._delivery, self._done_callbacks, self._exception, self._lock, self._result, self._source, self._state, self._target, self._waiters)
+ *         state = (self._call, self._cond, self._delivery, self._done_callbacks, self._exception, self._lock, self._result, self._source, self._state, self._target, self.waiters)
  *         _dict = getattr(self, '__dict__', None)
 */
       /*finally:*/ {
@@ -8795,7 +8787,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
   }
 
   /* "(tree fragment)":8
- *         state = (self._call, self._cond, self._delivery, self._done_callbacks, self._exception, self._lock, self._result, self._source, self._state, self._target, self._waiters)
+ *         state = (self._call, self._cond, self._delivery, self._done_callbacks, self._exception, self._lock, self._result, self._source, self._state, self._target, self.waiters)
  *         _dict = getattr(self, '__dict__', None)
  *     if _dict is not None and _dict:             # <<<<<<<<<<<<<<
  *         state += (_dict,)
@@ -8841,12 +8833,12 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
  *         state += (_dict,)
  *         use_setstate = True             # <<<<<<<<<<<<<<
  *     else:
- *         use_setstate = self._call is not None or self._cond is not None or self._delivery is not None or self._done_callbacks is not None or self._exception is not None or self._lock is not None or self._result is not None or self._source is not None or self._state is not None or self._target is not None or self._waiters is not None
+ *         use_setstate = self._call is not None or self._cond is not None or self._delivery is not None or self._done_callbacks is not None or self._exception is not None or self._lock is not None or self._result is not None or self._source is not None or self._state is not None or self._target is not None or self.waiters is not None
 */
     __pyx_v_use_setstate = 1;
 
     /* "(tree fragment)":8
- *         state = (self._call, self._cond, self._delivery, self._done_callbacks, self._exception, self._lock, self._result, self._source, self._state, self._target, self._waiters)
+ *         state = (self._call, self._cond, self._delivery, self._done_callbacks, self._exception, self._lock, self._result, self._source, self._state, self._target, self.waiters)
  *         _dict = getattr(self, '__dict__', None)
  *     if _dict is not None and _dict:             # <<<<<<<<<<<<<<
  *         state += (_dict,)
@@ -8858,9 +8850,9 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
   /* "(tree fragment)":12
  *         use_setstate = True
  *     else:
- *         use_setstate = self._call is not None or self._cond is not None or self._delivery is not None or self._done_callbacks is not None or self._exception is not None or self._lock is not None or self._result is not None or self._source is not None or self._state is not None or self._target is not None or self._waiters is not None             # <<<<<<<<<<<<<<
+ *         use_setstate = self._call is not None or self._cond is not None or self._delivery is not None or self._done_callbacks is not None or self._exception is not None or self._lock is not None or self._result is not None or self._source is not None or self._state is not None or self._target is not None or self.waiters is not None             # <<<<<<<<<<<<<<
  *     if use_setstate:
- *         return __pyx_unpickle_FutureCore, (type(self), 0xd9f239d, None), state
+ *         return __pyx_unpickle_FutureCore, (type(self), 0xa51d88f, None), state
 */
   /*else*/ {
     __pyx_t_4 = (__pyx_v_self->_call != Py_None);
@@ -8953,7 +8945,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
 
       goto __pyx_L9_bool_binop_done;
     }
-    __pyx_t_4 = (__pyx_v_self->_waiters != Py_None);
+    __pyx_t_4 = (__pyx_v_self->waiters != Py_None);
 
     __pyx_t_3 = __pyx_t_4;
 
@@ -8964,19 +8956,19 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
 
   /* "(tree fragment)":13
  *     else:
- *         use_setstate = self._call is not None or self._cond is not None or self._delivery is not None or self._done_callbacks is not None or self._exception is not None or self._lock is not None or self._result is not None or self._source is not None or self._state is not None or self._target is not None or self._waiters is not None
+ *         use_setstate = self._call is not None or self._cond is not None or self._delivery is not None or self._done_callbacks is not None or self._exception is not None or self._lock is not None or self._result is not None or self._source is not None or self._state is not None or self._target is not None or self.waiters is not None
  *     if use_setstate:             # <<<<<<<<<<<<<<
- *         return __pyx_unpickle_FutureCore, (type(self), 0xd9f239d, None), state
+ *         return __pyx_unpickle_FutureCore, (type(self), 0xa51d88f, None), state
  *     else:
 */
   if (__pyx_v_use_setstate) {
 
     /* "(tree fragment)":14
- *         use_setstate = self._call is not None or self._cond is not None or self._delivery is not None or self._done_callbacks is not None or self._exception is not None or self._lock is not None or self._result is not None or self._source is not None or self._state is not None or self._target is not None or self._waiters is not None
+ *         use_setstate = self._call is not None or self._cond is not None or self._delivery is not None or self._done_callbacks is not None or self._exception is not None or self._lock is not None or self._result is not None or self._source is not None or self._state is not None or self._target is not None or self.waiters is not None
  *     if use_setstate:
- *         return __pyx_unpickle_FutureCore, (type(self), 0xd9f239d, None), state             # <<<<<<<<<<<<<<
+ *         return __pyx_unpickle_FutureCore, (type(self), 0xa51d88f, None), state             # <<<<<<<<<<<<<<
  *     else:
- *         return __pyx_unpickle_FutureCore, (type(self), 0xd9f239d, state)
+ *         return __pyx_unpickle_FutureCore, (type(self), 0xa51d88f, state)
 */
     __Pyx_GetModuleGlobalName(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_pyx_unpickle_FutureCore); if (unlikely(!__pyx_t_2)) __PYX_ERR(1, 14, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
@@ -8985,9 +8977,9 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
     __Pyx_INCREF(((PyObject *)Py_TYPE(((PyObject *)__pyx_v_self))));
     __Pyx_GIVEREF(((PyObject *)Py_TYPE(((PyObject *)__pyx_v_self))));
     if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, ((PyObject *)Py_TYPE(((PyObject *)__pyx_v_self)))) != (0)) __PYX_ERR(1, 14, __pyx_L1_error);
-    __Pyx_INCREF(__pyx_mstate_global->__pyx_int_228533149);
-    __Pyx_GIVEREF(__pyx_mstate_global->__pyx_int_228533149);
-    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_mstate_global->__pyx_int_228533149) != (0)) __PYX_ERR(1, 14, __pyx_L1_error);
+    __Pyx_INCREF(__pyx_mstate_global->__pyx_int_173136015);
+    __Pyx_GIVEREF(__pyx_mstate_global->__pyx_int_173136015);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_mstate_global->__pyx_int_173136015) != (0)) __PYX_ERR(1, 14, __pyx_L1_error);
     __Pyx_INCREF(Py_None);
     __Pyx_GIVEREF(Py_None);
     if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 2, Py_None) != (0)) __PYX_ERR(1, 14, __pyx_L1_error);
@@ -9015,17 +9007,17 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
 
     /* "(tree fragment)":13
  *     else:
- *         use_setstate = self._call is not None or self._cond is not None or self._delivery is not None or self._done_callbacks is not None or self._exception is not None or self._lock is not None or self._result is not None or self._source is not None or self._state is not None or self._target is not None or self._waiters is not None
+ *         use_setstate = self._call is not None or self._cond is not None or self._delivery is not None or self._done_callbacks is not None or self._exception is not None or self._lock is not None or self._result is not None or self._source is not None or self._state is not None or self._target is not None or self.waiters is not None
  *     if use_setstate:             # <<<<<<<<<<<<<<
- *         return __pyx_unpickle_FutureCore, (type(self), 0xd9f239d, None), state
+ *         return __pyx_unpickle_FutureCore, (type(self), 0xa51d88f, None), state
  *     else:
 */
   }
 
   /* "(tree fragment)":16
- *         return __pyx_unpickle_FutureCore, (type(self), 0xd9f239d, None), state
+ *         return __pyx_unpickle_FutureCore, (type(self), 0xa51d88f, None), state
  *     else:
- *         return __pyx_unpickle_FutureCore, (type(self), 0xd9f239d, state)             # <<<<<<<<<<<<<<
+ *         return __pyx_unpickle_FutureCore, (type(self), 0xa51d88f, state)             # <<<<<<<<<<<<<<
  * def __setstate_cython__(self, __pyx_state):
  *     __pyx_unpickle_FutureCore__set_state(self, __pyx_state)
 */
@@ -9037,9 +9029,9 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
     __Pyx_INCREF(((PyObject *)Py_TYPE(((PyObject *)__pyx_v_self))));
     __Pyx_GIVEREF(((PyObject *)Py_TYPE(((PyObject *)__pyx_v_self))));
     if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, ((PyObject *)Py_TYPE(((PyObject *)__pyx_v_self)))) != (0)) __PYX_ERR(1, 16, __pyx_L1_error);
-    __Pyx_INCREF(__pyx_mstate_global->__pyx_int_228533149);
-    __Pyx_GIVEREF(__pyx_mstate_global->__pyx_int_228533149);
-    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_mstate_global->__pyx_int_228533149) != (0)) __PYX_ERR(1, 16, __pyx_L1_error);
+    __Pyx_INCREF(__pyx_mstate_global->__pyx_int_173136015);
+    __Pyx_GIVEREF(__pyx_mstate_global->__pyx_int_173136015);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_mstate_global->__pyx_int_173136015) != (0)) __PYX_ERR(1, 16, __pyx_L1_error);
     __Pyx_INCREF(__pyx_v_state);
     __Pyx_GIVEREF(__pyx_v_state);
     if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 2, __pyx_v_state) != (0)) __PYX_ERR(1, 16, __pyx_L1_error);
@@ -9087,7 +9079,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_16__reduce_cython__(s
 
 /* "(tree fragment)":17
  *     else:
- *         return __pyx_unpickle_FutureCore, (type(self), 0xd9f239d, state)
+ *         return __pyx_unpickle_FutureCore, (type(self), 0xa51d88f, state)
  * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
  *     __pyx_unpickle_FutureCore__set_state(self, __pyx_state)
 */
@@ -9188,7 +9180,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_18__setstate_cython__
   __Pyx_RefNannySetupContext("__setstate_cython__", 0);
 
   /* "(tree fragment)":18
- *         return __pyx_unpickle_FutureCore, (type(self), 0xd9f239d, state)
+ *         return __pyx_unpickle_FutureCore, (type(self), 0xa51d88f, state)
  * def __setstate_cython__(self, __pyx_state):
  *     __pyx_unpickle_FutureCore__set_state(self, __pyx_state)             # <<<<<<<<<<<<<<
 */
@@ -9206,7 +9198,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_18__setstate_cython__
 
   /* "(tree fragment)":17
  *     else:
- *         return __pyx_unpickle_FutureCore, (type(self), 0xd9f239d, state)
+ *         return __pyx_unpickle_FutureCore, (type(self), 0xa51d88f, state)
  * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
  *     __pyx_unpickle_FutureCore__set_state(self, __pyx_state)
 */
@@ -9225,24 +9217,303 @@ static PyObject *__pyx_pf_3mpx_12_future_core_10FutureCore_18__setstate_cython__
   return __pyx_r;
 }
 
-/* "(tree fragment)":4
- *     int __Pyx_CheckUnpickleChecksum(long, long, long, long, const char*) except -1
- *     int __Pyx_UpdateUnpickledDict(object, object, Py_ssize_t) except -1
- * def __pyx_unpickle_FutureCore(__pyx_type, long __pyx_checksum, tuple __pyx_state):             # <<<<<<<<<<<<<<
- *     cdef object __pyx_result
- *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xd9f239d, 0x925101c, 0x5a83edf, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, _waiters')
+/* "mpx/_future_core.pyx":178
+ * 
+ * 
+ * def complete_each(completed):             # <<<<<<<<<<<<<<
+ *     """Complete, in order, the futures of the settled calls in the deque ``completed`` (each
+ *     call has ``future``, ``value`` and ``error``), emptying it; a future someone already
 */
 
 /* Python wrapper */
-static PyObject *__pyx_pw_3mpx_12_future_core_6__pyx_unpickle_FutureCore(PyObject *__pyx_self, 
+static PyObject *__pyx_pw_3mpx_12_future_core_6complete_each(PyObject *__pyx_self, 
 #if CYTHON_VECTORCALL
 PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
 #else
 PyObject *__pyx_args, PyObject *__pyx_kwds
 #endif
 ); /*proto*/
-static PyMethodDef __pyx_mdef_3mpx_12_future_core_6__pyx_unpickle_FutureCore = {"__pyx_unpickle_FutureCore", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_3mpx_12_future_core_6__pyx_unpickle_FutureCore, __Pyx_METH_FASTCALL|METH_KEYWORDS, 0};
-static PyObject *__pyx_pw_3mpx_12_future_core_6__pyx_unpickle_FutureCore(PyObject *__pyx_self, 
+PyDoc_STRVAR(__pyx_doc_3mpx_12_future_core_5complete_each, "Complete, in order, the futures of the settled calls in the deque ``completed`` (each\n    call has ``future``, ``value`` and ``error``), emptying it; a future someone already\n    set by hand is left as it is.");
+static PyMethodDef __pyx_mdef_3mpx_12_future_core_6complete_each = {"complete_each", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_3mpx_12_future_core_6complete_each, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_3mpx_12_future_core_5complete_each};
+static PyObject *__pyx_pw_3mpx_12_future_core_6complete_each(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  PyObject *__pyx_v_completed = 0;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[1] = {0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("complete_each (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_completed,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 178, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 178, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "complete_each", 0) < (0)) __PYX_ERR(0, 178, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("complete_each", 1, 1, 1, i); __PYX_ERR(0, 178, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 1)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 178, __pyx_L3_error)
+    }
+    __pyx_v_completed = values[0];
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("complete_each", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 178, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("mpx._future_core.complete_each", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  __pyx_r = __pyx_pf_3mpx_12_future_core_5complete_each(__pyx_self, __pyx_v_completed);
+
+  /* function exit code */
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_3mpx_12_future_core_5complete_each(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_completed) {
+  PyObject *__pyx_v_call = 0;
+  struct __pyx_obj_3mpx_12_future_core_FutureCore *__pyx_v_fut = 0;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  PyObject *__pyx_t_2 = NULL;
+  PyObject *__pyx_t_3 = NULL;
+  size_t __pyx_t_4;
+  PyObject *__pyx_t_5 = NULL;
+  PyObject *__pyx_t_6 = NULL;
+  PyObject *__pyx_t_7 = NULL;
+  PyObject *__pyx_t_8 = NULL;
+  PyObject *__pyx_t_9 = NULL;
+  int __pyx_t_10;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("complete_each", 0);
+
+  /* "mpx/_future_core.pyx":184
+ *     cdef object call
+ *     cdef FutureCore fut
+ *     while completed:             # <<<<<<<<<<<<<<
+ *         call = completed.popleft()
+ *         fut = call.future
+*/
+  while (1) {
+    __pyx_t_1 = __Pyx_PyObject_IsTrue(__pyx_v_completed); if (unlikely((__pyx_t_1 < 0))) __PYX_ERR(0, 184, __pyx_L1_error)
+
+    if (!__pyx_t_1) break;
+
+    /* "mpx/_future_core.pyx":185
+ *     cdef FutureCore fut
+ *     while completed:
+ *         call = completed.popleft()             # <<<<<<<<<<<<<<
+ *         fut = call.future
+ *         try:
+*/
+    __pyx_t_3 = __pyx_v_completed;
+    __Pyx_INCREF(__pyx_t_3);
+    __pyx_t_4 = 0;
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_3, NULL};
+      __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_popleft, __pyx_callargs+__pyx_t_4, (1-__pyx_t_4) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 185, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_2);
+    }
+    __Pyx_XDECREF_SET(__pyx_v_call, __pyx_t_2);
+    __pyx_t_2 = 0;
+
+    /* "mpx/_future_core.pyx":186
+ *     while completed:
+ *         call = completed.popleft()
+ *         fut = call.future             # <<<<<<<<<<<<<<
+ *         try:
+ *             fut._complete(call.value, call.error)
+*/
+    __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_call, __pyx_mstate_global->__pyx_n_u_future); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 186, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+    if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore))))) __PYX_ERR(0, 186, __pyx_L1_error)
+    __Pyx_XDECREF_SET(__pyx_v_fut, ((struct __pyx_obj_3mpx_12_future_core_FutureCore *)__pyx_t_2));
+    __pyx_t_2 = 0;
+
+    /* "mpx/_future_core.pyx":187
+ *         call = completed.popleft()
+ *         fut = call.future
+ *         try:             # <<<<<<<<<<<<<<
+ *             fut._complete(call.value, call.error)
+ *         except _InvalidStateError:
+*/
+    {
+      __Pyx_PyThreadState_declare
+      __Pyx_PyThreadState_assign
+      __Pyx_ExceptionSave(&__pyx_t_5, &__pyx_t_6, &__pyx_t_7);
+      __Pyx_XGOTREF(__pyx_t_5);
+      __Pyx_XGOTREF(__pyx_t_6);
+      __Pyx_XGOTREF(__pyx_t_7);
+      /*try:*/ {
+
+        /* "mpx/_future_core.pyx":188
+ *         fut = call.future
+ *         try:
+ *             fut._complete(call.value, call.error)             # <<<<<<<<<<<<<<
+ *         except _InvalidStateError:
+ *             pass
+*/
+        __pyx_t_3 = ((PyObject *)__pyx_v_fut);
+        __Pyx_INCREF(__pyx_t_3);
+        __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_v_call, __pyx_mstate_global->__pyx_n_u_value); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 188, __pyx_L5_error)
+        __Pyx_GOTREF(__pyx_t_8);
+        __pyx_t_9 = __Pyx_PyObject_GetAttrStr(__pyx_v_call, __pyx_mstate_global->__pyx_n_u_error); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 188, __pyx_L5_error)
+        __Pyx_GOTREF(__pyx_t_9);
+        __pyx_t_4 = 0;
+        {
+          PyObject *__pyx_callargs[3] = {__pyx_t_3, __pyx_t_8, __pyx_t_9};
+          __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_complete, __pyx_callargs+__pyx_t_4, (3-__pyx_t_4) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+          __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
+          __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+          __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
+          if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 188, __pyx_L5_error)
+          __Pyx_GOTREF(__pyx_t_2);
+        }
+        __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+        /* "mpx/_future_core.pyx":187
+ *         call = completed.popleft()
+ *         fut = call.future
+ *         try:             # <<<<<<<<<<<<<<
+ *             fut._complete(call.value, call.error)
+ *         except _InvalidStateError:
+*/
+      }
+      __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
+      __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
+      __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
+      goto __pyx_L12_try_end;
+      __pyx_L5_error:;
+      __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
+      __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
+      __Pyx_XDECREF(__pyx_t_8); __pyx_t_8 = 0;
+      __Pyx_XDECREF(__pyx_t_9); __pyx_t_9 = 0;
+
+      /* "mpx/_future_core.pyx":189
+ *         try:
+ *             fut._complete(call.value, call.error)
+ *         except _InvalidStateError:             # <<<<<<<<<<<<<<
+ *             pass
+*/
+      __pyx_t_10 = __Pyx_PyErr_ExceptionMatches(__pyx_v_3mpx_12_future_core__InvalidStateError);
+      if (__pyx_t_10) {
+        __Pyx_ErrRestore(0,0,0);
+        goto __pyx_L6_exception_handled;
+      }
+      goto __pyx_L7_except_error;
+
+      /* "mpx/_future_core.pyx":187
+ *         call = completed.popleft()
+ *         fut = call.future
+ *         try:             # <<<<<<<<<<<<<<
+ *             fut._complete(call.value, call.error)
+ *         except _InvalidStateError:
+*/
+      __pyx_L7_except_error:;
+      __Pyx_XGIVEREF(__pyx_t_5);
+      __Pyx_XGIVEREF(__pyx_t_6);
+      __Pyx_XGIVEREF(__pyx_t_7);
+      __Pyx_ExceptionReset(__pyx_t_5, __pyx_t_6, __pyx_t_7);
+      goto __pyx_L1_error;
+      __pyx_L6_exception_handled:;
+      __Pyx_XGIVEREF(__pyx_t_5);
+      __Pyx_XGIVEREF(__pyx_t_6);
+      __Pyx_XGIVEREF(__pyx_t_7);
+      __Pyx_ExceptionReset(__pyx_t_5, __pyx_t_6, __pyx_t_7);
+      __pyx_L12_try_end:;
+    }
+  }
+
+  /* "mpx/_future_core.pyx":178
+ * 
+ * 
+ * def complete_each(completed):             # <<<<<<<<<<<<<<
+ *     """Complete, in order, the futures of the settled calls in the deque ``completed`` (each
+ *     call has ``future``, ``value`` and ``error``), emptying it; a future someone already
+*/
+
+  /* function exit code */
+  __pyx_r = Py_None; __Pyx_INCREF(Py_None);
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_XDECREF(__pyx_t_3);
+  __Pyx_XDECREF(__pyx_t_8);
+  __Pyx_XDECREF(__pyx_t_9);
+  __Pyx_AddTraceback("mpx._future_core.complete_each", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XDECREF(__pyx_v_call);
+  __Pyx_XDECREF((PyObject *)__pyx_v_fut);
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "(tree fragment)":4
+ *     int __Pyx_CheckUnpickleChecksum(long, long, long, long, const char*) except -1
+ *     int __Pyx_UpdateUnpickledDict(object, object, Py_ssize_t) except -1
+ * def __pyx_unpickle_FutureCore(__pyx_type, long __pyx_checksum, tuple __pyx_state):             # <<<<<<<<<<<<<<
+ *     cdef object __pyx_result
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xa51d88f, 0x73ba365, 0x5f8fa87, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, waiters')
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_3mpx_12_future_core_8__pyx_unpickle_FutureCore(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+static PyMethodDef __pyx_mdef_3mpx_12_future_core_8__pyx_unpickle_FutureCore = {"__pyx_unpickle_FutureCore", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_3mpx_12_future_core_8__pyx_unpickle_FutureCore, __Pyx_METH_FASTCALL|METH_KEYWORDS, 0};
+static PyObject *__pyx_pw_3mpx_12_future_core_8__pyx_unpickle_FutureCore(PyObject *__pyx_self, 
 #if CYTHON_VECTORCALL
 PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
 #else
@@ -9325,7 +9596,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   return NULL;
   __pyx_L4_argument_unpacking_done:;
   if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v___pyx_state), (&PyTuple_Type), 1, "__pyx_state", 1))) __PYX_ERR(1, 4, __pyx_L1_error)
-  __pyx_r = __pyx_pf_3mpx_12_future_core_5__pyx_unpickle_FutureCore(__pyx_self, __pyx_v___pyx_type, __pyx_v___pyx_checksum, __pyx_v___pyx_state);
+  __pyx_r = __pyx_pf_3mpx_12_future_core_7__pyx_unpickle_FutureCore(__pyx_self, __pyx_v___pyx_type, __pyx_v___pyx_checksum, __pyx_v___pyx_state);
 
   /* function exit code */
   goto __pyx_L0;
@@ -9345,7 +9616,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   return __pyx_r;
 }
 
-static PyObject *__pyx_pf_3mpx_12_future_core_5__pyx_unpickle_FutureCore(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v___pyx_type, long __pyx_v___pyx_checksum, PyObject *__pyx_v___pyx_state) {
+static PyObject *__pyx_pf_3mpx_12_future_core_7__pyx_unpickle_FutureCore(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v___pyx_type, long __pyx_v___pyx_checksum, PyObject *__pyx_v___pyx_state) {
   PyObject *__pyx_v___pyx_result = 0;
   PyObject *__pyx_r = NULL;
   __Pyx_RefNannyDeclarations
@@ -9362,16 +9633,16 @@ static PyObject *__pyx_pf_3mpx_12_future_core_5__pyx_unpickle_FutureCore(CYTHON_
   /* "(tree fragment)":6
  * def __pyx_unpickle_FutureCore(__pyx_type, long __pyx_checksum, tuple __pyx_state):
  *     cdef object __pyx_result
- *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xd9f239d, 0x925101c, 0x5a83edf, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, _waiters')             # <<<<<<<<<<<<<<
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xa51d88f, 0x73ba365, 0x5f8fa87, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, waiters')             # <<<<<<<<<<<<<<
  *     __pyx_result = FutureCore.__new__(__pyx_type)
  *     if __pyx_state is not None:
 */
-  __pyx_t_1 = __Pyx_CheckUnpickleChecksum(__pyx_v___pyx_checksum, 0xd9f239d, 0x925101c, 0x5a83edf, __pyx_k_call__cond__delivery__done_call); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(1, 6, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_CheckUnpickleChecksum(__pyx_v___pyx_checksum, 0xa51d88f, 0x73ba365, 0x5f8fa87, __pyx_k_call__cond__delivery__done_call); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(1, 6, __pyx_L1_error)
 
 
   /* "(tree fragment)":7
  *     cdef object __pyx_result
- *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xd9f239d, 0x925101c, 0x5a83edf, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, _waiters')
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xa51d88f, 0x73ba365, 0x5f8fa87, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, waiters')
  *     __pyx_result = FutureCore.__new__(__pyx_type)             # <<<<<<<<<<<<<<
  *     if __pyx_state is not None:
  *         __pyx_unpickle_FutureCore__set_state(<FutureCore> __pyx_result, __pyx_state)
@@ -9390,7 +9661,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_5__pyx_unpickle_FutureCore(CYTHON_
   __pyx_t_2 = 0;
 
   /* "(tree fragment)":8
- *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xd9f239d, 0x925101c, 0x5a83edf, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, _waiters')
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xa51d88f, 0x73ba365, 0x5f8fa87, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, waiters')
  *     __pyx_result = FutureCore.__new__(__pyx_type)
  *     if __pyx_state is not None:             # <<<<<<<<<<<<<<
  *         __pyx_unpickle_FutureCore__set_state(<FutureCore> __pyx_result, __pyx_state)
@@ -9416,7 +9687,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_5__pyx_unpickle_FutureCore(CYTHON_
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
     /* "(tree fragment)":8
- *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xd9f239d, 0x925101c, 0x5a83edf, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, _waiters')
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xa51d88f, 0x73ba365, 0x5f8fa87, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, waiters')
  *     __pyx_result = FutureCore.__new__(__pyx_type)
  *     if __pyx_state is not None:             # <<<<<<<<<<<<<<
  *         __pyx_unpickle_FutureCore__set_state(<FutureCore> __pyx_result, __pyx_state)
@@ -9429,7 +9700,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_5__pyx_unpickle_FutureCore(CYTHON_
  *         __pyx_unpickle_FutureCore__set_state(<FutureCore> __pyx_result, __pyx_state)
  *     return __pyx_result             # <<<<<<<<<<<<<<
  * cdef __pyx_unpickle_FutureCore__set_state(FutureCore __pyx_result, __pyx_state: tuple):
- *     __pyx_result._call = __pyx_state[0]; __pyx_result._cond = __pyx_state[1]; __pyx_result._delivery = __pyx_state[2]; __pyx_result._done_callbacks = __pyx_state[3]; __pyx_result._exception = __pyx_state[4]; __pyx_result._lock = __pyx_state[5]; __pyx_result._result = __pyx_state[6]; __pyx_result._source = __pyx_state[7]; __pyx_result._state = __pyx_state[8]; __pyx_result._target = __pyx_state[9]; __pyx_result._waiters = __pyx_state[10]
+ *     __pyx_result._call = __pyx_state[0]; __pyx_result._cond = __pyx_state[1]; __pyx_result._delivery = __pyx_state[2]; __pyx_result._done_callbacks = __pyx_state[3]; __pyx_result._exception = __pyx_state[4]; __pyx_result._lock = __pyx_state[5]; __pyx_result._result = __pyx_state[6]; __pyx_result._source = __pyx_state[7]; __pyx_result._state = __pyx_state[8]; __pyx_result._target = __pyx_state[9]; __pyx_result.waiters = __pyx_state[10]
 */
   {
     PyObject *__pyx_temp;
@@ -9447,7 +9718,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_5__pyx_unpickle_FutureCore(CYTHON_
  *     int __Pyx_UpdateUnpickledDict(object, object, Py_ssize_t) except -1
  * def __pyx_unpickle_FutureCore(__pyx_type, long __pyx_checksum, tuple __pyx_state):             # <<<<<<<<<<<<<<
  *     cdef object __pyx_result
- *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xd9f239d, 0x925101c, 0x5a83edf, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, _waiters')
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xa51d88f, 0x73ba365, 0x5f8fa87, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, waiters')
 */
 
   /* function exit code */
@@ -9467,7 +9738,7 @@ static PyObject *__pyx_pf_3mpx_12_future_core_5__pyx_unpickle_FutureCore(CYTHON_
  *         __pyx_unpickle_FutureCore__set_state(<FutureCore> __pyx_result, __pyx_state)
  *     return __pyx_result
  * cdef __pyx_unpickle_FutureCore__set_state(FutureCore __pyx_result, __pyx_state: tuple):             # <<<<<<<<<<<<<<
- *     __pyx_result._call = __pyx_state[0]; __pyx_result._cond = __pyx_state[1]; __pyx_result._delivery = __pyx_state[2]; __pyx_result._done_callbacks = __pyx_state[3]; __pyx_result._exception = __pyx_state[4]; __pyx_result._lock = __pyx_state[5]; __pyx_result._result = __pyx_state[6]; __pyx_result._source = __pyx_state[7]; __pyx_result._state = __pyx_state[8]; __pyx_result._target = __pyx_state[9]; __pyx_result._waiters = __pyx_state[10]
+ *     __pyx_result._call = __pyx_state[0]; __pyx_result._cond = __pyx_state[1]; __pyx_result._delivery = __pyx_state[2]; __pyx_result._done_callbacks = __pyx_state[3]; __pyx_result._exception = __pyx_state[4]; __pyx_result._lock = __pyx_state[5]; __pyx_result._result = __pyx_state[6]; __pyx_result._source = __pyx_state[7]; __pyx_result._state = __pyx_state[8]; __pyx_result._target = __pyx_state[9]; __pyx_result.waiters = __pyx_state[10]
  *     __Pyx_UpdateUnpickledDict(__pyx_result, __pyx_state, 11)
 */
 
@@ -9484,7 +9755,7 @@ static PyObject *__pyx_f_3mpx_12_future_core___pyx_unpickle_FutureCore__set_stat
   /* "(tree fragment)":12
  *     return __pyx_result
  * cdef __pyx_unpickle_FutureCore__set_state(FutureCore __pyx_result, __pyx_state: tuple):
- *     __pyx_result._call = __pyx_state[0]; __pyx_result._cond = __pyx_state[1]; __pyx_result._delivery = __pyx_state[2]; __pyx_result._done_callbacks = __pyx_state[3]; __pyx_result._exception = __pyx_state[4]; __pyx_result._lock = __pyx_state[5]; __pyx_result._result = __pyx_state[6]; __pyx_result._source = __pyx_state[7]; __pyx_result._state = __pyx_state[8]; __pyx_result._target = __pyx_state[9]; __pyx_result._waiters = __pyx_state[10]             # <<<<<<<<<<<<<<
+ *     __pyx_result._call = __pyx_state[0]; __pyx_result._cond = __pyx_state[1]; __pyx_result._delivery = __pyx_state[2]; __pyx_result._done_callbacks = __pyx_state[3]; __pyx_result._exception = __pyx_state[4]; __pyx_result._lock = __pyx_state[5]; __pyx_result._result = __pyx_state[6]; __pyx_result._source = __pyx_state[7]; __pyx_result._state = __pyx_state[8]; __pyx_result._target = __pyx_state[9]; __pyx_result.waiters = __pyx_state[10]             # <<<<<<<<<<<<<<
  *     __Pyx_UpdateUnpickledDict(__pyx_result, __pyx_state, 11)
 */
   __pyx_t_1 = __Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 0);
@@ -9550,13 +9821,13 @@ static PyObject *__pyx_f_3mpx_12_future_core___pyx_unpickle_FutureCore__set_stat
   __pyx_t_1 = __Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 10);
   __Pyx_INCREF(__pyx_t_1);
   __Pyx_GIVEREF(__pyx_t_1);
-  __Pyx_GOTREF(__pyx_v___pyx_result->_waiters);
-  __Pyx_DECREF_SET(__pyx_v___pyx_result->_waiters, __pyx_t_1);
+  __Pyx_GOTREF(__pyx_v___pyx_result->waiters);
+  __Pyx_DECREF_SET(__pyx_v___pyx_result->waiters, __pyx_t_1);
   __pyx_t_1 = 0;
 
   /* "(tree fragment)":13
  * cdef __pyx_unpickle_FutureCore__set_state(FutureCore __pyx_result, __pyx_state: tuple):
- *     __pyx_result._call = __pyx_state[0]; __pyx_result._cond = __pyx_state[1]; __pyx_result._delivery = __pyx_state[2]; __pyx_result._done_callbacks = __pyx_state[3]; __pyx_result._exception = __pyx_state[4]; __pyx_result._lock = __pyx_state[5]; __pyx_result._result = __pyx_state[6]; __pyx_result._source = __pyx_state[7]; __pyx_result._state = __pyx_state[8]; __pyx_result._target = __pyx_state[9]; __pyx_result._waiters = __pyx_state[10]
+ *     __pyx_result._call = __pyx_state[0]; __pyx_result._cond = __pyx_state[1]; __pyx_result._delivery = __pyx_state[2]; __pyx_result._done_callbacks = __pyx_state[3]; __pyx_result._exception = __pyx_state[4]; __pyx_result._lock = __pyx_state[5]; __pyx_result._result = __pyx_state[6]; __pyx_result._source = __pyx_state[7]; __pyx_result._state = __pyx_state[8]; __pyx_result._target = __pyx_state[9]; __pyx_result.waiters = __pyx_state[10]
  *     __Pyx_UpdateUnpickledDict(__pyx_result, __pyx_state, 11)             # <<<<<<<<<<<<<<
 */
   __pyx_t_2 = __Pyx_UpdateUnpickledDict(((PyObject *)__pyx_v___pyx_result), __pyx_v___pyx_state, 11); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(1, 13, __pyx_L1_error)
@@ -9566,7 +9837,7 @@ static PyObject *__pyx_f_3mpx_12_future_core___pyx_unpickle_FutureCore__set_stat
  *         __pyx_unpickle_FutureCore__set_state(<FutureCore> __pyx_result, __pyx_state)
  *     return __pyx_result
  * cdef __pyx_unpickle_FutureCore__set_state(FutureCore __pyx_result, __pyx_state: tuple):             # <<<<<<<<<<<<<<
- *     __pyx_result._call = __pyx_state[0]; __pyx_result._cond = __pyx_state[1]; __pyx_result._delivery = __pyx_state[2]; __pyx_result._done_callbacks = __pyx_state[3]; __pyx_result._exception = __pyx_state[4]; __pyx_result._lock = __pyx_state[5]; __pyx_result._result = __pyx_state[6]; __pyx_result._source = __pyx_state[7]; __pyx_result._state = __pyx_state[8]; __pyx_result._target = __pyx_state[9]; __pyx_result._waiters = __pyx_state[10]
+ *     __pyx_result._call = __pyx_state[0]; __pyx_result._cond = __pyx_state[1]; __pyx_result._delivery = __pyx_state[2]; __pyx_result._done_callbacks = __pyx_state[3]; __pyx_result._exception = __pyx_state[4]; __pyx_result._lock = __pyx_state[5]; __pyx_result._result = __pyx_state[6]; __pyx_result._source = __pyx_state[7]; __pyx_result._state = __pyx_state[8]; __pyx_result._target = __pyx_state[9]; __pyx_result.waiters = __pyx_state[10]
  *     __Pyx_UpdateUnpickledDict(__pyx_result, __pyx_state, 11)
 */
 
@@ -9596,7 +9867,7 @@ static PyObject *__pyx_tp_new__initialisation_3mpx_12_future_core_FutureCore(PyO
   p->_state = Py_None; Py_INCREF(Py_None);
   p->_result = Py_None; Py_INCREF(Py_None);
   p->_exception = Py_None; Py_INCREF(Py_None);
-  p->_waiters = Py_None; Py_INCREF(Py_None);
+  p->waiters = Py_None; Py_INCREF(Py_None);
   p->_done_callbacks = Py_None; Py_INCREF(Py_None);
   p->_cond = Py_None; Py_INCREF(Py_None);
   p->_call = Py_None; Py_INCREF(Py_None);
@@ -9668,7 +9939,7 @@ static void __pyx_tp_dealloc_3mpx_12_future_core_FutureCore(PyObject *o) {
   Py_CLEAR(p->_state);
   Py_CLEAR(p->_result);
   Py_CLEAR(p->_exception);
-  Py_CLEAR(p->_waiters);
+  Py_CLEAR(p->waiters);
   Py_CLEAR(p->_done_callbacks);
   Py_CLEAR(p->_cond);
   Py_CLEAR(p->_call);
@@ -9708,8 +9979,8 @@ static int __pyx_tp_traverse_3mpx_12_future_core_FutureCore(PyObject *o, visitpr
   if (p->_exception) {
     e = (*v)(p->_exception, a); if (e) return e;
   }
-  if (p->_waiters) {
-    e = (*v)(p->_waiters, a); if (e) return e;
+  if (p->waiters) {
+    e = (*v)(p->waiters, a); if (e) return e;
   }
   if (p->_done_callbacks) {
     e = (*v)(p->_done_callbacks, a); if (e) return e;
@@ -9747,8 +10018,8 @@ static int __pyx_tp_clear_3mpx_12_future_core_FutureCore(PyObject *o) {
   tmp = ((PyObject*)p->_exception);
   p->_exception = Py_None; Py_INCREF(Py_None);
   Py_XDECREF(tmp);
-  tmp = ((PyObject*)p->_waiters);
-  p->_waiters = Py_None; Py_INCREF(Py_None);
+  tmp = ((PyObject*)p->waiters);
+  p->waiters = Py_None; Py_INCREF(Py_None);
   Py_XDECREF(tmp);
   tmp = ((PyObject*)p->_done_callbacks);
   p->_done_callbacks = Py_None; Py_INCREF(Py_None);
@@ -9769,6 +10040,10 @@ static int __pyx_tp_clear_3mpx_12_future_core_FutureCore(PyObject *o) {
   p->_delivery = Py_None; Py_INCREF(Py_None);
   Py_XDECREF(tmp);
   return 0;
+}
+
+static PyObject *__pyx_getprop_3mpx_12_future_core_10FutureCore__waiters(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_3mpx_12_future_core_10FutureCore_8_waiters_1__get__(o);
 }
 
 static PyObject *__pyx_getprop_3mpx_12_future_core_10FutureCore__lock(PyObject *o, CYTHON_UNUSED void *x) {
@@ -9820,19 +10095,6 @@ static int __pyx_setprop_3mpx_12_future_core_10FutureCore__exception(PyObject *o
   }
   else {
     return __pyx_pw_3mpx_12_future_core_10FutureCore_10_exception_5__del__(o);
-  }
-}
-
-static PyObject *__pyx_getprop_3mpx_12_future_core_10FutureCore__waiters(PyObject *o, CYTHON_UNUSED void *x) {
-  return __pyx_pw_3mpx_12_future_core_10FutureCore_8_waiters_1__get__(o);
-}
-
-static int __pyx_setprop_3mpx_12_future_core_10FutureCore__waiters(PyObject *o, PyObject *v, CYTHON_UNUSED void *x) {
-  if (v) {
-    return __pyx_pw_3mpx_12_future_core_10FutureCore_8_waiters_3__set__(o, v);
-  }
-  else {
-    return __pyx_pw_3mpx_12_future_core_10FutureCore_8_waiters_5__del__(o);
   }
 }
 
@@ -9932,11 +10194,11 @@ static PyMethodDef __pyx_methods_3mpx_12_future_core_FutureCore[] = {
 };
 
 static struct PyGetSetDef __pyx_getsets_3mpx_12_future_core_FutureCore[] = {
+  {"_waiters", __pyx_getprop_3mpx_12_future_core_10FutureCore__waiters, 0, 0, 0},
   {"_lock", __pyx_getprop_3mpx_12_future_core_10FutureCore__lock, __pyx_setprop_3mpx_12_future_core_10FutureCore__lock, 0, 0},
   {"_state", __pyx_getprop_3mpx_12_future_core_10FutureCore__state, __pyx_setprop_3mpx_12_future_core_10FutureCore__state, 0, 0},
   {"_result", __pyx_getprop_3mpx_12_future_core_10FutureCore__result, __pyx_setprop_3mpx_12_future_core_10FutureCore__result, 0, 0},
   {"_exception", __pyx_getprop_3mpx_12_future_core_10FutureCore__exception, __pyx_setprop_3mpx_12_future_core_10FutureCore__exception, 0, 0},
-  {"_waiters", __pyx_getprop_3mpx_12_future_core_10FutureCore__waiters, __pyx_setprop_3mpx_12_future_core_10FutureCore__waiters, 0, 0},
   {"_done_callbacks", __pyx_getprop_3mpx_12_future_core_10FutureCore__done_callbacks, __pyx_setprop_3mpx_12_future_core_10FutureCore__done_callbacks, 0, 0},
   {"_cond", __pyx_getprop_3mpx_12_future_core_10FutureCore__cond, __pyx_setprop_3mpx_12_future_core_10FutureCore__cond, 0, 0},
   {"_call", __pyx_getprop_3mpx_12_future_core_10FutureCore__call, __pyx_setprop_3mpx_12_future_core_10FutureCore__call, 0, 0},
@@ -10631,14 +10893,14 @@ static int __Pyx_modinit_Exttype___pyx_obj_3mpx_12_future_core___pyx_scope_struc
   __Pyx_RefNannySetupContext("__Pyx_modinit_Exttype___pyx_obj_3mpx_12_future_core___pyx_scope_struct_1___await__", 0);
   /*--- Exttype __pyx_obj_3mpx_12_future_core___pyx_scope_struct_1___await__ ---*/
   #if CYTHON_USE_TYPE_SPECS
-  __pyx_mstate->__pyx_ptype_3mpx_12_future_core___pyx_scope_struct_1___await__ = (PyTypeObject *) __Pyx_PyType_FromModuleAndSpec(__pyx_m, &__pyx_type_3mpx_12_future_core___pyx_scope_struct_1___await___spec, NULL); if (unlikely(!__pyx_mstate->__pyx_ptype_3mpx_12_future_core___pyx_scope_struct_1___await__)) __PYX_ERR(0, 139, __pyx_L1_error)
+  __pyx_mstate->__pyx_ptype_3mpx_12_future_core___pyx_scope_struct_1___await__ = (PyTypeObject *) __Pyx_PyType_FromModuleAndSpec(__pyx_m, &__pyx_type_3mpx_12_future_core___pyx_scope_struct_1___await___spec, NULL); if (unlikely(!__pyx_mstate->__pyx_ptype_3mpx_12_future_core___pyx_scope_struct_1___await__)) __PYX_ERR(0, 148, __pyx_L1_error)
   #else
   __pyx_mstate->__pyx_ptype_3mpx_12_future_core___pyx_scope_struct_1___await__ = &__pyx_type_3mpx_12_future_core___pyx_scope_struct_1___await__;
   #endif
   #if !CYTHON_COMPILING_IN_LIMITED_API
   #endif
   #if !CYTHON_USE_TYPE_SPECS
-  if (__Pyx_PyType_Ready(__pyx_mstate->__pyx_ptype_3mpx_12_future_core___pyx_scope_struct_1___await__) < (0)) __PYX_ERR(0, 139, __pyx_L1_error)
+  if (__Pyx_PyType_Ready(__pyx_mstate->__pyx_ptype_3mpx_12_future_core___pyx_scope_struct_1___await__) < (0)) __PYX_ERR(0, 148, __pyx_L1_error)
   #endif
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount((PyObject*)__pyx_mstate->__pyx_ptype_3mpx_12_future_core___pyx_scope_struct_1___await__);
@@ -11228,94 +11490,94 @@ __Pyx_RefNannySetupContext("PyInit__future_core", 0);
   if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_finished, __pyx_t_2) < (0)) __PYX_ERR(0, 39, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "mpx/_future_core.pyx":67
- *         self._source = source
+  /* "mpx/_future_core.pyx":72
+ *         return self.waiters
  * 
  *     def done(self):             # <<<<<<<<<<<<<<
  *         return self._state is _FINISHED
  * 
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_3done, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_FutureCore_done, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[3])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 67, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_3done, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_FutureCore_done, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[3])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 72, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_done, __pyx_t_2) < (0)) __PYX_ERR(0, 67, __pyx_L1_error)
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_done, __pyx_t_2) < (0)) __PYX_ERR(0, 72, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "mpx/_future_core.pyx":70
+  /* "mpx/_future_core.pyx":75
  *         return self._state is _FINISHED
  * 
  *     def cancel(self):             # <<<<<<<<<<<<<<
  *         """False: the call was sent, and a sent call runs to its end."""
  *         return False
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_5cancel, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_FutureCore_cancel, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[4])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 70, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_5cancel, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_FutureCore_cancel, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[4])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 75, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_cancel, __pyx_t_2) < (0)) __PYX_ERR(0, 70, __pyx_L1_error)
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_cancel, __pyx_t_2) < (0)) __PYX_ERR(0, 75, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "mpx/_future_core.pyx":74
+  /* "mpx/_future_core.pyx":79
  *         return False
  * 
  *     def cancelled(self):             # <<<<<<<<<<<<<<
  *         return False
  * 
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_7cancelled, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_FutureCore_cancelled, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[5])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 74, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_7cancelled, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_FutureCore_cancelled, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[5])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 79, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_cancelled, __pyx_t_2) < (0)) __PYX_ERR(0, 74, __pyx_L1_error)
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_cancelled, __pyx_t_2) < (0)) __PYX_ERR(0, 79, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "mpx/_future_core.pyx":77
+  /* "mpx/_future_core.pyx":82
  *         return False
  * 
  *     def running(self):             # <<<<<<<<<<<<<<
  *         return self._state is _RUNNING
  * 
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_9running, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_FutureCore_running, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[6])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 77, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_9running, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_FutureCore_running, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[6])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 82, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_running, __pyx_t_2) < (0)) __PYX_ERR(0, 77, __pyx_L1_error)
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_running, __pyx_t_2) < (0)) __PYX_ERR(0, 82, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "mpx/_future_core.pyx":80
+  /* "mpx/_future_core.pyx":85
  *         return self._state is _RUNNING
  * 
  *     def add_done_callback(self, fn):             # <<<<<<<<<<<<<<
  *         """Run ``fn(future)`` once the call is done, in the thread that completes it (at
  *         once, here, if it is done already)."""
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_11add_done_callback, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_FutureCore_add_done_callback, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[7])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 80, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_11add_done_callback, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_FutureCore_add_done_callback, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[7])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 85, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_add_done_callback, __pyx_t_2) < (0)) __PYX_ERR(0, 80, __pyx_L1_error)
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_add_done_callback, __pyx_t_2) < (0)) __PYX_ERR(0, 85, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "mpx/_future_core.pyx":92
+  /* "mpx/_future_core.pyx":100
  *             _LOGGER.exception("exception calling callback for %r", self)
  * 
  *     def _complete(self, result, exc):             # <<<<<<<<<<<<<<
  *         cdef object target = None, delivery, awaiting, source, waiter, fn
  *         cdef Py_ssize_t left
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_13_complete, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_FutureCore__complete, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[8])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 92, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_10FutureCore_13_complete, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_FutureCore__complete, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[8])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 100, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_complete, __pyx_t_2) < (0)) __PYX_ERR(0, 92, __pyx_L1_error)
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_complete, __pyx_t_2) < (0)) __PYX_ERR(0, 100, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
   /* "(tree fragment)":1
@@ -11333,7 +11595,7 @@ __Pyx_RefNannySetupContext("PyInit__future_core", 0);
 
   /* "(tree fragment)":17
  *     else:
- *         return __pyx_unpickle_FutureCore, (type(self), 0xd9f239d, state)
+ *         return __pyx_unpickle_FutureCore, (type(self), 0xa51d88f, state)
  * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
  *     __pyx_unpickle_FutureCore__set_state(self, __pyx_state)
 */
@@ -11345,14 +11607,29 @@ __Pyx_RefNannySetupContext("PyInit__future_core", 0);
   if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_3mpx_12_future_core_FutureCore, __pyx_mstate_global->__pyx_n_u_setstate_cython, __pyx_t_2) < (0)) __PYX_ERR(1, 17, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
+  /* "mpx/_future_core.pyx":178
+ * 
+ * 
+ * def complete_each(completed):             # <<<<<<<<<<<<<<
+ *     """Complete, in order, the futures of the settled calls in the deque ``completed`` (each
+ *     call has ``future``, ``value`` and ``error``), emptying it; a future someone already
+*/
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_6complete_each, 0, __pyx_mstate_global->__pyx_n_u_complete_each, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[11])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 178, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_complete_each, __pyx_t_2) < (0)) __PYX_ERR(0, 178, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
   /* "(tree fragment)":4
  *     int __Pyx_CheckUnpickleChecksum(long, long, long, long, const char*) except -1
  *     int __Pyx_UpdateUnpickledDict(object, object, Py_ssize_t) except -1
  * def __pyx_unpickle_FutureCore(__pyx_type, long __pyx_checksum, tuple __pyx_state):             # <<<<<<<<<<<<<<
  *     cdef object __pyx_result
- *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xd9f239d, 0x925101c, 0x5a83edf, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, _waiters')
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0xa51d88f, 0x73ba365, 0x5f8fa87, b'_call, _cond, _delivery, _done_callbacks, _exception, _lock, _result, _source, _state, _target, waiters')
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_6__pyx_unpickle_FutureCore, 0, __pyx_mstate_global->__pyx_n_u_pyx_unpickle_FutureCore, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[11])); if (unlikely(!__pyx_t_2)) __PYX_ERR(1, 4, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_3mpx_12_future_core_8__pyx_unpickle_FutureCore, 0, __pyx_mstate_global->__pyx_n_u_pyx_unpickle_FutureCore, NULL, __pyx_mstate_global->__pyx_n_u_mpx__future_core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[12])); if (unlikely(!__pyx_t_2)) __PYX_ERR(1, 4, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
@@ -11427,21 +11704,21 @@ static int __Pyx_InitCachedConstants(__pyx_mstatetype *__pyx_mstate) {
   CYTHON_UNUSED_VAR(__pyx_mstate);
   __Pyx_RefNannySetupContext("__Pyx_InitCachedConstants", 0);
 
-  /* "mpx/_future_core.pyx":83
+  /* "mpx/_future_core.pyx":88
  *         """Run ``fn(future)`` once the call is done, in the thread that completes it (at
  *         once, here, if it is done already)."""
  *         with self._lock:             # <<<<<<<<<<<<<<
  *             if self._state is not _FINISHED:
- *                 self._done_callbacks.append(fn)
+ *                 if self._done_callbacks is None:
 */
   {
     PyObject* __pyx_temp[3] = {Py_None, Py_None, Py_None};
-    __pyx_mstate_global->__pyx_tuple[0] = __Pyx_PyTuple_FromArray(__pyx_temp, 3); if (unlikely(!__pyx_mstate_global->__pyx_tuple[0])) __PYX_ERR(0, 83, __pyx_L1_error)
+    __pyx_mstate_global->__pyx_tuple[0] = __Pyx_PyTuple_FromArray(__pyx_temp, 3); if (unlikely(!__pyx_mstate_global->__pyx_tuple[0])) __PYX_ERR(0, 88, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_mstate_global->__pyx_tuple[0]);
   }
   __Pyx_GIVEREF(__pyx_mstate_global->__pyx_tuple[0]);
 
-  /* "mpx/_future_core.pyx":151
+  /* "mpx/_future_core.pyx":160
  *             delivery = _delivery_of(loop)
  *         if type(loop).create_future is _STOCK_CREATE_FUTURE:
  *             target = _AsyncioFuture(loop=loop)             # <<<<<<<<<<<<<<
@@ -11450,7 +11727,7 @@ static int __Pyx_InitCachedConstants(__pyx_mstatetype *__pyx_mstate) {
 */
   {
     PyObject* __pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_loop};
-    __pyx_mstate_global->__pyx_tuple[1] = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_mstate_global->__pyx_tuple[1])) __PYX_ERR(0, 151, __pyx_L1_error)
+    __pyx_mstate_global->__pyx_tuple[1] = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_mstate_global->__pyx_tuple[1])) __PYX_ERR(0, 160, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_mstate_global->__pyx_tuple[1]);
   }
   __Pyx_GIVEREF(__pyx_mstate_global->__pyx_tuple[1]);
@@ -11491,38 +11768,38 @@ static int __Pyx_InitConstants(__pyx_mstatetype *__pyx_mstate) {
   int __pyx_clineno = 0;
   CYTHON_UNUSED_VAR(__pyx_mstate);
   {
-    const struct { const unsigned int length: 8; } str_length_index[] = {{15},{2},{1},{179},{8},{52},{7},{6},{33},{2},{9},{20},{8},{13},{8},{6},{10},{28},{30},{20},{28},{17},{20},{15},{18},{14},{17},{6},{4},{7},{20},{12},{9},{27},{17},{8},{9},{8},{8},{12},{8},{10},{8},{7},{14},{12},{11},{10},{25},{12},{10},{17},{13},{12},{12},{19},{8},{5},{9},{5},{9},{17},{13},{5},{3},{17},{13},{10},{6},{7},{18},{8},{4},{6},{9},{18},{5},{10},{18},{9},{13},{6},{8},{11},{4},{3},{9},{1},{8},{2},{6},{7},{3},{8},{5},{4},{4},{4},{16},{4},{10},{3},{7},{6},{7},{4},{4},{13},{10},{10},{6},{5},{6},{9},{5},{6},{12},{5},{6},{6}};
-    const struct { const unsigned int length: 9; } bytes_length_index[] = {{2},{11},{55},{16},{474},{7},{13},{326},{7},{60},{14}};
+    const struct { const unsigned int length: 8; } str_length_index[] = {{15},{2},{1},{179},{8},{52},{7},{6},{33},{2},{9},{20},{8},{13},{8},{6},{10},{28},{30},{20},{28},{17},{20},{15},{18},{14},{17},{6},{4},{7},{20},{12},{9},{27},{17},{8},{9},{8},{8},{12},{8},{10},{8},{7},{14},{12},{11},{10},{25},{12},{10},{17},{13},{12},{12},{19},{8},{5},{9},{5},{9},{17},{13},{5},{3},{17},{13},{10},{6},{7},{18},{8},{4},{6},{9},{18},{5},{13},{9},{10},{18},{9},{13},{6},{8},{11},{4},{5},{3},{9},{1},{8},{2},{3},{6},{7},{3},{8},{5},{4},{4},{4},{16},{4},{10},{3},{7},{7},{6},{7},{4},{4},{13},{10},{10},{6},{5},{6},{9},{5},{6},{12},{5},{6},{6}};
+    const struct { const unsigned int length: 9; } bytes_length_index[] = {{2},{11},{55},{16},{474},{46},{7},{13},{338},{7},{82},{14}};
     #ifndef CYTHON_COMPRESS_STRINGS
       #define CYTHON_COMPRESS_STRINGS 90
     #endif
-    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (1476 bytes) */
-static const char cstring[] = "x\332m\224AS\333V\020\307\261,\210\233\320\200\301i\350$MEJK:i\3352\241C&M\223\241`\\\327\340`\207\004JZ\304Cz\262\025dI\226\236\214M2\205#G\035u\324QG\0379r\344\250\243\216|\204|\204\356Z\306q\206z\006\375VO\373v\367\375w\037\017\230E\251\240X\244Z\247:\373\376\211\360\274d0*\260\032a\302R\233\325\014]PmA\246\232\272G-\302\250\326\026lf\251\022\243\026:\351\302zn\375\307\371\307\363\002\321e\301\242o\251\304l\301v\366$\215\3306\265\005C\021\366\034Uc\252.\260\266I\355\254PP\204\266\341\010:\245\262\300\014\301\004\277\301\r\254Fu\301\246\014\ra\226\350\272\301\010S\r]\204\355\252^\235\025d\325\202$j\223\342\356\025\242\3314KdY\004?\n\345T\326\227V\034\346X\024\313&\007De\220\306\320\241l\250\200\010\226\243\353\020E\240M8\255\240\031\206)\2536\331\323(\325\273\317\226DM\314&HD\323\320\021\271G\244}A1,\341[\253*\251v\354*\327\315\326O\242\322\315%J\206E\263f\273\365T#\365=\231<\373\235\3304\207)V!\303J\241Tx\371Gn9\256+~.\031\203VV\024-*;\022\004\352J.\212\237|\0035l\020\341\377\277JF\335\324(\033\214\206r\310\206\016\376\275\342\007\276ID\227\250ve\001\3163\260\206\233\007^{\242\025\326\326Wsk\271\322\306\342F\341E\251\2407\211\246\312/\261\260\234e\031\326\352\213|>WY5\244\375\312\253R\251P\312\213\342z\273\005\177\3130-b\211\266X\205*\242\330\353(\025\341\327\355\317\200\221}\252\031P\263\375,{)\244(v\347B\254R\006\235\254\243\257\214\341\340\007\352R\253k\264\342 \212\243K\310\352\245\\\360\253\023U\357\322\220\035\255\273\242\223zLz\200\200\246\211R\215J\373\266S\217\337,j;\032\213\355^\0344qzc\313\321MU\332\207h\037%\022\305\206C\264\313\320\275^\212W\272\332_\240-|\201\276\366\313\261\007\212\276\322oQd\324\3063\356\301\\\365;\036+\241\250\272j\327\250\214\307\026{\235\022q\260E\325\306\2714\034\270{\024\022\023\031\346\342\312h\340B\177\352\361%>>1M\252\313\304n\353\222j\364\220\355G\263\273\375\202D\030%\036\240\376\030I\032\246\003\325\231E$\212)$\315\260\251d\350\222cY\320\264\217V6\276=6\254(j\025,\t\252\204s\305\313\361\341\361?O\223Z\355K\212\206\202""\365c\311\227U+\227\022(z\274\263\027\026\004AMP\013\234\035\033\006\211iTa\270\000\2277;xyu\030O\230KUi\213p$\3230Q/8`\254FOV\233j\n\334~\031\373\326\317\216/\261\027X2U\010Z\206cI\264\333CF,(\202\325z\361\3000\016\034S\206/\016\264\362\262\323p\225\234\370aw\377eY\307\211\343D\304?\010\022\301\027A\3438q\301\177\3555B\341\347\316\215\323_\317\366\303r%\342\047\335\047\336\226_\366I\304_;~\357.x\323Q\352\207`1\370\3474{\016[o\234\314\035\047>\214\014\r\217\240\375\334\373\316\207\210\037RC\327\357\240c\332\315\270[\336\206?\025d\202\277O3\341o/\316Y\370r7\334\225CY\013534\017\303\303\177?\014\r\035%\n\034\240\300\255!\326\270\327\210\327\3346b\233\223\0212WC\3248\225\213R\343\3565\267\341\215xZ0\215u5O6\335\234\227\361\312Qj\302\205\274\267\335\306\005<\230\267\340\317\006\267\002\251\223\351l\236\346\317~9O\236\317\237\277\013\267IH\224PQC\265\036\326\343\364+\030{\205+\"\212\\\tQ\342*\210\n\267\203\330\341(\202ro\021o\271:\242\3165\020\r\256\205hqG\210#n9\tXN\346\021\371d\021QLn 6\222o\020o\222\273\210\335\244\204\220\222UD5i\"\314\344\001\342 \371\036\361>y\2048J.\361\200%\276\210(\362\025D\205\337Dl\362\333\210m~\007\261\303W\021U^G\350\274\215\260\371&\242\311\037\"\016\371\345a,p\270\210(\016\257\016\243\206\215(5\026\216=\014\346\203F\347Z\347\335\331\354y\372\342\323\225\351\343E\3609i\304`\356c\357\221G\360\345+\257\014#ps\302MG\243\250\372c\377\021\314\313(\372\314E\343\031\267\3505\020%\177\032\361\247G\020\005\350\326\370\244;\3576\242\314\224w\335\237\201-Sw\274y\317\006\267\273\367\375\207A9 \027`d;\211N:v=\360\252~\031\335G\274\375\000\326\276\214{\016C\030\215N\204\0233\376\242_\361\033\301hg\261\323]^pg=\250i\334\275\341\315\305\245\001n\271\033\2708v\322t\377\362$\177\322_\353\244/\272\341\233\336+\310\235A?8Y4u\017\263\004\323\027`\3500\362P\357\0358\033\034\351\266\333\362\032~*\340`\374`\347\\\224\271\353-z\333~\343\002jK\371\t\037\002Ny<\254m\371\257\203\271(5z\262\342\316\270\240\311\347\3218L(\354\230\314`\230C?\035\336\317\237\201\244\027""\261\262}\035c\201\027\272\222\205\231\031?\037\314\005\213\321x:J}\026\215\336<!\047\215hl<\032\305\353Y\016\357-\235\315\371O\202\255\316\306i\372\364\301\3317g\345\377\000v\374\215X";
-    PyObject *data = __Pyx_DecompressString(cstring, 1476, 1);
+    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (1549 bytes) */
+static const char cstring[] = "x\332m\224\317S\333V\020\307\261,~40\341G\234@\047i+\3324\320I\353\226\t\235dh\232\014%@\035\203\203\035\022(i\021\017\351\311V\220\365[\306&\231\302\321G\035\337QG\035}\344\310\221\243\216:\372O\310\237\320]\3138\316\244\036\360g\365\264ow\337w\367y\336\265)\025\024\233\224\253Tw\177X\022\236\026\014\227\nn\205\270\302J\303\255\030\272\240:\202L5\365\220\332\304\245ZCp\\[\225\\j\243\223.l\255n\375\264\370hQ \272,\330\364-\225\\Gp\274CI#\216C\035\301P\204CO\325\\U\027\334\206I\235\254\220S\204\206\341\t:\245\262\340\032\202\t~\375\033\334\n\325\005\207\272h\010sD\327\r\227\270\252\241\213\260]\325\313s\202\254\332\220D\255Q\334\275F4\207f\211,\213\340G\241\234\322\326\312\232\347z6\305\262\3111Q]Hc\350P6T@\004\333\323u\210\"\320\032\234V\320\014\303\224U\207\034j\224\352\235\357\272DM\314&HD\323\320\021yH\244#A1l\341{\273,\251N\342*W\315\372\317\242\322\311%J\206M\263f\243\376X#\325C\231<\371\2038t\025Sl@\206\265\\!\367\362\317\325gI]\311\367\212\321oeE\321\246\262\047A\240\216\344\242\370\311;P\303\001\021\376\377\255dTM\215\272\375\321P\016\331\320\301\277[|\337;\211\350\022\325>[\200\363\364\255\341\346\276\307\256h\271\315\255\215\325\315\325\302\366\362v\356E!\247\327\210\246\312/\261\260U\3336\354\215\027\353\353\253\245\rC:*\275*\024r\205uQ\334j\324\341\377\031L\213X\240u\267D\025Q\354v\224\212\360\351\364\247\317\310>\326\014\250\331y\222\275\022R\024;s!\226\251\013\235\254\242\257\214\341\340\003\352R\273c\324\223 \212\247K\310\362\225\\\360\251\022U\357\320\220=\255\263\242\223jBz\214\200\246\211R\205JG\216WM\236l\352x\232\233\330\3358h\342\364&\226\247\233\252t\004\321>J$\212\226G\264\253\320\335^\212\237u\265\267@\353\370\000}\355\225\343\364\025\375Y\277E\321\245\016\236\361\020\346\252\327\361D\tE\325U\247Be<\266\330\355\224\210\203-\252\016\316\245\341\301\335\243\220\230\3100\027\237\215\006.\364\246\036\037\222\343\023\323\244\272L\234\206.\251F\027\331^4\247\323/H\204Q\222\001\352\215\221\244a:P\335\265\211D1\205\244\031\016\355\025M\211T\271z\220%""C\227<\333\206V~\264\262\311\235r`EQ\313`IP;lL\226\023I\360\367\250F\355\306\025EC\301SQ\234C<\315\325\201\224+u\024\035\266\047\021\272\341A.T\014\225\302\311r`\314\\\215*..\300\325\316\366_m\035\206\027\246VU\032\"\034\3304L\370C_\024\025TH$\353j\357PM\201\237\010\031\233\333\253\003\037\022/\260d\252\020\264\014\317\226h\247\321.\261\241\026\267\322\215\007\206q\354\2312\274\361\240\337W\343\000\367\315K\276\234\316\357\232}\226:K\305\374|\230\no\205\326Y\252\315\177\303\254H\370\2455z\376\333\305QT,\305\374\r\177\211\355\006\305\200\304\374\360\331{\377!\233\215G~\014\227\303\177\316\263\227\260u\264\271p\226\3720408\204\366Sv/\200\210\037F\006\256\335F\307I?\343\357\262\355`&\314\204\177\237g\242\337_\\\272\321\313\203\350@\216d-\322\314\310<\211N\376\37500p\232\312q\200\034\267\211\330\344^#^s{\210=NF\310\\\005Q\341T.\036\231\360\207}\213\r1-\234\305\272j\315\035\177\225eX1\036\231\362!\357\264o\265\341\313e\017\203\271\360f(\2652\255\235\363\365\213_/\323\227\213\227\357\242=\022\021%R\324H\255F\325$\375\032\306^\343\362\210<W@\024\270\022\242\304\355#\3669\212\240\334[\304[\256\212\250r\026\302\342\352\210:w\2128\345\236\245\001\317\322\353\210\365t\036\221Oo#\266\323o\020o\322\007\210\203\264\204\220\322eD9m\"\314\3641\3428\375\036\361>}\2128M\257\360\200\025>\217\310\363%D\211\337A\354\360{\210=~\037\261\317\227\021e^G\350\274\203p\370\032\242\306\237 N\370\225A\0146\370\034\361|0?\210\032Z\361\310x4~?\\\014\255\326p\353\335\305\334\345d\373\323\225Y\350\354\330\300\340h\023\024\036o6\330H\220\212G\2567eT\374\213xl\274y\302&\331]V\td\350\312\370\304\3312\272Y\t\\\377\021{\300\010>|\305\21200\327\247\374\311x\014{\364(x\000\3235\206>\013\361D\306\3173\013Q\010f\021\317\031A\344\240\267\0237\374E\337\21233\354Zp\027\266\314\334f\213\314\001\267;\337\006\367\303bH\332`d[\251\326d\342z\314\312A\021\335\207\330Q\010k_&\023\002#\033\217MESw\203\345\240\024X\341Xk\271\325Y~\350\3171\250i\302\037e\013Ii\200\233\3766.\2167k\376_L\nn\004\233\255\311v\047|\215\275""\202\334\031\364\203\223\3053_c\226p\266\r\206\016\027\004\352\275\rg\203#M\373uf\005#!\007\262\300\316\2058s\207-\263\275\300jCm b\000\001g\030\017k\273\301\353p\001KY\214\306\205`8\260\260\232!_\206\27341\031gn\371\004\316?=\023gn\263\245\240\030\335\313_.\234-\267\023\225{\232&b?\014:\311\026\243\351\3710\rA33\321\314\375p!\\n\2435\037\016CSS\030\025[w\275I\232\026\264,\036\303\353^\214\276^\271X\010\226\302\335\326\366\371\344\371\374\305w\027\305\377\000\301[\271\206";
+    PyObject *data = __Pyx_DecompressString(cstring, 1549, 1);
     #define __Pyx_DecompressString_LZSS_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (1930 bytes) */
-static const char cstring[] = "\377(tree fr\377agment):\377 ?Note t\377hat Cyth\377on is de\377liberate\377ly stric\367ter!\001n PE\377P-484 an\377d reject\377s subcla\377sses of \377builtin \377types. I\377f you ne\177ed to p%\000\376%\tthen se\375t\200\000e \047ann\377otation_\376<\000ing\047 di\355rb\000iv\242\000o F\377alse.add\375_%\000ean RP\177CFuture\263\001\337awaitd\000on\374\264\000\177\000a runn\356C\000 ev\353\000 lo\377opdisabl\367een\001\002xcep>j\001 call%\001\004\001\377back for\177 %rgcis%\003\177dmpx/_fg\002\377_core.py\377x<lambda\277>BaseE_\001L\376_\000FINISHE\311D\222\003\230\003C.\000\000\007._\377_reduce_Mc\356\"__\017\n\213 s\202 \376\010\023complet9eC\010\213!donK\000\302\000\374\271\001_\010cancel\016\000\016led\204\0109\001\223\010\256$\377IMPLEMEN\377TATIONIn\277validS\225\001E\377rrorLOGG\377ERLockRU\377NNING__P\353yx\001\000D\253`_Ne\177xtRef__\313D\307e__\t\000\234A\000\006__\357.<lo\366 s>.\366\301%__\304b_get\312\307@m1\001dK\001;\000en\367terB\001exit\036J\001funcR\001)\000\251#\336`\000mainf\001mowdulo\002nam\002\003\363ew\177\001\262@_che\317cksu[\000\n\001re\007sulN\000\026\001A\004!\001\272\204\001\373__+\001unpic\371kK\000\301G__qua\311lS\005\305D_\305N\336Fex\036\373\001set_\207\005\333F\225 \276\337N__tes\340\001b\352\325`_\352E_\205\"fin_ished\237!_\330\204\004\335_\325\204\001_is\224\204\001ou\373ti\210`reada\023dd\212n\267\205\001e\356\204\005\304\205\001\371\003\377appendas\337yncio\000\004.c\353orH\003s\324\205\002ing0\242\205\001\314c\322c\304`clk\001\363 \337trace\267\205\001cl\377oseconcu_rrent\000\007.\270\205\003\375s\031\000figure\215c\243\000te\316\205\004\205\205\003\366\207\001vwery\000\005_of\327\204\0014\257\001\244\206\005f\373\005fn\211\206\003P\004\360\261`\264`\207\"\270aslas\337tleft\362\206\001mp\373x.\261\206\tnextn\377otify_al\357lpop\254!ing|\207c\257\207\004selfs\224 \360\264A\253&\301A\255csetd\367efa\272`sour\373ce\257\206\002targe\347tthI\004\006\000owu\377pdateuse}_\322\206\005value\000\002\375s\256\210\002r\200\001\200\001""\330\377\004(\250\001\250\026\250q\377\200\001\340\004\037\230q\320\377 0\260\013\270;\300k\377\320QR\330\004\023\220:\377\230X\240Q\240a\330\004\377\007\200|\2207\230!\330\377\010,\250A\250]\270.\375\3108\000\013\2101\200\001\360\377\006\000\005\006\330\004\013\210\357?\230&\240O\000\360\010\000\373\n\033%\001\021\220\024\220X\377\230T\240\030\250\024\250\\\377\270\024\320=O\310t\320\377S`\320`d\320dl\377\320lp\320pz\320z\377~\360\000\000\177\001I\002\356\004\000I\002M\003\001M\002V\356\n\001V\002Z\021\001Z\002d\356\030\001d\002h\037\001h\002i\377\002\330\010\020\220\007\220q\277\230\006\230l\250!\224\001v\377\210W\220E\230\024\230Q\357\330\010\022\220\236\000\027\220q\377\340\010\027\220t\2307\240\377\047\250\025\250c\260\024\260\377W\270G\3005\310\003\310\3774\310{\320Za\320a\377f\320fi\320im\320umy\003F{\001F\002K\202\001wK\002N\211\001N\002R\220\001wR\002^\227\001^\002e\236\001we\002j\245\001j\002m\254\001wm\002q\263\001q\002x\272\001\367x\002\177\301\001\177\002D\003\356\320\000D\003G\003\001G\003K\356\n\001K\003T\021\001T\003[\356\030\001[\003`\037\001`\003c\356&\001c\003g-\001g\003p\3564\001p\003w;\001w\003|\356B\001|\003\177I\001\177\003C\335\004\244 C\004K\003\001K\004\335R\n\001R\004W\021\001W\004\335Z\030\001Z\004^\037\001^\004\335g&\001g\004n-\001n\004\335s4\001s\004v;\001v\004\275zB\001z\004D\005\235\001\005\275K\003\001K\005L\005\330Aq\377\330\010\017\320\017+\2504\377\250q\260\007\260{\300\047w\310\021\340\004\013!\200A!\000\373\210q\001\003t\2208\2303\273\230a\020\001\035\230Q\200`\016\337\022\220\021\330\014\362!8\240\3753\255`\014\017\210t\2201\177\330\020\024\220K\230q\003\001wN\240!\n\001J\230a\021\001\375I\253@\020\023\2204\220q\177\330\024\030\230\n\240$\340`\277\030\033\2304\230s$\000\034\377\"\240+\250Q\250a\340~\006\000.\260\001\260\021\330&\002\337w\230g\240Q+\001\006\230\353k\250\021\000\031\356C\013\2101\377\330\014\022\320\022$\240A\377\240R\240q\250\014\260A\375\260\210`\013\2107\220\047\230>\221\000\020\220\013\2301\225\003&\000\367""\025\220T\021\001\017\210v\220\377Y\230c\240\023\240M\260\273\021\340\205\002v\230U\240\000\024\334\265a\327\000\330\030\036b\001\250!\375\340\006\000n\250A\250Q\330\337\020\033\2308\240\320\000\027\220\177x\230q\240\010\250\002\374`\376\301\0001\330\024\034\230A\230\357Z\240q\340\310\000\010\240\001\335\240N\000\030\230\004\021\000X\240\377V\2501\330\010\014\210F\377\220$\220a\330\014\r\330\357\020\022\220!\224 \023\024\330\377\020\027\220z\240\021\320\"\203G\300\320 \351 \326!\277&\271!8\373\2307\256\"\320\024$\240G\377\2501\250A\330\020\021\330\377\010\t\330\014\016\210a\210\277q\330\017\020\330\014\233\206\001Q\377\320\036C\3001\240:\250\377X\260T\270\021\270(\300\007#\300Q";
-    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 1930, 2416);
+    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (2030 bytes) */
+static const char cstring[] = "\377(tree fr\377agment):\377 ?Note t\377hat Cyth\377on is de\377liberate\377ly stric\367ter!\001n PE\377P-484 an\377d reject\377s subcla\377sses of \377builtin \377types. I\377f you ne\177ed to p%\000\376%\tthen se\375t\200\000e \047ann\377otation_\376<\000ing\047 di\355rb\000iv\242\000o F\377alse.add\375_%\000ean RP\177CFuture\263\001\337awaitd\000on\374\264\000\177\000a runn\356C\000 ev\353\000 lo\377opdisabl\367een\001\002xcep>j\001 call%\001\004\001\377back for\177 %rgcis%\003\177dmpx/_fg\002\377_core.py\377x<lambda\277>BaseE_\001L\376_\000FINISHE\311D\222\003\230\003C.\000\000\007._\377_reduce_Mc\356\"__\017\n\213 s\202 \376\010\023complet9eC\010\213!donK\000\302\000\374\271\001_\010cancel\016\000\016led\204\0109\001\223\010\256$\377IMPLEMEN\377TATIONIn\277validS\225\001E\377rrorLOGG\377ERLockRU\377NNING__P\353yx\001\000D\253`_Ne\177xtRef__\313D\307e__\t\000\234A\000\006__\357.<lo\366 s>.\366\301%__\304b_get\312\307@m1\001dK\001;\000en\367terB\001exit\036J\001funcR\001)\000\251#\336`\000mainf\001mowdulo\002nam\002\003\363ew\177\001\262@_che\317cksu[\000\n\001re\007sulN\000\026\001A\004!\001\272\204\001\373__+\001unpic\371kK\000\301G__qua\311lS\005\305D_\305N\336Fex\036\373\001set_\207\005\333F\225 \276\337N__tes\340\001b\352\325`_\352E_\205\"fin_ished\237!_\330\204\004\335_\325\204\001_is\224\204\001ou\373ti\210`reada\023dd\212n\267\205\001e\356\204\005\304\205\001\371\003\377appendas\337yncio\000\004.c\353orH\003s\324\205\002ing0\242\205\001\314c\322c\304`clk\001\363 \337trace\267\205\001cl\367ose\254\006each\376\254\204\005dconcur\257rent\000\007.\316\205\003s\376\031\000figurec\306\271\000te\344\205\004\233\205\003\214\210\001ve\273ry\000\005_of\355\204\001e\350\204\204\001\312\001\277\206\005f\226%fnf\003ut\247\206\003X\004\317`\322`\245\"\326a\377slastlef\275t\220\207\001mpx.\317\206\tn\377extnotif\377y_allpop8\000\000(\001\321!ing\254c\324\207\004\037selfs\271 \331A\320&\374\346A\322csetdef\375a\337`source\376\324\206\002targett\371hI\004\006\000owupd""\177ateuse_\367\206\005_value\000\002s\323\210\002\377r\200\001\200\001\330\004(\377\250\001\250\026\250q\200\001\377\340\004\037\230q\320 0\377\260\013\270;\300k\320Q\377R\330\004\023\220:\230X\377\240Q\240a\330\004\007\200\377|\2207\230!\330\010,\177\250A\250]\270.\3108\000\377\013\2101\200\001\360\006\000\377\005\006\330\004\013\210?\230\373&\240O\000\360\010\000\n\033\376%\001\021\220\024\220X\230T\377\240\030\250\024\250\\\270\024\377\320=O\310t\320S`\377\320`d\320dl\320l\377p\320pz\320z~\360\277\000\000\177\001I\002\004\000I\273\002M\003\001M\002V\n\001V\273\002Z\021\001Z\002d\030\001d\373\002h\037\001h\002i\002\330\377\010\020\220\007\220q\230\006\357\230l\250!\224\001v\210W\377\220E\230\024\230Q\330\010\373\022\220\236\000\027\220q\340\010\377\027\220t\2307\240\047\250\377\025\250c\260\024\260W\270\377G\3005\310\003\3104\310\377{\320Za\320af\320\177fi\320im\320my\003\335F{\001F\002K\202\001K\002\335N\211\001N\002R\220\001R\002\335^\227\001^\002e\236\001e\002\335j\245\001j\002m\254\001m\002\335q\263\001q\002x\272\001x\002\275\177\301\001\177\002D\003\320\000D\273\003G\003\001G\003K\n\001K\273\003T\021\001T\003[\030\001[\273\003`\037\001`\003c&\001c\273\003g-\001g\003p4\001p\273\003w;\001w\003|B\001|{\003\177I\001\177\003C\004\244 wC\004K\003\001K\004R\n\001wR\004W\021\001W\004Z\030\001wZ\004^\037\001^\004g&\001wg\004n-\001n\004s4\001ws\004v;\001v\004zB\001oz\004C\005I\001\005J\003\001\357J\005K\005\330Aq\330\010\377\017\320\017+\2504\250q\377\260\007\260{\300\047\310\021\365\340\004\013!\347@\014\000\005\013\375\210\200`\017\210y\230\010\240\277\001\330\010\016\210d\356!\t\377\330\014\017\210z\230\021\230\337$\230h\240d\223@\017\020\333\200AO\000\210q\001\003t\220\3378\2303\230a\020\001\035\230\375Q\256`\016\022\220\021\330\014\316\240A8\2403\333`<\000t\220\3771\330\020\024\220K\230q\356\003\001N\240!\n\001J\230a\372\021\001I\331@\020\023\2204\220\377q\330\024\030\230\n\240$\377\240a\330\030\033\2304\230\375s$\000\034\"\240+\250Q\367\250a\340\006\000.\260""\001\260\373\021\330&\002w\230g\240Q^+\001\006\230k\250\021\000\031\234c\377\013\2101\330\014\022\320\022\377$\240A\240R\240q\250\357\014\260A\260\266`\013\2107\367\220\047\230\221\000\020\220\013\230\2711\225\003&\000\025\220T\021\001\017\377\210v\220Y\230c\240\023\337\240M\260\021\340\205\002v\230\345U\240\000\024\343a\327\000\330\030\036\356b\001\250!\340\006\000n\250A\377\250Q\330\020\033\2308\240\376\320\000\027\220x\230q\240\010\327\250\002\250\317\000\023\342\000\024\034\177\230A\230Z\240q\340\310\000\272\302 \240N\000\030\230\004\021\000X\377\240V\2501\330\010\013\210\3774\320\017 \240\007\240q\377\330\014\020\220\006\220d\230~\210 \021\330\024\026\220a\375\000\377\027\030\330\024\033\230:\240\377Q\320&K\3101\200AX\243@\342!\313&\017\210\351!7\273!\276\256 \320\027(\250\003R\000\024\377\030\320\030+\2501\250A\276r\000\320\030(\250\007\344@\001\337\330\020\021\330\010\270@\016\210\377a\210q\330\017\020\330\014\376\353\206\001Q\320\036C\3001\240\377:\250X\260T\270\021\270\037(\300#\300Q";
+    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 2030, 2533);
     #define __Pyx_DecompressString_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #else /* compression: none (2416 bytes) */
-static const char bytes[] = "(tree fragment): ?Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.add_notean RPCFuture is awaited only in a running event loopdisableenableexception calling callback for %rgcisenabledmpx/_future_core.pyx<lambda>BaseEventLoopFINISHEDFutureFutureCoreFutureCore.__reduce_cython__FutureCore.__setstate_cython__FutureCore._completeFutureCore.add_done_callbackFutureCore.cancelFutureCore.cancelledFutureCore.doneFutureCore.runningIMPLEMENTATIONInvalidStateErrorLOGGERLockRUNNING__Pyx_PyDict_NextRef__annotate____await____await__.<locals>.<lambda>__class_getitem____dict____enter____exit____func____getstate____main____module____name____new____pyx_checksum__pyx_result__pyx_state__pyx_type__pyx_unpickle_FutureCore__qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____test___base_complete_dict_finished_get_running_loop_is_coroutine_readaddadd_done_callbackadd_exceptionadd_resultappendasyncioasyncio.coroutinesawaitingcallcancelcancelledcline_in_tracebackcloseconcurrentconcurrent.futuresconfigurecreate_futurecythondeliverydelivery_ofdoneexcexceptionffinishedfnfuturefuturesgetget_loopitemslastleftloopmpx._future_corenextnotify_allpopreadingresultrunningselfsendset_exceptionset_resultsetdefaultsourcestatetargetthreadingthrowupdateuse_setstatevaluevalueswaiter\200\001\200\001\330\004(\250\001\250\026\250q\200\001\340\004\037\230q\320 0\260\013\270;\300k\320QR\330\004\023\220:\230X\240Q\240a\330\004\007\200|\2207\230!\330\010,\250A\250]\270.\310\001\330\004\013\2101\200\001\360\006\000\005\006\330\004\013\210?\230&\240\001\200\001\360\010\000\n\033\230!\330\010\021\220\024\220X\230T\240\030\250\024\250\\\270\024\320=O\310t\320S`\320`d\320dl\320lp\320pz\320z~\360\000\000\177\001I\002\360\000\000I\002M\002\360\000\000M\002V\002\360\000\000V\002Z\002\360\000\000Z\002d\002\360\000\000d\002h\002\360\000\000h\002i\002""\330\010\020\220\007\220q\230\006\230l\250!\330\004\007\200v\210W\220E\230\024\230Q\330\010\022\220!\330\010\027\220q\340\010\027\220t\2307\240\047\250\025\250c\260\024\260W\270G\3005\310\003\3104\310{\320Za\320af\320fi\320im\320m~\360\000\000\177\001F\002\360\000\000F\002K\002\360\000\000K\002N\002\360\000\000N\002R\002\360\000\000R\002^\002\360\000\000^\002e\002\360\000\000e\002j\002\360\000\000j\002m\002\360\000\000m\002q\002\360\000\000q\002x\002\360\000\000x\002\177\002\360\000\000\177\002D\003\360\000\000D\003G\003\360\000\000G\003K\003\360\000\000K\003T\003\360\000\000T\003[\003\360\000\000[\003`\003\360\000\000`\003c\003\360\000\000c\003g\003\360\000\000g\003p\003\360\000\000p\003w\003\360\000\000w\003|\003\360\000\000|\003\177\003\360\000\000\177\003C\004\360\000\000C\004K\004\360\000\000K\004R\004\360\000\000R\004W\004\360\000\000W\004Z\004\360\000\000Z\004^\004\360\000\000^\004g\004\360\000\000g\004n\004\360\000\000n\004s\004\360\000\000s\004v\004\360\000\000v\004z\004\360\000\000z\004D\005\360\000\000D\005K\005\360\000\000K\005L\005\330\004\007\200q\330\010\017\320\017+\2504\250q\260\007\260{\300\047\310\021\340\010\017\320\017+\2504\250q\260\007\260{\300!\200A\330\010\017\210q\200A\330\010\017\210t\2208\2303\230a\200A\330\010\035\230Q\360\006\000\016\022\220\021\330\014\027\220t\2308\2403\240a\330\014\017\210t\2201\330\020\024\220K\230q\330\020\024\220N\240!\330\020\024\220J\230a\330\020\024\220I\230Q\330\020\023\2204\220q\330\024\030\230\n\240$\240a\330\030\033\2304\230s\240!\330\034\"\240+\250Q\250a\340\034\"\240.\260\001\260\021\330\020\023\2204\220w\230g\240Q\330\024\030\230\006\230k\250\021\330\020\031\230\024\230Q\330\010\013\2101\330\014\022\320\022$\240A\240R\240q\250\014\260A\260Q\330\010\013\2107\220\047\230\021\330\014\020\220\013\2301\330\014\027\220t\2301\330\014\025\220T\230\021\330\014\017\210v\220Y\230c\240\023\240M\260\021\340\020\023\2204\220v\230U\240!\330\024\027\220t\2303\230a\330\030\036\230k\250\021\250!\340\030\036\230n\250A\250Q""\330\020\033\2308\2401\330\020\027\220x\230q\240\010\250\002\250!\330\020\023\2201\330\024\034\230A\230Z\240q\340\024\030\230\010\240\001\240\021\340\020\030\230\004\230A\230X\240V\2501\330\010\014\210F\220$\220a\330\014\r\330\020\022\220!\2201\330\023\024\330\020\027\220z\240\021\320\"G\300q\200A\340\010\017\210q\200A\360\006\000\016\022\220\021\330\014\017\210t\2208\2307\240!\330\020\024\320\024$\240G\2501\250A\330\020\021\330\010\t\330\014\016\210a\210q\330\017\020\330\014\023\220:\230Q\320\036C\3001\240:\250X\260T\270\021\270(\300#\300Q";
+    #else /* compression: none (2533 bytes) */
+static const char bytes[] = "(tree fragment): ?Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.add_notean RPCFuture is awaited only in a running event loopdisableenableexception calling callback for %rgcisenabledmpx/_future_core.pyx<lambda>BaseEventLoopFINISHEDFutureFutureCoreFutureCore.__reduce_cython__FutureCore.__setstate_cython__FutureCore._completeFutureCore.add_done_callbackFutureCore.cancelFutureCore.cancelledFutureCore.doneFutureCore.runningIMPLEMENTATIONInvalidStateErrorLOGGERLockRUNNING__Pyx_PyDict_NextRef__annotate____await____await__.<locals>.<lambda>__class_getitem____dict____enter____exit____func____getstate____main____module____name____new____pyx_checksum__pyx_result__pyx_state__pyx_type__pyx_unpickle_FutureCore__qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____test___base_complete_dict_finished_get_running_loop_is_coroutine_readaddadd_done_callbackadd_exceptionadd_resultappendasyncioasyncio.coroutinesawaitingcallcancelcancelledcline_in_tracebackclosecomplete_eachcompletedconcurrentconcurrent.futuresconfigurecreate_futurecythondeliverydelivery_ofdoneerrorexcexceptionffinishedfnfutfuturefuturesgetget_loopitemslastleftloopmpx._future_corenextnotify_allpoppopleftreadingresultrunningselfsendset_exceptionset_resultsetdefaultsourcestatetargetthreadingthrowupdateuse_setstatevaluevalueswaiter\200\001\200\001\330\004(\250\001\250\026\250q\200\001\340\004\037\230q\320 0\260\013\270;\300k\320QR\330\004\023\220:\230X\240Q\240a\330\004\007\200|\2207\230!\330\010,\250A\250]\270.\310\001\330\004\013\2101\200\001\360\006\000\005\006\330\004\013\210?\230&\240\001\200\001\360\010\000\n\033\230!\330\010\021\220\024\220X\230T\240\030\250\024\250\\\270\024\320=O\310t\320S`\320`d\320dl\320lp\320pz\320z~\360\000\000\177\001I\002\360\000\000I\002M\002\360\000\000M\002V\002\360\000\000V\002Z\002\360\000\000Z\002d\002\360""\000\000d\002h\002\360\000\000h\002i\002\330\010\020\220\007\220q\230\006\230l\250!\330\004\007\200v\210W\220E\230\024\230Q\330\010\022\220!\330\010\027\220q\340\010\027\220t\2307\240\047\250\025\250c\260\024\260W\270G\3005\310\003\3104\310{\320Za\320af\320fi\320im\320m~\360\000\000\177\001F\002\360\000\000F\002K\002\360\000\000K\002N\002\360\000\000N\002R\002\360\000\000R\002^\002\360\000\000^\002e\002\360\000\000e\002j\002\360\000\000j\002m\002\360\000\000m\002q\002\360\000\000q\002x\002\360\000\000x\002\177\002\360\000\000\177\002D\003\360\000\000D\003G\003\360\000\000G\003K\003\360\000\000K\003T\003\360\000\000T\003[\003\360\000\000[\003`\003\360\000\000`\003c\003\360\000\000c\003g\003\360\000\000g\003p\003\360\000\000p\003w\003\360\000\000w\003|\003\360\000\000|\003\177\003\360\000\000\177\003C\004\360\000\000C\004K\004\360\000\000K\004R\004\360\000\000R\004W\004\360\000\000W\004Z\004\360\000\000Z\004^\004\360\000\000^\004g\004\360\000\000g\004n\004\360\000\000n\004s\004\360\000\000s\004v\004\360\000\000v\004z\004\360\000\000z\004C\005\360\000\000C\005J\005\360\000\000J\005K\005\330\004\007\200q\330\010\017\320\017+\2504\250q\260\007\260{\300\047\310\021\340\010\017\320\017+\2504\250q\260\007\260{\300!\200\001\360\014\000\005\013\210!\330\010\017\210y\230\010\240\001\330\010\016\210d\220!\330\010\t\330\014\017\210z\230\021\230$\230h\240d\250!\330\017\020\200A\330\010\017\210q\200A\330\010\017\210t\2208\2303\230a\200A\330\010\035\230Q\360\006\000\016\022\220\021\330\014\027\220t\2308\2403\240a\330\014\017\210t\2201\330\020\024\220K\230q\330\020\024\220N\240!\330\020\024\220J\230a\330\020\024\220I\230Q\330\020\023\2204\220q\330\024\030\230\n\240$\240a\330\030\033\2304\230s\240!\330\034\"\240+\250Q\250a\340\034\"\240.\260\001\260\021\330\020\023\2204\220w\230g\240Q\330\024\030\230\006\230k\250\021\330\020\031\230\024\230Q\330\010\013\2101\330\014\022\320\022$\240A\240R\240q\250\014\260A\260Q\330\010\013\2107\220\047\230\021\330\014\020\220\013\2301\330\014\027""\220t\2301\330\014\025\220T\230\021\330\014\017\210v\220Y\230c\240\023\240M\260\021\340\020\023\2204\220v\230U\240!\330\024\027\220t\2303\230a\330\030\036\230k\250\021\250!\340\030\036\230n\250A\250Q\330\020\033\2308\2401\330\020\027\220x\230q\240\010\250\002\250!\330\020\023\2201\330\024\034\230A\230Z\240q\340\024\030\230\010\240\001\240\021\340\020\030\230\004\230A\230X\240V\2501\330\010\013\2104\320\017 \240\007\240q\330\014\020\220\006\220d\230!\330\020\021\330\024\026\220a\220q\330\027\030\330\024\033\230:\240Q\320&K\3101\200A\340\010\017\210q\200A\360\006\000\016\022\220\021\330\014\017\210t\2208\2307\240!\330\020\023\2204\320\027(\250\003\2501\330\024\030\320\030+\2501\250A\340\024\030\320\030(\250\007\250q\260\001\330\020\021\330\010\t\330\014\016\210a\210q\330\017\020\330\014\023\220:\230Q\320\036C\3001\240:\250X\260T\270\021\270(\300#\300Q";
     PyObject *data = NULL;
     #define __Pyx_DecompressString_UNUSED
     #define __Pyx_DecompressString_LZSS_UNUSED
     #endif
     PyObject **stringtab = __pyx_mstate->__pyx_string_tab;
     Py_ssize_t pos = 0;
-    for (int i = 0; i < 120; i++) {
+    for (int i = 0; i < 125; i++) {
       Py_ssize_t bytes_length = str_length_index[i].length;
       PyObject *string = PyUnicode_DecodeUTF8(bytes + pos, bytes_length, NULL);
       if (likely(string) && i >= 12) PyUnicode_InternInPlace(&string);
@@ -11533,8 +11810,8 @@ static const char bytes[] = "(tree fragment): ?Note that Cython is deliberately 
       stringtab[i] = string;
       pos += bytes_length;
     }
-    for (int i = 120; i < 131; i++) {
-      Py_ssize_t bytes_length = bytes_length_index[i-120].length;
+    for (int i = 125; i < 137; i++) {
+      Py_ssize_t bytes_length = bytes_length_index[i-125].length;
       PyObject *string = PyBytes_FromStringAndSize(bytes + pos, bytes_length);
       stringtab[i] = string;
       pos += bytes_length;
@@ -11544,15 +11821,15 @@ static const char bytes[] = "(tree fragment): ?Note that Cython is deliberately 
       }
     }
     Py_XDECREF(data);
-    for (Py_ssize_t i = 0; i < 131; i++) {
+    for (Py_ssize_t i = 0; i < 137; i++) {
       if (unlikely(PyObject_Hash(stringtab[i]) == -1)) {
         __PYX_ERR(0, 1, __pyx_L1_error)
       }
     }
     #if CYTHON_IMMORTAL_CONSTANTS
     {
-      PyObject **table = stringtab + 120;
-      for (Py_ssize_t i=0; i<11; ++i) {
+      PyObject **table = stringtab + 125;
+      for (Py_ssize_t i=0; i<12; ++i) {
         #if PY_VERSION_HEX >= 0x030F0000
         PyUnstable_SetImmortal(table[i]);
         #elif CYTHON_COMPILING_IN_CPYTHON_FREETHREADING
@@ -11576,7 +11853,7 @@ static const char bytes[] = "(tree fragment): ?Note that Cython is deliberately 
   {
     PyObject **numbertab = __pyx_mstate->__pyx_number_tab + 0;
     int8_t const cint_constants_1[] = {0,1};
-    int32_t const cint_constants_4[] = {228533149L};
+    int32_t const cint_constants_4[] = {173136015L};
     for (int i = 0; i < 3; i++) {
       numbertab[i] = PyLong_FromLong((i < 2 ? cint_constants_1[i - 0] : cint_constants_4[i - 2]));
       if (unlikely(!numbertab[i])) __PYX_ERR(0, 1, __pyx_L1_error)
@@ -11644,7 +11921,7 @@ static int __Pyx_CreateCodeObjects(__pyx_mstatetype *__pyx_mstate) {
     __pyx_mstate_global->__pyx_codeobj_tab[0] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_mpx__future_core_pyx, __pyx_mstate->__pyx_n_u_finished, __pyx_mstate->__pyx_kp_b_iso88591__3, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[0])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 161};
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 170};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_f};
     __pyx_mstate_global->__pyx_codeobj_tab[1] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_mpx__future_core_pyx, __pyx_mstate->__pyx_n_u_lambda, __pyx_mstate->__pyx_kp_b_iso88591_XT_Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[1])) goto bad;
   }
@@ -11654,32 +11931,32 @@ static int __Pyx_CreateCodeObjects(__pyx_mstatetype *__pyx_mstate) {
     __pyx_mstate_global->__pyx_codeobj_tab[2] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_mpx__future_core_pyx, __pyx_mstate->__pyx_n_u_configure, __pyx_mstate->__pyx_kp_b_iso88591__4, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[2])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 67};
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 72};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self};
     __pyx_mstate_global->__pyx_codeobj_tab[3] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_mpx__future_core_pyx, __pyx_mstate->__pyx_n_u_done, __pyx_mstate->__pyx_kp_b_iso88591_A_t83a, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[3])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 70};
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 75};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self};
     __pyx_mstate_global->__pyx_codeobj_tab[4] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_mpx__future_core_pyx, __pyx_mstate->__pyx_n_u_cancel, __pyx_mstate->__pyx_kp_b_iso88591_A_q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[4])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 74};
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 79};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self};
     __pyx_mstate_global->__pyx_codeobj_tab[5] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_mpx__future_core_pyx, __pyx_mstate->__pyx_n_u_cancelled, __pyx_mstate->__pyx_kp_b_iso88591_A_q_2, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[5])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 77};
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 82};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self};
     __pyx_mstate_global->__pyx_codeobj_tab[6] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_mpx__future_core_pyx, __pyx_mstate->__pyx_n_u_running, __pyx_mstate->__pyx_kp_b_iso88591_A_t83a, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[6])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 2, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 80};
+    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 2, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 85};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_fn};
-    __pyx_mstate_global->__pyx_codeobj_tab[7] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_mpx__future_core_pyx, __pyx_mstate->__pyx_n_u_add_done_callback, __pyx_mstate->__pyx_kp_b_iso88591_A_t87_G1A_aq_Q_C1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[7])) goto bad;
+    __pyx_mstate_global->__pyx_codeobj_tab[7] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_mpx__future_core_pyx, __pyx_mstate->__pyx_n_u_add_done_callback, __pyx_mstate->__pyx_kp_b_iso88591_A_t87_4_1_1A_q_aq_Q_C1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[7])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 11, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 92};
+    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 11, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 100};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_result, __pyx_mstate->__pyx_n_u_exc, __pyx_mstate->__pyx_n_u_target, __pyx_mstate->__pyx_n_u_delivery, __pyx_mstate->__pyx_n_u_awaiting, __pyx_mstate->__pyx_n_u_source, __pyx_mstate->__pyx_n_u_waiter, __pyx_mstate->__pyx_n_u_fn, __pyx_mstate->__pyx_n_u_left, __pyx_mstate->__pyx_n_u_finished_2};
     __pyx_mstate_global->__pyx_codeobj_tab[8] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_mpx__future_core_pyx, __pyx_mstate->__pyx_n_u_complete, __pyx_mstate->__pyx_kp_b_iso88591_A_Q_t83a_t1_Kq_N_Ja_IQ_4q_a_4s_Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[8])) goto bad;
   }
@@ -11694,9 +11971,14 @@ static int __Pyx_CreateCodeObjects(__pyx_mstatetype *__pyx_mstate) {
     __pyx_mstate_global->__pyx_codeobj_tab[10] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_setstate_cython, __pyx_mstate->__pyx_kp_b_iso88591_q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[10])) goto bad;
   }
   {
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 3, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 178};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_completed, __pyx_mstate->__pyx_n_u_call, __pyx_mstate->__pyx_n_u_fut};
+    __pyx_mstate_global->__pyx_codeobj_tab[11] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_mpx__future_core_pyx, __pyx_mstate->__pyx_n_u_complete_each, __pyx_mstate->__pyx_kp_b_iso88591_y_d_z_hd, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[11])) goto bad;
+  }
+  {
     const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 4};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_pyx_type, __pyx_mstate->__pyx_n_u_pyx_checksum, __pyx_mstate->__pyx_n_u_pyx_state, __pyx_mstate->__pyx_n_u_pyx_result};
-    __pyx_mstate_global->__pyx_codeobj_tab[11] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_pyx_unpickle_FutureCore, __pyx_mstate->__pyx_kp_b_iso88591_q_0_kQR_XQa_7_A_1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[11])) goto bad;
+    __pyx_mstate_global->__pyx_codeobj_tab[12] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_pyx_unpickle_FutureCore, __pyx_mstate->__pyx_kp_b_iso88591_q_0_kQR_XQa_7_A_1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[12])) goto bad;
   }
   Py_DECREF(tuple_dedup_map);
   return 0;
@@ -15637,6 +15919,38 @@ static int __Pyx_RaiseUnexpectedTypeError(const char *expected, PyObject *obj) {
     __Pyx_RaiseTypeErrorWithObjectType1(
         "Expected %.42s, got " __Pyx_FMT_TYPENAME,
         expected, obj);
+    return 0;
+}
+
+/* RaiseErrorWithObjectTypes (used by ExtTypeTest) */
+static void __Pyx_RaiseErrorWithTypes1(PyObject* exc_type, const char *message, const char *arg, PyTypeObject *type_obj1, PyTypeObject *type_obj2) {
+    __Pyx_TypeName type_name1 = __Pyx_PyType_GetFullyQualifiedName(type_obj1);
+    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
+    if (unlikely(!type_name1)) return;
+    #endif
+    __Pyx_TypeName type_name2 = __Pyx_PyType_GetFullyQualifiedName(type_obj2);
+    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
+    if (unlikely(!type_name2)) goto type2_failed;
+    #endif
+    PyErr_Format(exc_type, message, arg, type_name1, type_name2);
+    __Pyx_DECREF_TypeName(type_name2);
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
+type2_failed:
+#endif
+    __Pyx_DECREF_TypeName(type_name1);
+}
+
+/* ExtTypeTest */
+static CYTHON_INLINE int __Pyx_TypeTest(PyObject *obj, PyTypeObject *type) {
+    if (unlikely(!type)) {
+        PyErr_SetString(PyExc_SystemError, "Missing type object");
+        return 0;
+    }
+    if (likely(__Pyx_TypeCheck(obj, type)))
+        return 1;
+    __Pyx_RaiseTypeErrorWithTypes(
+        "Cannot convert " __Pyx_FMT_TYPENAME " to " __Pyx_FMT_TYPENAME,
+        Py_TYPE(obj), type);
     return 0;
 }
 

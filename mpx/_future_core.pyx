@@ -48,8 +48,8 @@ cdef class FutureCore:
     cdef public object _state
     cdef public object _result
     cdef public object _exception
-    cdef public object _waiters
-    cdef public object _done_callbacks
+    cdef object waiters         # the base class's _waiters, made on first use
+    cdef public object _done_callbacks  # None until a callback is added
     cdef public object _cond
     cdef public object _call
     cdef public object _source
@@ -59,10 +59,15 @@ cdef class FutureCore:
     def __init__(self, source, call):
         self._lock = _Lock()
         self._state = _RUNNING
-        self._waiters = []
-        self._done_callbacks = []
         self._call = call
         self._source = source
+
+    @property
+    def _waiters(self):
+        # (concurrent.futures.wait and as_completed append to it, holding the lock)
+        if self.waiters is None:
+            self.waiters = []
+        return self.waiters
 
     def done(self):
         return self._state is _FINISHED
@@ -82,7 +87,10 @@ cdef class FutureCore:
         once, here, if it is done already)."""
         with self._lock:
             if self._state is not _FINISHED:
-                self._done_callbacks.append(fn)
+                if self._done_callbacks is None:
+                    self._done_callbacks = [fn]
+                else:
+                    self._done_callbacks.append(fn)
                 return
         try:
             fn(self)
@@ -100,8 +108,8 @@ cdef class FutureCore:
                 self._exception = exc
                 self._state = _FINISHED
                 self._call = None  # (the call holds this future)
-                if self._waiters:
-                    for waiter in self._waiters:
+                if self.waiters:
+                    for waiter in self.waiters:
                         if exc is None:
                             waiter.add_result(self)
                         else:
@@ -130,11 +138,12 @@ cdef class FutureCore:
                     del awaiting[source]
             else:
                 delivery.add(target, self, source)
-        for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
-            try:
-                fn(self)
-            except Exception:
-                _LOGGER.exception("exception calling callback for %r", self)
+        if self._done_callbacks is not None:
+            for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
+                try:
+                    fn(self)
+                except Exception:
+                    _LOGGER.exception("exception calling callback for %r", self)
 
     def __await__(self):
         cdef object loop, target, delivery, source, awaiting
@@ -164,3 +173,18 @@ cdef class FutureCore:
         if source not in delivery.reading:
             delivery._read(source)
         return target.__await__()
+
+
+def complete_each(completed):
+    """Complete, in order, the futures of the settled calls in the deque ``completed`` (each
+    call has ``future``, ``value`` and ``error``), emptying it; a future someone already
+    set by hand is left as it is."""
+    cdef object call
+    cdef FutureCore fut
+    while completed:
+        call = completed.popleft()
+        fut = call.future
+        try:
+            fut._complete(call.value, call.error)
+        except _InvalidStateError:
+            pass

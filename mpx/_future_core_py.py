@@ -146,3 +146,13 @@ class FutureCore:
         if source not in delivery.reading:
             delivery._read(source)
         return target.__await__()
+
+
+def complete_each(completed: Any) -> None:
+    """See ``mpx._future_core.complete_each``."""
+    while completed:
+        call = completed.popleft()
+        try:
+            call.future._complete(call.value, call.error)
+        except concurrent.futures.InvalidStateError:
+            pass

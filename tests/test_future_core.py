@@ -60,6 +60,7 @@ def make(request):
         return fut
 
     factory.source = source
+    factory.core = core
     return factory
 
 
@@ -160,3 +161,22 @@ def test_a_wait_for_timeout_leaves_the_future_to_finish(make):
 def test_awaiting_outside_a_running_loop_is_refused(make):
     with pytest.raises(RuntimeError, match="running event loop"):
         make().__await__()
+
+
+def test_complete_each_sets_the_settled_futures_in_order(make):
+    import collections
+    import types
+    order = []
+    calls = collections.deque()
+    for i in range(4):
+        fut = make()
+        fut.add_done_callback(lambda f, i=i: order.append(i))
+        calls.append(types.SimpleNamespace(future=fut, value=i, error=None))
+    calls[1].future.set_result("by hand")  # already set: left as it is
+    order.clear()
+    calls.append(types.SimpleNamespace(future=make(), value=None, error=KeyError("k")))
+    done = [c.future for c in calls]
+    make.core.complete_each(calls)
+    assert not calls and order == [0, 2, 3]
+    assert [f.result() for f in done[:4]] == [0, "by hand", 2, 3]
+    assert isinstance(done[4].exception(), KeyError)

@@ -20,7 +20,6 @@ call's future completes when its replies arrive, whoever waits.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import logging
 import threading
 import time
@@ -28,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpx import _debug, wire
-from mpx._driver.futures import RPCFuture
+from mpx._driver.futures import RPCFuture, complete_each
 from mpx._driver.stalls import StallDiagnosis
 from mpx.errors import (
     Cancelled,
@@ -428,14 +427,7 @@ class CallTable:
             if not self._completing.acquire(False):
                 return  # another thread is setting them, these too
             try:
-                while self._completed:
-                    call = self._completed.popleft()
-                    fut = call.future
-                    assert fut is not None
-                    try:
-                        fut._complete(call.value, call.error)
-                    except concurrent.futures.InvalidStateError:
-                        pass  # only a future someone set by hand
+                complete_each(self._completed)
             finally:
                 self._completing.release()
 

@@ -139,6 +139,8 @@ def _delivery(loop: asyncio.AbstractEventLoop) -> _LoopDelivery:
 # the state, completion and asyncio hand-off, in C fields when the extension is built
 _core = future_core_module()
 _core.configure(_last, _delivery)
+# the call table sets the futures of the calls it settled with this
+complete_each = _core.complete_each
 
 
 class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[misc,name-defined]
