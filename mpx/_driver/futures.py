@@ -117,10 +117,7 @@ _deliveries_lock = threading.Lock()
 
 # concurrent.futures' states (stable since Python 3.2): an RPCFuture is RUNNING from the
 # start and FINISHED once its call is settled; it is never PENDING nor CANCELLED.
-_RUNNING = concurrent.futures._base.RUNNING  # type: ignore[attr-defined]
 _FINISHED = concurrent.futures._base.FINISHED  # type: ignore[attr-defined]
-_LOGGER = concurrent.futures._base.LOGGER  # type: ignore[attr-defined]
-_running_loop = asyncio._get_running_loop  # the C function: no RuntimeError, no warning
 _last = threading.local()  # this thread's loop and its delivery, the common case's lookup
 
 
