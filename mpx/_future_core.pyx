@@ -23,6 +23,7 @@ cdef object _running_loop = asyncio._get_running_loop
 cdef object _AsyncioFuture = asyncio.Future
 cdef object _STOCK_CREATE_FUTURE = asyncio.BaseEventLoop.create_future
 cdef object _Lock = threading.Lock
+cdef object _NEVER = object()
 
 # set by mpx._driver.futures: this thread's cached (loop, delivery), and the lookup
 cdef object _last = None
@@ -37,8 +38,11 @@ def configure(last, delivery_of):
 
 
 def _finished(future):
-    return future.result(0)
-    yield  # (a generator that returns at once)
+    """What awaiting a done future runs: a generator that returns its outcome at once."""
+    result = future.result(0)
+    if result is _NEVER:  # (never true: the yield makes this a generator)
+        yield
+    return result
 
 
 cdef class FutureCore:
