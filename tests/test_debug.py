@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -91,7 +92,7 @@ def test_doctor_ok():
     res = _doctor({})
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
-    for line in ("ring implementation: ", "/dev/shm: size ", "start method: ", "pyzmq: ",
+    for line in ("ring implementation: ", "futures core: ", "/dev/shm: size ", "start method: ", "pyzmq: ",
                  "CURVE encryption: ", "torch: ", "stale mpx segments: ",
                  "OK: an executor can start here"):
         assert line in out, out
@@ -101,6 +102,7 @@ def test_doctor_ok():
 def test_doctor_reports_the_pure_ring():
     res = _doctor({"MPX_PURE_PYTHON": "1"})
     assert res.returncode == 0 and "ring implementation: python (MPX_PURE_PYTHON=1)" in res.stdout
+    assert re.search(r"^futures core: +python$", res.stdout, re.M), res.stdout
 
 
 @pytest.mark.parametrize("env,says", [

@@ -45,9 +45,11 @@ def machine_facts() -> list[tuple[str, str]]:
 
     import mpx
     from mpx import _debug, shm
+    from mpx._impl import future_core_module
 
     rows = [("mpx", f"{mpx.__version__} ({os.path.dirname(mpx.__file__)})"),
             ("ring implementation", mpx.ring_implementation()),
+            ("futures core", future_core_module().IMPLEMENTATION),
             ("python", f"{platform.python_version()} ({sys.executable})"),
             ("platform", platform.platform())]
     try:
