@@ -106,12 +106,7 @@ class FutureCore:
                         target.set_result(result)
                     else:
                         target.set_exception(exc)
-                awaiting = delivery.awaiting  # delivery.forget(source), inline: hot
-                left = awaiting[source] - 1
-                if left:
-                    awaiting[source] = left
-                else:
-                    del awaiting[source]
+                delivery.forget(source)
             else:
                 delivery.add(target, self, source)
         for fn in self._done_callbacks:  # (added before FINISHED: none is added now)

@@ -111,11 +111,6 @@ def test_place_errors_name_what_is_missing():
 
 # --------------------------------------------------------------------------- whole jobs
 
-def _two_free_ports() -> int:
-    """A port p with p + 1 free too (the executor's and the launchers')."""
-    return free_port(2)
-
-
 def _node(job_env: dict, *app_args: str, key: str | None = KEY) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in JOB_VARS}
     env.update(job_env, MPX_HEARTBEAT_S="1.0",
@@ -155,7 +150,7 @@ def _slurm_env(rank, port):
 
 @pytest.mark.parametrize("job", [_torchrun_env, _slurm_env], ids=["torchrun", "slurm"])
 def test_one_line_on_every_node(job):
-    port = _two_free_ports()
+    port = free_port(2)  # and port + 1: the executor's and the launchers'
     # the follower node may start first: it waits for node 0
     nodes = [_node(job(1, port), "3"), _node(job(0, port), "3")]
     (rc1, _, err1), (rc0, out0, err0) = _finish(nodes)
@@ -172,7 +167,7 @@ def test_one_line_on_every_node(job):
 def _two_nodes_in_a_hanging_call():
     """Two launched nodes whose program sits in a call that never returns; (nodes, the
     program's "HANG <pid>" line)."""
-    port = _two_free_ports()
+    port = free_port(2)  # and port + 1: the executor's and the launchers'
     nodes = [_node(_torchrun_env(0, port), "0", "--hang"), _node(_torchrun_env(1, port), "0")]
     line = ""
     deadline = time.monotonic() + 60
@@ -203,7 +198,7 @@ def test_node_0_gone_ends_the_other_nodes():
 
 
 def test_no_key_is_a_clear_error():
-    port = _two_free_ports()
+    port = free_port(2)  # and port + 1: the executor's and the launchers'
     nodes = [_node(_torchrun_env(0, port), "0", key=None),
              _node(_torchrun_env(1, port), "0", key=None)]
     for rc, _, err in _finish(nodes, timeout=30):

@@ -191,11 +191,9 @@ class CallTable:
             self.next_seq = seq + 1
         if self._completed:
             self._complete_futures()  # those a drain() settled while the ring was full
-        if non_block:
-            lease = self.loops_until
-            if self._background is None or not self.baton.locked() and \
-                    (not lease or time.monotonic() >= lease) and self._background_may_read():
-                self._start_background()  # (not while an event loop reads: the common case)
+        if non_block and (self._background is None or
+                          not self.baton.locked() and self._background_may_read()):
+            self._start_background()  # (not while an event loop reads: the common case)
         return call
 
     def _send_error(self, e: BaseException, name: str) -> BaseException:
