@@ -78,6 +78,8 @@ class _Broadcast:
         # an end that lends its slots in place (shared memory) first: see slot()
         self.ends = sorted(ends, key=lambda e: not e.shares_memory)
         self.shares_memory = all(e.shares_memory for e in ends)
+        if len(self.ends) == 1:
+            self.write = self.ends[0].write  # type: ignore[method-assign]  # (one frame less)
 
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         for e in self.ends:
@@ -431,9 +433,11 @@ class MessageQueue:
         something only it can do (drain their replies) does that there. Once it returns
         False (someone else does it), the write waits for room as usual.
         """
-        writer = self._need_writer("enqueue")
-        deadline = _deadline(timeout)
-        kind, parts = serde.encode(obj, local_only=writer.shares_memory)
+        writer = self._writer
+        if writer is None or self._closed:
+            writer = self._need_writer("enqueue")
+        deadline = -1 if timeout is None else _deadline(timeout)
+        kind, parts = serde.encode(obj, writer.shares_memory)
         if while_full is not None:
             while not writer.has_room(parts):
                 if 0 <= deadline <= time.monotonic_ns():
@@ -484,9 +488,11 @@ class MessageQueue:
         bool passed in ``cancel``'s place is taken as ``indefinite``."""
         if type(cancel) is bool:
             cancel, indefinite = None, cancel
-        reader = self._need_reader("dequeue")
-        deadline = _deadline(timeout)
-        kind, data = reader.read(deadline, cancel, not indefinite)
+        reader = self._reader
+        if reader is None or self._closed:
+            reader = self._need_reader("dequeue")
+        kind, data = reader.read(-1 if timeout is None else _deadline(timeout), cancel,
+                                 not indefinite)
         return serde.decode(kind, data)
 
     def dequeue_ready(self, on_error: Callable[[DeserializationError], Any]) -> list:

@@ -95,8 +95,11 @@ class Call:
 
     def first_missing(self) -> int:
         """The lowest rank that has not answered yet (the call is not done)."""
+        results, errors = self.results, self.errors
+        if not results and not errors:
+            return 0
         for r in range(self.n_ranks):
-            if r not in self.results and r not in self.errors:
+            if r not in results and r not in errors:
                 return r
         raise AssertionError(f"call {self.seq} has every reply but is not done")
 
@@ -167,17 +170,24 @@ class CallTable:
              non_block: bool) -> Call:
         """Register and broadcast one call (``name`` is the method's for messages)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self.send_lock:
+        # (the hot locks are taken with acquire/release: half the cost of `with` here)
+        self.send_lock.acquire()
+        try:
             self.sender_ident = threading.get_ident()
             seq = self.next_seq
             call = Call(seq, name, self.n_ranks, reply_rank, aggregator, deadline)
             if non_block:
                 call.future = RPCFuture(self, call)
-            with self.lock:
+            self.lock.acquire()
+            try:
                 self.check_usable()
                 self.pending[seq] = call
-                self.with_deadline += deadline is not None
-                self.outstanding += non_block
+                if deadline is not None:
+                    self.with_deadline += 1
+                if non_block:
+                    self.outstanding += 1
+            finally:
+                self.lock.release()
             assert self.broadcast is not None
             try:
                 # (with no other call pending, the ring holds none unread: no need to look)
@@ -189,6 +199,8 @@ class CallTable:
             finally:
                 self.sender_ident = None
             self.next_seq = seq + 1
+        finally:
+            self.send_lock.release()
         if self._completed:
             self._complete_futures()  # those a drain() settled while the ring was full
         if non_block and (self._background is None or
@@ -402,16 +414,20 @@ class CallTable:
                 self._settle(call, value)
 
     def _settle(self, call: Call, value: Any = None, error: BaseException | None = None) -> None:
-        with self.lock:
+        self.lock.acquire()
+        try:
             if call.done:
                 return
             self.pending.pop(call.seq, None)
-            self.with_deadline -= call.deadline is not None
+            if call.deadline is not None:
+                self.with_deadline -= 1
             call.value, call.error = value, error
             if call.future is not None:
                 self.outstanding -= 1
                 self._completed.append(call)
             call.done = True
+        finally:
+            self.lock.release()
         if self.waiting:
             with self.turn:
                 self.turn.notify_all()

@@ -163,11 +163,15 @@ class ShmWriter(Writer):
         return min(self.config.max_chunks, max(1, -(-size // chunk)))
 
     def write(self, kind: int, pieces: Iterable, deadline_ns: int, total: int = -1) -> None:
-        with self._lock:
-            self._check_open()
+        self._lock.acquire()  # (not `with`: this is the hot path, and it costs half)
+        try:
+            if self._closed:
+                self._check_open()
             st = self._ring.write(kind, pieces, deadline_ns, total)
             if st != layout.OK:
                 raise self._write_error(st)
+        finally:
+            self._lock.release()
 
     @contextlib.contextmanager
     def slot(self, deadline_ns: int, kind: int) -> Iterator[memoryview]:
@@ -310,25 +314,40 @@ class ShmReader(Reader):
         return not self._closed and self._ring.published() > self._ring.seq_number
 
     def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool):
-        with self._lock:
-            self._check_open()
-            slice_ns = CANCEL_POLL_NS if cancel is not None else (WAIT_WARNING_NS if warn else -1)
-            warn_at = time.monotonic_ns() + WAIT_WARNING_NS
-            while True:
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
-                st, kind, data = self._ring.read(deadline_ns, slice_ns)
+        self._lock.acquire()  # (not `with`: this is the hot path, and it costs half)
+        try:
+            if self._closed:
+                self._check_open()
+            if cancel is None and not warn:  # the executor's and the worker's reads
+                st, kind, data = self._ring.read(deadline_ns, -1)
                 if st == layout.OK:
                     return kind, data
-                if st == layout.SLICE:  # a slice ended or a signal came: Python runs its handlers
-                    if warn and time.monotonic_ns() >= warn_at:
-                        warn_at = time.monotonic_ns() + WAIT_WARNING_NS
-                        logger.warning("mpx: reader rank %d (pid %d) has waited %d s for the "
-                                       "writer (pid %d), which is alive but sent nothing",
-                                       self.rank, os.getpid(), WAIT_WARNING_NS // 10**9,
-                                       self.writer_pid)
-                    continue
-                raise self._read_error(st)
+                if st != layout.SLICE:  # (SLICE: a signal came, and its handler ran)
+                    raise self._read_error(st)
+            return self._read_in_slices(deadline_ns, cancel, warn)
+        finally:
+            self._lock.release()
+
+    def _read_in_slices(self, deadline_ns: int, cancel: threading.Event | None, warn: bool):
+        """read() that returns to Python every slice: to look at ``cancel``, and to warn
+        of a long wait."""
+        slice_ns = CANCEL_POLL_NS if cancel is not None else (WAIT_WARNING_NS if warn else -1)
+        warn_at = time.monotonic_ns() + WAIT_WARNING_NS
+        while True:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
+            st, kind, data = self._ring.read(deadline_ns, slice_ns)
+            if st == layout.OK:
+                return kind, data
+            if st == layout.SLICE:  # a slice ended or a signal came: Python runs its handlers
+                if warn and time.monotonic_ns() >= warn_at:
+                    warn_at = time.monotonic_ns() + WAIT_WARNING_NS
+                    logger.warning("mpx: reader rank %d (pid %d) has waited %d s for the "
+                                   "writer (pid %d), which is alive but sent nothing",
+                                   self.rank, os.getpid(), WAIT_WARNING_NS // 10**9,
+                                   self.writer_pid)
+                continue
+            raise self._read_error(st)
 
     def read_ready(self) -> list[tuple[int, Any]]:
         with self._lock:
