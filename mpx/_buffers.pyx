@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Memory a received message is copied into, owned by the receiver (never aliasing a ring
-or a socket's frame): ``bytes`` or a writable ``bytearray``, with huge-page advice when
-large. ``mpx/_buffers_py.py`` is its pure-Python twin."""
+"""serde's compiled helpers. Memory a received message is copied into, owned by the
+receiver (never aliasing a ring or a socket's frame): ``bytes`` or a writable
+``bytearray``, with huge-page advice when large. The pickler's sink, whose ``write`` the
+pickler calls for every message sent. ``mpx/_buffers_py.py`` is its pure-Python twin."""
 
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.bytearray cimport PyByteArray_FromStringAndSize, PyByteArray_AS_STRING
@@ -73,3 +74,56 @@ cdef class Assembler:
             raise ValueError("the message was already taken")
         d, self.dest = self.dest, None
         return d
+
+
+cdef class Sink:
+    """The pickler's file (see ``mpx.serde``): the pickle's parts as the pickler writes
+    them, never joined. A write of ``big`` bytes or more is first offered to
+    ``on_big(sink, b, n)`` (serde's out-of-band policy), which returns True if it took it.
+    ``oob`` keeps its identity (a pickler's ``buffer_callback`` is its ``append``)."""
+
+    cdef public list parts
+    cdef public list oob
+    cdef public Py_ssize_t size
+    cdef Py_ssize_t big
+    cdef object on_big
+
+    def __init__(self, Py_ssize_t big, on_big):
+        self.parts = []
+        self.oob = []
+        self.size = 0
+        self.big = big
+        self.on_big = on_big
+
+    def write(self, b):
+        cdef Py_ssize_t n = len(b)
+        if n >= self.big and self.on_big(self, b, n):
+            return
+        self.parts.append(b)
+        self.size += n
+
+    def dump(self, pickler, obj):
+        """``pickler.dump(obj)`` (its file is this sink), its memo cleared after. The parts
+        as a tuple when nothing went out of band (the sink is then empty again), else None
+        (``parts`` and ``oob`` hold the message: the caller resets). An exception leaves
+        the sink empty."""
+        cdef tuple parts
+        try:
+            pickler.dump(obj)
+        except BaseException:
+            self.reset()
+            raise
+        finally:
+            pickler.clear_memo()
+        if self.oob:
+            return None
+        parts = tuple(self.parts)
+        self.parts = []
+        self.size = 0
+        return parts
+
+    def reset(self):
+        """Forget what was written."""
+        self.parts = []
+        del self.oob[:]
+        self.size = 0

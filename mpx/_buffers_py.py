@@ -1,6 +1,10 @@
-"""Pure-Python twin of ``mpx/_buffers.pyx``: the ZeroMQ reader's reassembler."""
+"""Pure-Python twin of ``mpx/_buffers.pyx``: the ZeroMQ reader's reassembler and the
+pickler's sink."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 IMPLEMENTATION = "python"
 
@@ -38,3 +42,45 @@ class Assembler:
             raise ValueError("the message was already taken")
         dest, self._dest = self._dest, None
         return bytes(dest) if self._as_bytes else dest
+
+
+class Sink:
+    """See ``mpx._buffers.Sink``."""
+
+    __slots__ = ("parts", "oob", "size", "_big", "_on_big")
+
+    def __init__(self, big: int, on_big: Callable[[Sink, Any, int], bool]) -> None:
+        self.parts: list = []
+        self.oob: list = []
+        self.size = 0
+        self._big = big
+        self._on_big = on_big
+
+    def write(self, b) -> None:
+        n = len(b)
+        if n >= self._big and self._on_big(self, b, n):
+            return
+        self.parts.append(b)
+        self.size += n
+
+    def dump(self, pickler: Any, obj: Any) -> tuple | None:
+        """See ``mpx._buffers.Sink.dump``."""
+        try:
+            pickler.dump(obj)
+        except BaseException:
+            self.reset()
+            raise
+        finally:
+            pickler.clear_memo()
+        if self.oob:
+            return None
+        parts = tuple(self.parts)
+        self.parts = []
+        self.size = 0
+        return parts
+
+    def reset(self) -> None:
+        """Forget what was written."""
+        self.parts = []
+        self.oob.clear()
+        self.size = 0

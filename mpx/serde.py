@@ -45,6 +45,7 @@ from typing import Any
 import cloudpickle
 
 from mpx import sharing
+from mpx._impl import buffers_module
 from mpx.errors import DeserializationError, SerializationError
 from mpx.layout import KIND_AS_BYTES
 
@@ -183,20 +184,21 @@ _LEN_MASK = (1 << _TAG_SHIFT) - 1
 
 
 def _payload_refs() -> int:
-    """The reference count (as sys.getrefcount sees it inside _Sink.write) above which a
-    write() is an object of the caller's, not a chunk the pickler made for it; 0 when this
-    Python's pickler does not hand large bytes over as they are (everything stays in band).
+    """The reference count (as sys.getrefcount sees it in ``_take_out_of_band``, called by
+    the sink's write) above which a write is an object of the caller's, not a chunk the
+    pickler made for it; 0 when this Python's pickler does not hand large bytes over as
+    they are (everything stays in band).
 
     The pickler's own chunks are fresh bytes it owns alone when it calls write(); a bytes
     or bytearray of the caller's is also held by its container (or a reducer's args)."""
     seen: list[tuple[int, int]] = []
 
-    class Probe:
-        def write(self, b):
-            seen.append((len(b), sys.getrefcount(b)))
+    def probe(sink, b, n: int) -> bool:
+        seen.append((n, sys.getrefcount(b)))
+        return False
 
     big = bytes(OOB_MIN_BYTES)
-    pickle.Pickler(Probe(), protocol=5).dump([big])
+    pickle.Pickler(_buffers.Sink(0, probe), protocol=5).dump([big])
     payload = [refs for n, refs in seen if n == len(big)]
     chunks = [refs for n, refs in seen if n != len(big)]
     if len(payload) != 1 or not chunks or payload[0] <= max(chunks):
@@ -204,57 +206,42 @@ def _payload_refs() -> int:
     return max(chunks)
 
 
-class _Sink:
+def _take_out_of_band(sink, b, n: int) -> bool:
+    """The sink's policy for a write of OOB_MIN_BYTES or more: a bytes or bytearray of the
+    caller's (not a chunk of the pickler's) goes out of band, and the pickle gets
+    NEXT_BUFFER in place of its header (the end of the last part). True if taken."""
+    if not (_CHUNK_REFS and sys.getrefcount(b) > _CHUNK_REFS) or \
+            not (type(b) is bytes or type(b) is bytearray) or not sink.parts:
+        return False
+    prev = sink.parts[-1]
+    if type(b) is bytes and len(prev) >= 5 and prev[-5] == _BINBYTES and \
+            _U32.unpack_from(prev, len(prev) - 4)[0] == n:
+        head = 5
+    elif len(prev) >= 9 and prev[-9] == (_BINBYTES8 if type(b) is bytes else _BYTEARRAY8) \
+            and _U64.unpack_from(prev, len(prev) - 8)[0] == n:
+        head = 9
+    else:
+        return False
+    if len(prev) == head:
+        sink.parts[-1] = _NEXT_BUFFER
+    else:
+        sink.parts[-1] = memoryview(prev)[:-head]
+        sink.parts.append(_NEXT_BUFFER)
+    sink.size += 1 - head
+    sink.oob.append(b)
+    return True
+
+
+def _new_sink():
     """The pickler's file: collects its output as parts, without joining them, and takes
-    the caller's large bytes and bytearrays out of band (the pickle gets NEXT_BUFFER in
-    place of their header; the objects themselves become buffers, copied once, into the
-    ring)."""
-
-    __slots__ = ("parts", "oob", "size")
-    chunk_refs = 0  # set below, once
-
-    def __init__(self) -> None:
-        self.parts: list = []
-        self.oob: list = []   # PickleBuffers (buffer_callback) and bytes/bytearray, in order
-        self.size = 0         # bytes of pickle in parts
-
-    def write(self, b) -> None:
-        n = len(b)
-        if n >= OOB_MIN_BYTES and sys.getrefcount(b) > self.chunk_refs > 0 and \
-                (type(b) is bytes or type(b) is bytearray) and self._take(b, n):
-            return
-        self.parts.append(b)
-        self.size += n
-
-    def _take(self, b, n: int) -> bool:
-        """Replace the header of ``b`` (the end of the last part) by NEXT_BUFFER."""
-        if not self.parts:
-            return False
-        prev = self.parts[-1]
-        if type(b) is bytes and len(prev) >= 5 and prev[-5] == _BINBYTES and \
-                _U32.unpack_from(prev, len(prev) - 4)[0] == n:
-            head = 5
-        elif len(prev) >= 9 and prev[-9] == (_BINBYTES8 if type(b) is bytes else _BYTEARRAY8) \
-                and _U64.unpack_from(prev, len(prev) - 8)[0] == n:
-            head = 9
-        else:
-            return False
-        if len(prev) == head:
-            self.parts[-1] = _NEXT_BUFFER
-        else:
-            self.parts[-1] = memoryview(prev)[:-head]
-            self.parts.append(_NEXT_BUFFER)
-        self.size += 1 - head
-        self.oob.append(b)
-        return True
-
-    def reset(self) -> None:
-        self.parts = []
-        self.oob.clear()
-        self.size = 0
+    the caller's large bytes and bytearrays out of band (the objects themselves become
+    buffers, copied once, into the ring). PickleBuffers come in ``oob`` too, through the
+    pickler's buffer_callback."""
+    return _buffers.Sink(OOB_MIN_BYTES, _take_out_of_band)
 
 
-_Sink.chunk_refs = _payload_refs()
+_buffers = buffers_module()
+_CHUNK_REFS = _payload_refs()
 
 
 def _reduce_memoryview(m: memoryview):
@@ -277,37 +264,38 @@ def _rebuild_memoryview(data, fmt: str, shape: tuple, readonly: bool) -> memoryv
 
 
 # Each thread keeps its picklers, with their sinks: building one costs ~1 us, more than
-# pickling a small call (0.25 us).
+# pickling a small call (0.25 us). ``_picklers.entries[i]``: [sink, pickler, the copyreg
+# table it was built from] for local_only + 2 * (torch imported); None while in use.
 _picklers = threading.local()
-_PICKLER_KEYS = ("any", "local", "any+torch", "local+torch")
 
 
-def _dumps(obj: Any, local_only: bool) -> _Sink:
-    """``obj`` pickled into a sink of this thread's (the caller resets it when done)."""
+def _dumps(obj: Any, local_only: bool) -> tuple[tuple | None, Any]:
+    """``obj`` pickled by a pickler of this thread's: ``(parts, sink)``; ``parts`` is None
+    when something went out of band (the message is in the sink then: the caller resets
+    it when done)."""
     with_torch = "torch" in sys.modules
-    kept = _picklers.__dict__
-    key = _PICKLER_KEYS[local_only + 2 * with_torch]
-    entry = kept.pop(key, None)  # in use (a nested call) makes a fresh one
-    if entry is None:
-        sink = _Sink()
-        p = pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append)
-        entry = [sink, p, None]
+    i = local_only + 2 * with_torch
+    try:
+        entries = _picklers.entries
+    except AttributeError:
+        entries = _picklers.entries = [None] * 4
+    entry = entries[i]
+    if entry is None:  # the first call, or a nested one (a reducer that encodes)
+        sink = _new_sink()
+        entry = [sink, pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append), None]
     sink, p, seen = entry
     if seen != copyreg.dispatch_table:  # a new registration (or a new pickler)
         p.dispatch_table = _table(local_only, with_torch)
         entry[2] = _merged[(local_only, with_torch)][0]
+    entries[i] = None
     try:
-        p.dump(obj)
-    except BaseException:
-        sink.reset()
-        raise
+        return sink.dump(p, obj), sink
     finally:
-        p.clear_memo()
-        kept[key] = entry
-    return sink
+        entries[i] = entry
 
 
-def _cloud_dumps(obj: Any, local_only: bool) -> _Sink:
+def _cloud_dumps(obj: Any, local_only: bool) -> tuple[tuple | None, Any]:
+    """``_dumps`` with cloudpickle (lambdas, local functions), a pickler per call."""
     with_torch = "torch" in sys.modules
     cls = _cloud_picklers.get((local_only, with_torch))
     if cls is None:
@@ -320,9 +308,8 @@ def _cloud_dumps(obj: Any, local_only: bool) -> _Sink:
         table = collections.ChainMap(mine, base.dispatch_table)
         cls = _cloud_picklers[(local_only, with_torch)] = type(
             "_MpxCloudPickler", (base,), {"dispatch_table": table})
-    sink = _Sink()
-    cls(sink, protocol=5, buffer_callback=sink.oob.append).dump(obj)
-    return sink
+    sink = _new_sink()
+    return sink.dump(cls(sink, protocol=5, buffer_callback=sink.oob.append), obj), sink
 
 
 def encode(obj: Any, local_only: bool = False) -> tuple[int, tuple]:
@@ -335,22 +322,23 @@ def encode(obj: Any, local_only: bool = False) -> tuple[int, tuple]:
     if type(obj) is bytes:
         return K_BYTES, (obj,)
     try:
-        sink = _dumps(obj, local_only)
+        parts, sink = _dumps(obj, local_only)
     except Exception as first:
         try:
-            sink = _cloud_dumps(obj, local_only)
+            parts, sink = _cloud_dumps(obj, local_only)
         except Exception as e:
             raise SerializationError(
                 f"cannot pickle {type(obj).__name__} object for mpx: {e}") from first
+    if parts is not None:
+        return K_PICKLE, parts
     try:
-        return _message(sink)
+        return _oob_message(sink)
     finally:
         sink.reset()
 
 
-def _message(sink: _Sink) -> tuple[int, tuple]:
-    if not sink.oob:
-        return K_PICKLE, tuple(sink.parts)
+def _oob_message(sink: Any) -> tuple[int, tuple]:
+    """The K_PICKLE_OOB message of a sink whose pickle sent buffers out of band."""
     raws: list = []
     lens: list[int] = []
     for b in sink.oob:
