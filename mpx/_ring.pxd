@@ -52,6 +52,7 @@ cdef class _RingEnd:
     cdef bint _ready(self) noexcept nogil
     cdef int _terminal(self) noexcept nogil
     cdef int _wait(self, int64_t deadline, int64_t slice_ns) noexcept nogil
+    cdef int _park(self, int64_t deadline, int64_t slice_end) noexcept nogil
     cdef int _await(self, int64_t deadline, int64_t slice_ns) except? -9
     cdef void _close_fds(self) noexcept
 
@@ -66,6 +67,7 @@ cdef class RingWriter(_RingEnd):
     cdef int _claim_slot(self, int64_t deadline) except? -9
     cdef void _publish(self, uint32_t length, uint32_t flags, uint32_t kind,
                        uint64_t total) noexcept nogil
+    cdef void _wake_parked(self) noexcept nogil
 
 
 cdef class RingReader(_RingEnd):

@@ -23,6 +23,9 @@ from mpx import layout
 
 IMPLEMENTATION = "python"
 
+# _park(): woken by the peer with nothing to take yet (RingWriter.wake_readers)
+_WOKEN = -3
+
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -157,15 +160,23 @@ class _RingEnd:
         if self._resting:
             self._resting = False
             t0 -= self.spin_ns + self.yield_ns
-        while now - t0 < self.spin_ns + self.yield_ns:
-            os.sched_yield()
-            if self._ready():
-                return layout.OK
-            if self._interrupted:
-                return layout.INTERRUPTED
-            now = time.monotonic_ns()
-            if 0 <= deadline <= now:
-                return layout.TIMEOUT
+        while True:
+            while now - t0 < self.spin_ns + self.yield_ns:
+                os.sched_yield()
+                if self._ready():
+                    return layout.OK
+                if self._interrupted:
+                    return layout.INTERRUPTED
+                now = time.monotonic_ns()
+                if 0 <= deadline <= now:
+                    return layout.TIMEOUT
+            st = self._park(deadline, slice_end)
+            if st != _WOKEN:
+                return st
+            t0 = now = time.monotonic_ns()
+
+    def _park(self, deadline: int, slice_end: int) -> int:
+        """See ``mpx._ring._RingEnd._park``."""
         while True:
             st = self._terminal()
             if st is not None:
@@ -195,6 +206,9 @@ class _RingEnd:
                 return layout.OK
             if signalled:
                 return layout.SLICE
+            if self._w32(self._futex) != v and self._terminal() is None and \
+                    not self._interrupted:
+                return _WOKEN
 
     # ------------------------------------------------------------------ state
 
@@ -323,11 +337,20 @@ class RingWriter(_RingEnd):
         self.seq += 1
         q[layout.OFF_WRITE_SEQ >> 3] = self.seq
         layout.fence()
+        self._wake_parked()
+
+    def _wake_parked(self) -> None:
         for r in range(self.n_readers):
-            if i32[(layout.reader_block(r) + layout.RB_PARKED) >> 2]:
+            if self._i[(layout.reader_block(r) + layout.RB_PARKED) >> 2]:
                 self._bump32(layout.OFF_DATA_FUTEX)
                 self._futex_wake(layout.OFF_DATA_FUTEX)
                 break
+
+    def wake_readers(self) -> None:
+        """See ``mpx._ring.RingWriter.wake_readers``."""
+        self._live()
+        layout.fence()
+        self._wake_parked()
 
     def _claim_slot(self, deadline_ns: int) -> int:
         """Wait for the next free slot, first aborting a message that a failed write left

@@ -6,6 +6,7 @@ import os
 import pickle
 import random
 import stat
+import struct
 import threading
 import time
 import zlib
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 import mpx
-from mpx import shm
+from mpx import layout, shm
 
 pytestmark = pytest.mark.usefixtures("impl")
 
@@ -75,6 +76,40 @@ def test_boundaries(ctx, size_delta):
             assert conn.recv() == _procs.summary(m)
         q.enqueue(None)
         join_all([p])
+
+
+def test_wake_readers_wakes_a_parked_reader_in_another_process(ctx, monkeypatch):
+    monkeypatch.setenv("MPX_YIELD_US", "300000")  # the reader polls 0.3 s after a wake
+    with mpx.MessageQueue(1, 1) as q:
+        p, conn = _procs.start(ctx, _procs.echo_reader, q.export_handle(), 0)
+        q.wait_until_ready(30)
+        assert conn.recv()[0] == "ready"
+        mm = q._writer.ends[0]._mm
+
+        def parked():
+            return struct.unpack_from("<I", mm, layout.reader_block(0) + layout.RB_PARKED)[0]
+
+        assert _until(parked, 10)
+        q.wake_readers()
+        assert _until(lambda: not parked(), 0.25)  # woken ahead of any message
+        assert _until(parked, 10)                  # nothing came: parked again
+        q.enqueue("then the message", timeout=10)
+        assert conn.poll(30) and conn.recv() == _procs.summary("then the message")
+        q.enqueue(None)
+        join_all([p])
+    with mpx.MessageQueue(1, 1) as q2, \
+            mpx.MessageQueue.create_from_handle(q2.export_handle(), 0) as reader, \
+            pytest.raises(mpx.RoleError, match="wake_readers"):
+        reader.wake_readers()
+
+
+def _until(cond, timeout):
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.002)
+    return True
 
 
 def test_larger_than_whole_ring_50mib(ctx):

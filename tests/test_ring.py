@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import signal
+import struct
 import threading
 import time
 from pathlib import Path
@@ -193,6 +194,44 @@ def test_parked_reader_wakes_fast_on_publish(ring):
     t.join(5)
     assert res[0][1] == b"wake"
     assert res[1] - t0 < 1.0  # a futex wake, not the 5 s liveness poll
+
+
+def _parked(w_mm, index=0) -> bool:
+    return bool(struct.unpack_from("<I", w_mm, layout.reader_block(index) + layout.RB_PARKED)[0])
+
+
+def _until(cond, timeout=2.0) -> bool:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def test_wake_readers_wakes_a_parked_reader_ahead_of_the_message(impl):
+    # a 5 s liveness poll: only the early wake can end the park; then the reader polls
+    # for its yield time (0.3 s), parks again, and still gets the message
+    mm, w, (r,) = make_ring(yield_ns=300_000_000, poll_ns=5_000_000_000)
+    res = []
+    t = threading.Thread(target=lambda: res.append(read_ok(r, int(10e9))))
+    try:
+        w.wake_readers()  # nobody parked: nothing happens
+        t.start()
+        assert _until(lambda: _parked(mm))
+        w.wake_readers()
+        assert _until(lambda: not _parked(mm), 0.25)  # awake, polling
+        assert _until(lambda: _parked(mm), 2.0)       # nothing came: parked again
+        assert not res
+    finally:
+        w.write(BYTES, (b"after",), -1)
+        t.join(5)
+        assert res[0][1] == b"after"
+        w.release()
+        r.release()
+        mm.close()
+    with pytest.raises(ValueError):
+        w.wake_readers()  # released
 
 
 def test_closed_reader_unblocks_writer(ring):

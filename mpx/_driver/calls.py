@@ -165,6 +165,12 @@ class CallTable:
         if self.closed or self.stopping:
             raise ExecutorFailed("the executor was shut down")
 
+    def wake_workers(self) -> None:
+        """A call follows: workers asleep after idling start waking now (see
+        MessageQueue.wake_readers)."""
+        if self.broadcast is not None and not self.closed:
+            self.broadcast.wake_readers()
+
     def send(self, method: Any, name: str, args: tuple, kwargs: dict | None,
              reply_rank: int | None, aggregator: Callable | None, timeout: float | None,
              non_block: bool) -> Call:

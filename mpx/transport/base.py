@@ -128,6 +128,10 @@ class Writer(Endpoint):
         """Whether a message of ``pieces`` can be written now without waiting."""
         return True
 
+    def wake_readers(self) -> None:
+        """A message follows: wake the readers that sleep, so that their wake-up overlaps
+        the making of it. A hint; nothing by default."""
+
     @contextlib.contextmanager
     def slot(self, deadline_ns: int, kind: int) -> Iterator[memoryview]:
         """A writable buffer of ``max_chunk_bytes``; a clean exit delivers all of it as one

@@ -154,6 +154,14 @@ class ShmWriter(Writer):
     def has_room(self, pieces: tuple) -> bool:
         return self._ring.has_room(self._slots_needed(pieces))
 
+    def wake_readers(self) -> None:
+        # (no lock: the ring call holds the GIL throughout, so close() cannot release
+        # the mapping under it, and a released ring raises ValueError)
+        try:
+            self._ring.wake_readers()
+        except ValueError:
+            pass
+
     def _slots_needed(self, pieces: tuple) -> int:
         """Slots a message of ``pieces`` takes, capped at the ring's size (it streams)."""
         chunk = self.config.max_chunk_bytes
