@@ -12,6 +12,10 @@ t. the out-of-band threshold: one process writes a message of [bytes(n)] into a
    MessageQueue and reads it back (encode, ring write, ring read, decode), with
    ``serde.OOB_MIN_BYTES`` at its value and with it out of reach (everything in band), for
    n around the threshold: informational, the measurement behind the threshold.
+p. unpickling from the ring slot: one process writes an in-band ("x", bytes(n)) into a
+   MessageQueue and reads it back, with ``transport.shm.IN_PLACE_MIN_BYTES`` at its value
+   and out of reach (every message copied out of its slot first), for n around it:
+   informational, the measurement behind it.
 
 Calls are timed in alternating blocks (bench/_report.py interleaved), so drift hits every
 side. It is a benchmark, not a test: the exit code is 0 whatever the results.
@@ -39,6 +43,7 @@ from bench_executor import CALL_TIMEOUT, SETTLE_S, new_executor, pipe_rpc
 
 import mpx
 from mpx import serde
+from mpx.transport import shm as shm_transport
 from mpx._cli.benchkit import cleanup_procs, print_header, stats
 
 
@@ -128,6 +133,40 @@ def bench_threshold(sizes, iters):
     return out
 
 
+def bench_in_place(sizes, iters):
+    """{n: (us unpickled from the slot, us copied first)}: enqueue + dequeue of an in-band
+    ("x", bytes(n)) in one process, with shm.IN_PLACE_MIN_BYTES at its value and out of
+    reach."""
+    q = mpx.MessageQueue(1, 1)
+    r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+    q.wait_until_ready(timeout=10)
+    r.wait_until_ready(timeout=10)
+    floor = shm_transport.IN_PLACE_MIN_BYTES
+    out = {}
+    try:
+        for n in sizes:
+            msg = ("x", os.urandom(n))
+
+            def rt(msg=msg, n=n):
+                q.enqueue(msg)
+                if len(r.dequeue(timeout=10)[1]) != n:
+                    raise RuntimeError("message came back wrong")
+
+            res = {}
+            for _ in range(3):  # alternate, so drift hits both
+                for lent in (True, False):
+                    shm_transport.IN_PLACE_MIN_BYTES = 0 if lent else 1 << 62
+                    for _ in range(max(3, iters // 10)):
+                        rt()
+                    res.setdefault(lent, []).extend(timed_us(rt, iters // 3))
+            out[n] = (stats(res[True]), stats(res[False]))
+    finally:
+        shm_transport.IN_PLACE_MIN_BYTES = floor
+        r.close()
+        q.close()
+    return out
+
+
 def _more_args(ap):
     ap.add_argument("--sections", default="fst", help="which sections to run (default fst)")
 
@@ -175,6 +214,17 @@ def main():
                 rows.append(row(f"round trip of [bytes({n >> 10} KiB)], out of band vs in band",
                                 "us", o, i, o["median"] / i["median"], "info", None, note=note))
             raw["threshold_us"] = {str(n): {"oob": o, "inband": i} for n, (o, i) in got.items()}
+        if "p" in args.sections:
+            sizes = [4 << 10, 8 << 10, 16 << 10, 64 << 10, 256 << 10, 768 << 10]
+            p_iters = 600 if quick else 3000
+            print(f"[p] unpickled from the ring slot vs copied first, sizes {sizes} ...",
+                  file=sys.stderr, flush=True)
+            got = bench_in_place(sizes, p_iters)
+            for n, (lent, copied) in got.items():
+                rows.append(row(f"round trip of (str, bytes({n >> 10} KiB)) in band, from the "
+                                "slot vs copied", "us", lent, copied,
+                                lent["median"] / copied["median"], "info", None))
+            raw["in_place_us"] = {str(n): {"lent": a, "copied": b} for n, (a, b) in got.items()}
     finally:
         cleanup_procs()
     finish(args, header, rows, raw, time.perf_counter() - t_start, timed=None,

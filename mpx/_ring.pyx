@@ -11,6 +11,7 @@ that bit is delivered as ``bytes``, any other as a ``bytearray``.
 """
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_WRITABLE
+from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.string cimport memcpy
 from libc.stdlib cimport malloc, free
 from libc.stdint cimport uint32_t, uint64_t, int64_t
@@ -20,6 +21,7 @@ from mpx._buffers cimport owned_buffer
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals()
+    int PyBUF_READ
 
 include "_ring_layout.pxi"
 
@@ -655,6 +657,54 @@ cdef class RingReader(_RingEnd):
                 self.dest = None
                 self.resting = False
                 return (OK, self.dest_kind, d)
+
+    def read_with(self, consume, uint64_t in_place_min, int64_t deadline_ns=-1,
+                  int64_t slice_ns=-1):
+        """read(), handing the message to ``consume(kind, data)``: ``(status, kind, what
+        consume returned)``. A message in one slot, of a KIND_AS_BYTES kind and at least
+        ``in_place_min`` bytes, is lent without a copy: ``data`` is a read-only memoryview
+        of the slot, released when consume returns (or raises: the exception propagates),
+        and the slot goes back to the writer then. consume must keep nothing that refers
+        to it: a buffer it took of the view is caught (RuntimeError), a memoryview made
+        from it is not. Any other message: ``data`` is read()'s owned copy."""
+        self._live()
+        cdef char* slot
+        cdef uint64_t length
+        cdef uint32_t flags, kind
+        cdef int st
+        cdef object view, out
+        if self.dest is None:  # (not in the middle of a message that spans slots)
+            while True:
+                st = self._await(deadline_ns, slice_ns)
+                if st != OK:
+                    return (st, 0, None)
+                slot = self._slot(self.seq)
+                flags = (<uint32_t*>(slot + SH_FLAGS))[0]
+                if not flags & F_ABORT:
+                    break
+                self._ack()
+            length = (<uint64_t*>(slot + SH_LENGTH))[0]
+            kind = (<uint32_t*>(slot + SH_KIND))[0]
+            if flags & (F_BEGIN | F_END) == (F_BEGIN | F_END) and kind & KIND_AS_BYTES and \
+                    length >= in_place_min:
+                if length > self.chunk_bytes:
+                    raise RuntimeError("mpx ring corrupted: slot length exceeds the message")
+                view = PyMemoryView_FromMemory(slot + SLOT_HEADER, length, PyBUF_READ)
+                try:
+                    out = consume(kind, view)
+                finally:
+                    self._ack()
+                    self.resting = False
+                    try:
+                        view.release()
+                    except BufferError:
+                        raise RuntimeError("read_with: consume kept a view of the ring slot") \
+                            from None
+                return (OK, kind, out)
+        st, kind, out = self.read(deadline_ns, slice_ns)
+        if st != OK:
+            return (st, kind, out)
+        return (OK, kind, consume(kind, out))
 
     def read_ready(self):
         """Every message whose first slot is published now, without waiting for more:

@@ -503,6 +503,45 @@ class RingReader(_RingEnd):
             raise ValueError("release_slot() without a slot")
         self._ack()
 
+    def read_with(self, consume, in_place_min: int, deadline_ns: int = -1,
+                  slice_ns: int = -1):
+        """See ``mpx._ring.RingReader.read_with``."""
+        self._live()
+        q, i32 = self._q, self._i
+        if self._dest is None:
+            while True:
+                st = self._wait(deadline_ns, slice_ns)
+                if st != layout.OK:
+                    return (st, 0, None)
+                s = self._slot(self.seq)
+                flags = i32[(s + layout.SH_FLAGS) >> 2]
+                if not flags & layout.F_ABORT:
+                    break
+                self._ack()
+            length = q[(s + layout.SH_LENGTH) >> 3]
+            kind = i32[(s + layout.SH_KIND) >> 2]
+            whole = layout.F_BEGIN | layout.F_END
+            if flags & whole == whole and kind & layout.KIND_AS_BYTES and length >= in_place_min:
+                if length > self.chunk_bytes:
+                    raise RuntimeError("mpx ring corrupted: slot length exceeds the message")
+                p = s + layout.SLOT_HEADER
+                view = self._mv[p:p + length].toreadonly()
+                try:
+                    out = consume(kind, view)
+                finally:
+                    self._ack()
+                    self._resting = False
+                    try:
+                        view.release()
+                    except BufferError:
+                        raise RuntimeError("read_with: consume kept a view of the ring "
+                                           "slot") from None
+                return (layout.OK, kind, out)
+        st, kind, out = self.read(deadline_ns, slice_ns)
+        if st != layout.OK:
+            return (st, kind, out)
+        return (layout.OK, kind, consume(kind, out))
+
     def read_ready(self):
         """See ``mpx._ring.RingReader.read_ready``."""
         out = []

@@ -504,9 +504,8 @@ class MessageQueue:
         reader = self._reader
         if reader is None or self._closed:
             reader = self._need_reader("dequeue")
-        kind, data = reader.read(-1 if timeout is None else _deadline(timeout), cancel,
-                                 not indefinite)
-        return serde.decode(kind, data)
+        return reader.read_into(-1 if timeout is None else _deadline(timeout), cancel,
+                                not indefinite, serde.decode_lent)
 
     def dequeue_ready(self, on_error: Callable[[DeserializationError], Any]) -> list:
         """Every message already published, unpickled, in order, without waiting: one call

@@ -403,4 +403,24 @@ def decode(kind: int, data) -> Any:
     except DeserializationError:
         raise
     except Exception as e:
-        raise DeserializationError(f"cannot unpickle a received message: {type(e).__name__}: {e}") from e
+        raise _undecodable(e) from e
+
+
+def decode_lent(kind: int, data) -> Any:
+    """``decode`` of a message whose ``data`` may be lent: a read-only memoryview of a ring
+    slot, valid during the call only. What it returns owns its memory (an in-band pickle
+    copies what it builds out of its input)."""
+    if kind == K_PICKLE:
+        try:
+            return pickle.loads(data)
+        except DeserializationError:
+            raise
+        except Exception as e:
+            raise _undecodable(e) from e
+    if type(data) is memoryview:
+        data = bytes(data) if kind & KIND_AS_BYTES else bytearray(data)
+    return decode(kind, data)
+
+
+def _undecodable(e: Exception) -> DeserializationError:
+    return DeserializationError(f"cannot unpickle a received message: {type(e).__name__}: {e}")

@@ -114,6 +114,19 @@ def keep_array_reader(handle, laps_bytes, conn):
     q.close()
 
 
+def keep_inband_reader(handle, laps_bytes, conn):
+    """Receive an in-band object (unpickled from its ring slot), keep it while ~laps_bytes
+    more flow through the ring, check it."""
+    q = mpx.MessageQueue.create_from_handle(handle, 0)
+    first = q.dequeue(timeout=30)
+    before = zlib.crc32(first[1])
+    flowed = 0
+    while flowed < laps_bytes:
+        flowed += len(q.dequeue(timeout=30)[1])
+    conn.send(("unchanged", zlib.crc32(first[1]) == before, first[0]))
+    q.close()
+
+
 def die(sig=signal.SIGKILL):
     os.kill(os.getpid(), sig)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import mpx
-from mpx import layout, shm
+from mpx import layout, serde, shm
 
 pytestmark = pytest.mark.usefixtures("impl")
 
@@ -124,6 +124,22 @@ def test_larger_than_whole_ring_50mib(ctx):
             assert conn.poll(60)
             assert conn.recv() == _procs.summary(m)
         q.enqueue(None)
+        join_all([p])
+
+
+def test_inband_object_unpickled_from_its_slot_is_owned_while_ring_laps(ctx):
+    chunk, nchunks = 1 << 16, 4
+    payload = os.urandom(40_000)  # in band, one slot, above the in-place size
+    assert serde.encode(("first", payload), True)[0] == serde.K_PICKLE
+    with mpx.MessageQueue(1, 1, max_chunk_bytes=chunk, max_chunks=nchunks) as q:
+        p, conn = _procs.start(ctx, _procs.keep_inband_reader, q.export_handle(),
+                               3 * chunk * nchunks)
+        q.wait_until_ready(30)
+        q.enqueue(("first", payload), timeout=30)
+        for i in range(3 * nchunks * 2):
+            q.enqueue((i, bytes([i % 256]) * 40_000), timeout=30)
+        assert conn.poll(60)
+        assert conn.recv() == ("unchanged", True, "first")
         join_all([p])
 
 

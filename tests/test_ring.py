@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import pickle
 import signal
 import struct
 import threading
@@ -444,3 +445,44 @@ def test_read_ready_skips_an_aborted_message_at_the_end(ring):
     assert time.monotonic() - t0 < 1
     assert w.write(BYTES, (b"next",), in_s(1)) == layout.OK
     assert r.read_ready() == (layout.OK, [(BYTES, b"next")])
+
+
+def test_read_with_lends_a_large_single_slot_message_then_releases_it(ring):
+    w, (r,) = ring(chunk=256, nchunks=4)
+    got = []
+
+    def keep_type(kind, data):
+        got.append((kind, type(data), bytes(data), getattr(data, "readonly", None)))
+        return len(data)
+
+    w.write(BYTES, (b"x" * 200,), -1)
+    assert r.read_with(keep_type, 100) == (layout.OK, BYTES, 200)
+    assert got[-1] == (BYTES, memoryview, b"x" * 200, True)  # lent, read-only
+    assert w.free_slots() == 4  # the slot went back once consume returned
+    w.write(BYTES, (b"y" * 50,), -1)  # below in_place_min: an owned copy
+    assert r.read_with(keep_type, 100)[2] == 50 and got[-1][1] is bytes
+    w.write(ARRAY, (b"z" * 200,), -1)  # not KIND_AS_BYTES: an owned bytearray
+    assert r.read_with(keep_type, 100)[2] == 200 and got[-1][1] is bytearray
+    w.write(BYTES, (b"m" * 600,), -1)  # spans slots: an owned copy
+    assert r.read_with(keep_type, 100)[2] == 600 and got[-1][1] is bytes
+
+
+def test_read_with_consume_errors_and_kept_views(ring):
+    w, (r,) = ring(chunk=256, nchunks=2)
+    kept = []
+
+    def fail(kind, data):
+        kept.append(data)
+        raise KeyError("bad message")
+
+    w.write(BYTES, (b"a" * 200,), -1)
+    with pytest.raises(KeyError):
+        r.read_with(fail, 100)
+    with pytest.raises(ValueError):
+        kept[0][0]  # the view was released: it cannot alias the slot the writer reuses
+    w.write(BYTES, (b"b" * 200,), -1)
+    with pytest.raises(RuntimeError, match="kept a view"):
+        r.read_with(lambda kind, data: kept.append(pickle.PickleBuffer(data)), 100)
+    kept.clear()
+    w.write(BYTES, (b"c" * 200,), -1)  # the ring goes on
+    assert r.read_with(lambda kind, data: bytes(data), 100)[2] == b"c" * 200

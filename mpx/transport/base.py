@@ -15,7 +15,7 @@ import abc
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
 from mpx.config import Config
@@ -156,6 +156,14 @@ class Reader(Endpoint):
              warn: bool) -> tuple[int, Any]:
         """The next message as ``(kind, data)``; ``data`` is owned (bytes or bytearray).
         ``warn``: log the wait when it grows long."""
+
+    def read_into(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
+                  decode: Callable[[int, Any], Any]) -> Any:
+        """``decode(kind, data)`` of the next message, waiting as read() does. A transport
+        may lend ``data`` in place (a memoryview of shared memory, valid for the call
+        only): ``decode`` must return objects that own their memory."""
+        kind, data = self.read(deadline_ns, cancel, warn)
+        return decode(kind, data)
 
     def read_ready(self) -> list[tuple[int, Any]]:
         """Every message already waiting, as ``(kind, data)`` pairs, without waiting for
