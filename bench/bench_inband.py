@@ -43,8 +43,8 @@ from bench_executor import CALL_TIMEOUT, SETTLE_S, new_executor, pipe_rpc
 
 import mpx
 from mpx import serde
-from mpx.transport import shm as shm_transport
 from mpx._cli.benchkit import cleanup_procs, print_header, stats
+from mpx.transport import shm as shm_transport
 
 
 def _minflt() -> int:

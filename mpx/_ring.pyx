@@ -414,8 +414,9 @@ cdef class RingWriter(_RingEnd):
         """Wake the parked readers ahead of a message (they spin and yield again, and park
         again if none comes within their yield time): their wake-up, tens of microseconds
         on a VM, then overlaps the work of making the message. Costs nothing when no
-        reader is parked."""
-        self._live()
+        reader is parked, nor once the ring was released."""
+        if self.base == NULL:
+            return
         mpx_fence()
         self._wake_parked()
 

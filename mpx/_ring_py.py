@@ -348,7 +348,8 @@ class RingWriter(_RingEnd):
 
     def wake_readers(self) -> None:
         """See ``mpx._ring.RingWriter.wake_readers``."""
-        self._live()
+        if self._released:
+            return
         layout.fence()
         self._wake_parked()
 

@@ -81,6 +81,7 @@ class _Broadcast:
         if len(self.ends) == 1:  # (one frame less)
             self.write = self.ends[0].write  # type: ignore[method-assign, assignment]
             self.wake_readers = self.ends[0].wake_readers  # type: ignore[method-assign]
+            self.has_room = self.ends[0].has_room  # type: ignore[method-assign, assignment]
 
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         for e in self.ends:
@@ -91,8 +92,6 @@ class _Broadcast:
             e.wake_readers()
 
     def has_room(self, parts: tuple) -> bool:
-        if len(self.ends) == 1:
-            return self.ends[0].has_room(parts)  # (asked before every pipelined call)
         return all(e.has_room(parts) for e in self.ends)
 
     def write(self, kind: int, parts: Any, deadline_ns: int, total: int = -1) -> None:
@@ -456,8 +455,12 @@ class MessageQueue:
         """Writer: a message follows soon. Readers parked in a long wait wake now (and
         poll for their yield time), so that their wake-up, tens of microseconds on a VM,
         overlaps the work before the ``enqueue``; ``enqueue`` does this itself before it
-        pickles. Costs nothing when no reader sleeps."""
-        self._need_writer("wake_readers").wake_readers()
+        pickles. Costs nothing when no reader sleeps; does nothing once closed."""
+        writer = self._writer
+        if writer is None:
+            writer = self._need_writer("wake_readers")  # (raises RoleError)
+        if not self._closed:
+            writer.wake_readers()
 
     @contextlib.contextmanager
     def acquire_write(self, timeout: float | None = None):

@@ -231,8 +231,7 @@ def test_wake_readers_wakes_a_parked_reader_ahead_of_the_message(impl):
         w.release()
         r.release()
         mm.close()
-    with pytest.raises(ValueError):
-        w.wake_readers()  # released
+    w.wake_readers()  # released: nothing to wake, nothing raised
 
 
 def test_closed_reader_unblocks_writer(ring):

@@ -155,6 +155,7 @@ class CallTable:
     def attach(self, broadcast: MessageQueue, resp: list[MessageQueue]) -> None:
         """The broadcast queue and every rank's response queue, once all are up."""
         self.broadcast, self.resp = broadcast, resp
+        self.wake_workers = broadcast.wake_readers  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ sending
 
@@ -167,9 +168,8 @@ class CallTable:
 
     def wake_workers(self) -> None:
         """A call follows: workers asleep after idling start waking now (see
-        MessageQueue.wake_readers)."""
-        if self.broadcast is not None and not self.closed:
-            self.broadcast.wake_readers()
+        MessageQueue.wake_readers); attach() binds the queue's method in this one's
+        place."""
 
     def send(self, method: Any, name: str, args: tuple, kwargs: dict | None,
              reply_rank: int | None, aggregator: Callable | None, timeout: float | None,

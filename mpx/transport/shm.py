@@ -114,6 +114,7 @@ class ShmWriter(Writer):
             shm.close(self._mm)
             raise
         self._finalizer = weakref.finalize(self, self._unlink)
+        self.wake_readers = self._ring.wake_readers  # type: ignore[method-assign]
         _debug.inc("rings")
         if n == 0:
             self._unlink()
@@ -155,22 +156,21 @@ class ShmWriter(Writer):
         """Slots the writer can fill now without waiting for any reader."""
         return self._ring.free_slots()
 
-    def has_room(self, pieces: tuple) -> bool:
-        return self._ring.has_room(self._slots_needed(pieces))
-
     def wake_readers(self) -> None:
-        # (no lock: the ring call holds the GIL throughout, so close() cannot release
-        # the mapping under it, and a released ring raises ValueError)
-        try:
-            self._ring.wake_readers()
-        except ValueError:
-            pass
+        # (no lock: the ring call holds the GIL throughout, so close() cannot release the
+        # mapping under it, and on a released ring it does nothing; __init__ binds the
+        # ring's method in this one's place, a frame less)
+        self._ring.wake_readers()
+
+    def has_room(self, pieces: tuple) -> bool:
+        if len(pieces) == 1 and type(pieces[0]) is bytes and \
+                len(pieces[0]) <= self.config.max_chunk_bytes:
+            return self._ring.has_room(1)  # a small pickle: the common case
+        return self._ring.has_room(self._slots_needed(pieces))
 
     def _slots_needed(self, pieces: tuple) -> int:
         """Slots a message of ``pieces`` takes, capped at the ring's size (it streams)."""
         chunk = self.config.max_chunk_bytes
-        if len(pieces) == 1 and isinstance(pieces[0], bytes) and len(pieces[0]) <= chunk:
-            return 1  # a small pickle: the common case, counted without memoryviews
         size = sum(memoryview(p).nbytes for p in pieces)
         return min(self.config.max_chunks, max(1, -(-size // chunk)))
 
