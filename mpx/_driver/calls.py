@@ -40,6 +40,7 @@ from mpx.errors import (
     WorkerStalledError,
 )
 from mpx.queue import MessageQueue
+from mpx.wire import OK, STALL
 
 logger = logging.getLogger("mpx")
 
@@ -186,7 +187,8 @@ class CallTable:
                 call.future = RPCFuture(self, call)
             self.lock.acquire()
             try:
-                self.check_usable()
+                if self.failure is not None or self.closed or self.stopping:
+                    self.check_usable()
                 self.pending[seq] = call
                 if deadline is not None:
                     self.with_deadline += 1
@@ -380,7 +382,7 @@ class CallTable:
         self.on_peer_gone(e.rank, e)
 
     def _record(self, rank: int, seq: int, status: int, payload: Any) -> None:
-        if status == wire.STALL:
+        if status == STALL:
             self.stalls.report(rank, payload, self.next_reply[rank])
             return
         if self.stalls.reports:
@@ -390,7 +392,7 @@ class CallTable:
         if call is None:
             return  # the reply of a call that already timed out
         results = call.results
-        if status == wire.OK:
+        if status == OK:
             results[rank] = payload
         else:
             call.errors[rank] = payload
