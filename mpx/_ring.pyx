@@ -674,6 +674,7 @@ cdef class RingReader(_RingEnd):
         cdef uint32_t flags, kind
         cdef int st
         cdef object view, out
+        cdef char* ptr
         if self.dest is None:  # (not in the middle of a message that spans slots)
             while True:
                 st = self._await(deadline_ns, slice_ns)
@@ -686,10 +687,19 @@ cdef class RingReader(_RingEnd):
                 self._ack()
             length = (<uint64_t*>(slot + SH_LENGTH))[0]
             kind = (<uint32_t*>(slot + SH_KIND))[0]
-            if flags & (F_BEGIN | F_END) == (F_BEGIN | F_END) and kind & KIND_AS_BYTES and \
-                    length >= in_place_min:
+            if flags & (F_BEGIN | F_END) == (F_BEGIN | F_END) and kind & KIND_AS_BYTES:
                 if length > self.chunk_bytes:
                     raise RuntimeError("mpx ring corrupted: slot length exceeds the message")
+                if length < in_place_min:  # the common small message: copied, as read() does
+                    out = owned_buffer(True, length, &ptr)
+                    if length >= NOGIL_COPY:
+                        with nogil:
+                            memcpy(ptr, slot + SLOT_HEADER, length)
+                    elif length:
+                        memcpy(ptr, slot + SLOT_HEADER, length)
+                    self._ack()
+                    self.resting = False
+                    return (OK, kind, consume(kind, out))
                 view = PyMemoryView_FromMemory(slot + SLOT_HEADER, length, PyBUF_READ)
                 try:
                     out = consume(kind, view)

@@ -35,6 +35,11 @@ WAIT_WARNING_NS = 60_000_000_000
 # copy into memory of the reader's first: a round trip of 64 KiB-768 KiB in band takes
 # 0.69-0.76x the time, 4-16 KiB 0.95-0.96x, 2 KiB 1.05x (bench_inband.py --sections p).
 IN_PLACE_MIN_BYTES = 8 << 10
+_NEVER_IN_PLACE = (1 << 64) - 1  # read(): every message as an owned copy
+
+
+def _as_read(kind: int, data: Any) -> tuple[int, Any]:
+    return kind, data
 
 
 def _ring_args(config: Config) -> dict:
@@ -326,35 +331,31 @@ class ShmReader(Reader):
         return not self._closed and self._ring.published() > self._ring.seq_number
 
     def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool):
-        return self._read(deadline_ns, cancel, warn, None)
+        return self._read(deadline_ns, cancel, warn, _as_read, _NEVER_IN_PLACE)
 
     def read_into(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
                   decode: Callable[[int, Any], Any]) -> Any:
         # a message of one slot from IN_PLACE_MIN_BYTES up is decoded from the slot
-        return self._read(deadline_ns, cancel, warn, decode)[1]
+        return self._read(deadline_ns, cancel, warn, decode, IN_PLACE_MIN_BYTES)
 
     def _read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
-              decode: Callable[[int, Any], Any] | None):
+              decode: Callable[[int, Any], Any], in_place_min: int) -> Any:
         self._lock.acquire()  # (not `with`: this is the hot path, and it costs half)
         try:
             if self._closed:
                 self._check_open()
             if cancel is None and not warn:  # the executor's and the worker's reads
-                if decode is None:
-                    st, kind, data = self._ring.read(deadline_ns, -1)
-                else:
-                    st, kind, data = self._ring.read_with(decode, IN_PLACE_MIN_BYTES,
-                                                          deadline_ns, -1)
+                st, _, got = self._ring.read_with(decode, in_place_min, deadline_ns, -1)
                 if st == layout.OK:
-                    return kind, data
+                    return got
                 if st != layout.SLICE:  # (SLICE: a signal came, and its handler ran)
                     raise self._read_error(st)
-            return self._read_in_slices(deadline_ns, cancel, warn, decode)
+            return self._read_in_slices(deadline_ns, cancel, warn, decode, in_place_min)
         finally:
             self._lock.release()
 
     def _read_in_slices(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
-                        decode: Callable[[int, Any], Any] | None):
+                        decode: Callable[[int, Any], Any], in_place_min: int) -> Any:
         """_read() that returns to Python every slice: to look at ``cancel``, and to warn
         of a long wait."""
         slice_ns = CANCEL_POLL_NS if cancel is not None else (WAIT_WARNING_NS if warn else -1)
@@ -362,13 +363,9 @@ class ShmReader(Reader):
         while True:
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
-            if decode is None:
-                st, kind, data = self._ring.read(deadline_ns, slice_ns)
-            else:
-                st, kind, data = self._ring.read_with(decode, IN_PLACE_MIN_BYTES, deadline_ns,
-                                                      slice_ns)
+            st, _, got = self._ring.read_with(decode, in_place_min, deadline_ns, slice_ns)
             if st == layout.OK:
-                return kind, data
+                return got
             if st == layout.SLICE:  # a slice ended or a signal came: Python runs its handlers
                 if warn and time.monotonic_ns() >= warn_at:
                     warn_at = time.monotonic_ns() + WAIT_WARNING_NS
