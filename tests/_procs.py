@@ -14,7 +14,17 @@ import mpx
 
 def echo_reader(handle, rank, conn):
     """Dequeue objects and send a summary of each back over ``conn`` until None arrives."""
-    q = mpx.MessageQueue.create_from_handle(handle, rank)
+    _echo(mpx.MessageQueue.create_from_handle(handle, rank), conn)
+
+
+def echo_reader_yielding(handle, rank, yield_us, conn):
+    """echo_reader whose waits poll for ``yield_us`` before they park (given here, not by
+    the environment: a forkserver's children do not see the test's)."""
+    config = mpx.Config(yield_us=yield_us)
+    _echo(mpx.MessageQueue.create_from_handle(handle, rank, config=config), conn)
+
+
+def _echo(q, conn):
     q.wait_until_ready(10)
     conn.send(("ready", os.getpid()))
     try:

@@ -78,10 +78,10 @@ def test_boundaries(ctx, size_delta):
         join_all([p])
 
 
-def test_wake_readers_wakes_a_parked_reader_in_another_process(ctx, monkeypatch):
-    monkeypatch.setenv("MPX_YIELD_US", "300000")  # the reader polls 0.3 s after a wake
+def test_wake_readers_wakes_a_parked_reader_in_another_process(ctx):
     with mpx.MessageQueue(1, 1) as q:
-        p, conn = _procs.start(ctx, _procs.echo_reader, q.export_handle(), 0)
+        # the reader polls 0.3 s after a wake before it parks again
+        p, conn = _procs.start(ctx, _procs.echo_reader_yielding, q.export_handle(), 0, 300_000)
         q.wait_until_ready(30)
         assert conn.recv()[0] == "ready"
         mm = q._writer.ends[0]._mm
