@@ -101,70 +101,52 @@ def bench_step_dict(iters, warm):
     return out[mpx_call], out[in_process], pickled_size(step)
 
 
-def bench_threshold(sizes, iters):
-    """{n: (us out of band, us in band)}: encode + write + read + decode in one process."""
+def _round_trips_two_ways(sizes, iters, make, at, module, name, on, off):
+    """{n: (us with ``module.name = on``, us with ``off``)} of enqueue + dequeue of
+    ``make(n)`` in one process (``at``: where the message's n bytes are in it); the two
+    settings alternate, so drift hits both."""
     q = mpx.MessageQueue(1, 1)
     r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
     q.wait_until_ready(timeout=10)
     r.wait_until_ready(timeout=10)
-    floor = serde.OOB_MIN_BYTES
+    kept = getattr(module, name)
     out = {}
     try:
         for n in sizes:
-            msg = [os.urandom(n)]
+            msg = make(n)
 
             def rt(msg=msg, n=n):
                 q.enqueue(msg)
-                if len(r.dequeue(timeout=10)[0]) != n:
+                if len(r.dequeue(timeout=10)[at]) != n:
                     raise RuntimeError("message came back wrong")
 
-            res = {}
-            for _ in range(3):  # alternate, so drift hits both
-                for oob in (True, False):
-                    serde.OOB_MIN_BYTES = floor if oob else 1 << 62
+            res: dict = {}
+            for _ in range(3):
+                for setting in (on, off):
+                    setattr(module, name, setting)
                     for _ in range(max(3, iters // 10)):
                         rt()
-                    res.setdefault(oob, []).extend(timed_us(rt, iters // 3))
-            out[n] = (stats(res[True]), stats(res[False]))
+                    res.setdefault(setting, []).extend(timed_us(rt, iters // 3))
+            out[n] = (stats(res[on]), stats(res[off]))
     finally:
-        serde.OOB_MIN_BYTES = floor
+        setattr(module, name, kept)
         r.close()
         q.close()
     return out
+
+
+def bench_threshold(sizes, iters):
+    """{n: (us out of band, us in band)}: encode + write + read + decode of [bytes(n)] in
+    one process, with serde.OOB_MIN_BYTES at its value and out of reach."""
+    return _round_trips_two_ways(sizes, iters, lambda n: [os.urandom(n)], 0, serde,
+                                 "OOB_MIN_BYTES", serde.OOB_MIN_BYTES, 1 << 62)
 
 
 def bench_in_place(sizes, iters):
     """{n: (us unpickled from the slot, us copied first)}: enqueue + dequeue of an in-band
-    ("x", bytes(n)) in one process, with shm.IN_PLACE_MIN_BYTES at its value and out of
-    reach."""
-    q = mpx.MessageQueue(1, 1)
-    r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
-    q.wait_until_ready(timeout=10)
-    r.wait_until_ready(timeout=10)
-    floor = shm_transport.IN_PLACE_MIN_BYTES
-    out = {}
-    try:
-        for n in sizes:
-            msg = ("x", os.urandom(n))
-
-            def rt(msg=msg, n=n):
-                q.enqueue(msg)
-                if len(r.dequeue(timeout=10)[1]) != n:
-                    raise RuntimeError("message came back wrong")
-
-            res = {}
-            for _ in range(3):  # alternate, so drift hits both
-                for lent in (True, False):
-                    shm_transport.IN_PLACE_MIN_BYTES = 0 if lent else 1 << 62
-                    for _ in range(max(3, iters // 10)):
-                        rt()
-                    res.setdefault(lent, []).extend(timed_us(rt, iters // 3))
-            out[n] = (stats(res[True]), stats(res[False]))
-    finally:
-        shm_transport.IN_PLACE_MIN_BYTES = floor
-        r.close()
-        q.close()
-    return out
+    ("x", bytes(n)) in one process, every message lent from its slot and none."""
+    return _round_trips_two_ways(sizes, iters, lambda n: ("x", os.urandom(n)), 1,
+                                 shm_transport, "IN_PLACE_MIN_BYTES", 0, 1 << 62)
 
 
 def _more_args(ap):

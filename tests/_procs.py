@@ -168,6 +168,16 @@ def start(ctx, target, *args):
     return p, parent
 
 
+def until(cond, timeout):
+    """Poll ``cond`` every 2 ms until it is true (True) or ``timeout`` seconds passed."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.002)
+    return True
+
+
 def running(pid):
     """Alive and not a zombie (an exited process waits for its parent to reap it)."""
     import psutil

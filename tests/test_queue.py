@@ -89,10 +89,10 @@ def test_wake_readers_wakes_a_parked_reader_in_another_process(ctx):
         def parked():
             return struct.unpack_from("<I", mm, layout.reader_block(0) + layout.RB_PARKED)[0]
 
-        assert _until(parked, 10)
+        assert _procs.until(parked, 10)
         q.wake_readers()
-        assert _until(lambda: not parked(), 0.25)  # woken ahead of any message
-        assert _until(parked, 10)                  # nothing came: parked again
+        assert _procs.until(lambda: not parked(), 0.25)  # woken ahead of any message
+        assert _procs.until(parked, 10)                  # nothing came: parked again
         q.enqueue("then the message", timeout=10)
         assert conn.poll(30) and conn.recv() == _procs.summary("then the message")
         q.enqueue(None)
@@ -101,15 +101,6 @@ def test_wake_readers_wakes_a_parked_reader_in_another_process(ctx):
             mpx.MessageQueue.create_from_handle(q2.export_handle(), 0) as reader, \
             pytest.raises(mpx.RoleError, match="wake_readers"):
         reader.wake_readers()
-
-
-def _until(cond, timeout):
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.002)
-    return True
 
 
 def test_larger_than_whole_ring_50mib(ctx):

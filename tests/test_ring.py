@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import _procs
 import pytest
 
 from mpx import _impl, layout
@@ -201,15 +202,6 @@ def _parked(w_mm, index=0) -> bool:
     return bool(struct.unpack_from("<I", w_mm, layout.reader_block(index) + layout.RB_PARKED)[0])
 
 
-def _until(cond, timeout=2.0) -> bool:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.002)
-    return True
-
-
 def test_wake_readers_wakes_a_parked_reader_ahead_of_the_message(impl):
     # a 5 s liveness poll: only the early wake can end the park; then the reader polls
     # for its yield time (0.3 s), parks again, and still gets the message
@@ -219,10 +211,10 @@ def test_wake_readers_wakes_a_parked_reader_ahead_of_the_message(impl):
     try:
         w.wake_readers()  # nobody parked: nothing happens
         t.start()
-        assert _until(lambda: _parked(mm))
+        assert _procs.until(lambda: _parked(mm), 2.0)
         w.wake_readers()
-        assert _until(lambda: not _parked(mm), 0.25)  # awake, polling
-        assert _until(lambda: _parked(mm), 2.0)       # nothing came: parked again
+        assert _procs.until(lambda: not _parked(mm), 0.25)  # awake, polling
+        assert _procs.until(lambda: _parked(mm), 2.0)       # nothing came: parked again
         assert not res
     finally:
         w.write(BYTES, (b"after",), -1)
