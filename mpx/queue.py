@@ -515,14 +515,16 @@ class MessageQueue:
         for a batch (an empty list when nothing is there). A message that cannot be
         unpickled is replaced in the list by ``on_error(the DeserializationError)``; the
         messages after it are still returned."""
-        got = self._need_reader("dequeue_ready").read_ready()
+        reader = self._reader
+        if reader is None or self._closed:
+            reader = self._need_reader("dequeue_ready")
         out = []
-        decode = serde.decode
-        for kind, data in got:
+        append, decode = out.append, serde.decode
+        for kind, data in reader.read_ready():
             try:
-                out.append(decode(kind, data))
+                append(decode(kind, data))
             except DeserializationError as e:
-                out.append(on_error(e))
+                append(on_error(e))
         return out
 
     def dequeue_stream(self, timeout: float | None = None,

@@ -211,9 +211,12 @@ class CallTable:
             self.send_lock.release()
         if self._completed:
             self._complete_futures()  # those a drain() settled while the ring was full
-        if non_block and (self._background is None or
-                          not self.baton.locked() and self._background_may_read()):
-            self._start_background()  # (not while an event loop reads: the common case)
+        # (first the cheap look at an event loop's lease: it reads for these futures, the
+        # common case)
+        if non_block and (self._background is None or not self.baton.locked() and
+                          time.monotonic() >= self.loops_until and
+                          self._background_may_read()):
+            self._start_background()
         return call
 
     def _send_error(self, e: BaseException, name: str) -> BaseException:

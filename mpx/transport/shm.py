@@ -104,6 +104,7 @@ class ShmWriter(Writer):
     def __init__(self, ranks: list[int], config: Config) -> None:
         super().__init__(config)
         self.ranks = list(ranks)
+        self._chunk = config.max_chunk_bytes
         n = len(ranks)
         shm.reap_stale()
         size = layout.segment_size(config.max_chunk_bytes, config.max_chunks, n)
@@ -168,8 +169,7 @@ class ShmWriter(Writer):
         self._ring.wake_readers()
 
     def has_room(self, pieces: tuple) -> bool:
-        if len(pieces) == 1 and type(pieces[0]) is bytes and \
-                len(pieces[0]) <= self.config.max_chunk_bytes:
+        if len(pieces) == 1 and type(pieces[0]) is bytes and len(pieces[0]) <= self._chunk:
             return self._ring.has_room(1)  # a small pickle: the common case
         return self._ring.has_room(self._slots_needed(pieces))
 
@@ -377,9 +377,13 @@ class ShmReader(Reader):
             raise self._read_error(st)
 
     def read_ready(self) -> list[tuple[int, Any]]:
-        with self._lock:
-            self._check_open()
+        self._lock.acquire()  # (not `with`: an event loop's every reading step)
+        try:
+            if self._closed:
+                self._check_open()
             st, got = self._ring.read_ready()
+        finally:
+            self._lock.release()
         if st != layout.OK and not got:
             raise self._read_error(st)
         return got
