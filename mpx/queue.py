@@ -518,7 +518,7 @@ class MessageQueue:
         reader = self._reader
         if reader is None or self._closed:
             reader = self._need_reader("dequeue_ready")
-        out = []
+        out: list = []
         append, decode = out.append, serde.decode
         for kind, data in reader.read_ready():
             try:
