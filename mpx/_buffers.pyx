@@ -85,7 +85,7 @@ cdef class Sink:
     cdef public list parts
     cdef public list oob
     cdef public Py_ssize_t size
-    cdef Py_ssize_t big
+    cdef readonly Py_ssize_t big
     cdef object on_big
 
     def __init__(self, Py_ssize_t big, on_big):

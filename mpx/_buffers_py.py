@@ -47,18 +47,18 @@ class Assembler:
 class Sink:
     """See ``mpx._buffers.Sink``."""
 
-    __slots__ = ("parts", "oob", "size", "_big", "_on_big")
+    __slots__ = ("parts", "oob", "size", "big", "_on_big")
 
     def __init__(self, big: int, on_big: Callable[[Sink, Any, int], bool]) -> None:
         self.parts: list = []
         self.oob: list = []
         self.size = 0
-        self._big = big
+        self.big = big
         self._on_big = on_big
 
     def write(self, b) -> None:
         n = len(b)
-        if n >= self._big and self._on_big(self, b, n):
+        if n >= self.big and self._on_big(self, b, n):
             return
         self.parts.append(b)
         self.size += n

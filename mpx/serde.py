@@ -280,7 +280,8 @@ def _dumps(obj: Any, local_only: bool) -> tuple[tuple | None, Any]:
     except AttributeError:
         entries = _picklers.entries = [None] * 4
     entry = entries[i]
-    if entry is None:  # the first call, or a nested one (a reducer that encodes)
+    # the first call, a nested one (a reducer that encodes), or OOB_MIN_BYTES was changed
+    if entry is None or entry[0].big != OOB_MIN_BYTES:
         sink = _new_sink()
         entry = [sink, pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append), None]
     sink, p, seen = entry

@@ -75,3 +75,16 @@ def test_unpicklable_objects_raise_serialization_error_naming_the_type():
 def test_bad_messages_raise_deserialization_error(kind, data):
     with pytest.raises(DeserializationError, match="cannot unpickle"):
         serde.decode(kind, data)
+
+
+def test_a_changed_out_of_band_threshold_takes_effect(monkeypatch):
+    # each thread keeps its pickler and sink; a new threshold makes new ones
+    big = bytes(2 << 20)
+    assert serde.encode([big], True)[0] == serde.K_PICKLE_OOB
+    monkeypatch.setattr(serde, "OOB_MIN_BYTES", 1 << 62)
+    assert serde.encode([big], True)[0] == serde.K_PICKLE
+    monkeypatch.setattr(serde, "OOB_MIN_BYTES", 64 << 10)
+    small = bytes(range(256)) * 400  # 100 KiB
+    kind, parts = serde.encode([small], True)
+    assert kind == serde.K_PICKLE_OOB
+    assert serde.decode(kind, bytearray(b"".join(bytes(p) for p in parts))) == [small]
