@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import struct
 import time
 import zlib
 
@@ -166,6 +167,12 @@ def start(ctx, target, *args):
     p.start()
     child.close()
     return p, parent
+
+
+def reader_parked(mm, index=0) -> bool:
+    """Whether reader ``index`` of the ring segment mapped at ``mm`` is parked."""
+    from mpx import layout
+    return bool(struct.unpack_from("<I", mm, layout.reader_block(index) + layout.RB_PARKED)[0])
 
 
 def until(cond, timeout):

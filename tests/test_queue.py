@@ -6,7 +6,6 @@ import os
 import pickle
 import random
 import stat
-import struct
 import threading
 import time
 import zlib
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 
 import mpx
-from mpx import layout, serde, shm
+from mpx import serde, shm
 
 pytestmark = pytest.mark.usefixtures("impl")
 
@@ -87,7 +86,7 @@ def test_wake_readers_wakes_a_parked_reader_in_another_process(ctx):
         mm = q._writer.ends[0]._mm
 
         def parked():
-            return struct.unpack_from("<I", mm, layout.reader_block(0) + layout.RB_PARKED)[0]
+            return _procs.reader_parked(mm)
 
         assert _procs.until(parked, 10)
         q.wake_readers()

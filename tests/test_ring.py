@@ -6,7 +6,6 @@ import mmap
 import os
 import pickle
 import signal
-import struct
 import threading
 import time
 from pathlib import Path
@@ -198,10 +197,6 @@ def test_parked_reader_wakes_fast_on_publish(ring):
     assert res[1] - t0 < 1.0  # a futex wake, not the 5 s liveness poll
 
 
-def _parked(w_mm, index=0) -> bool:
-    return bool(struct.unpack_from("<I", w_mm, layout.reader_block(index) + layout.RB_PARKED)[0])
-
-
 def test_wake_readers_wakes_a_parked_reader_ahead_of_the_message(impl):
     # a 5 s liveness poll: only the early wake can end the park; then the reader polls
     # for its yield time (0.3 s), parks again, and still gets the message
@@ -211,10 +206,10 @@ def test_wake_readers_wakes_a_parked_reader_ahead_of_the_message(impl):
     try:
         w.wake_readers()  # nobody parked: nothing happens
         t.start()
-        assert _procs.until(lambda: _parked(mm), 2.0)
+        assert _procs.until(lambda: _procs.reader_parked(mm), 2.0)
         w.wake_readers()
-        assert _procs.until(lambda: not _parked(mm), 0.25)  # awake, polling
-        assert _procs.until(lambda: _parked(mm), 2.0)       # nothing came: parked again
+        assert _procs.until(lambda: not _procs.reader_parked(mm), 0.25)  # awake, polling
+        assert _procs.until(lambda: _procs.reader_parked(mm), 2.0)       # nothing came: parked again
         assert not res
     finally:
         w.write(BYTES, (b"after",), -1)

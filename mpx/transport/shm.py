@@ -104,7 +104,6 @@ class ShmWriter(Writer):
     def __init__(self, ranks: list[int], config: Config) -> None:
         super().__init__(config)
         self.ranks = list(ranks)
-        self._chunk = config.max_chunk_bytes
         n = len(ranks)
         shm.reap_stale()
         size = layout.segment_size(config.max_chunk_bytes, config.max_chunks, n)
@@ -120,6 +119,9 @@ class ShmWriter(Writer):
             shm.close(self._mm)
             raise
         self._finalizer = weakref.finalize(self, self._unlink)
+        # Writer.wake_readers is the ring's own, a frame less; no lock: the ring call holds
+        # the GIL throughout, so close() cannot release the mapping under it, and on a
+        # released ring it does nothing
         self.wake_readers = self._ring.wake_readers  # type: ignore[method-assign]
         _debug.inc("rings")
         if n == 0:
@@ -162,20 +164,14 @@ class ShmWriter(Writer):
         """Slots the writer can fill now without waiting for any reader."""
         return self._ring.free_slots()
 
-    def wake_readers(self) -> None:
-        # (no lock: the ring call holds the GIL throughout, so close() cannot release the
-        # mapping under it, and on a released ring it does nothing; __init__ binds the
-        # ring's method in this one's place, a frame less)
-        self._ring.wake_readers()
-
     def has_room(self, pieces: tuple) -> bool:
-        if len(pieces) == 1 and type(pieces[0]) is bytes and len(pieces[0]) <= self._chunk:
-            return self._ring.has_room(1)  # a small pickle: the common case
         return self._ring.has_room(self._slots_needed(pieces))
 
     def _slots_needed(self, pieces: tuple) -> int:
         """Slots a message of ``pieces`` takes, capped at the ring's size (it streams)."""
         chunk = self.config.max_chunk_bytes
+        if len(pieces) == 1 and isinstance(pieces[0], bytes) and len(pieces[0]) <= chunk:
+            return 1  # a small pickle: the common case, counted without memoryviews
         size = sum(memoryview(p).nbytes for p in pieces)
         return min(self.config.max_chunks, max(1, -(-size // chunk)))
 
