@@ -4,6 +4,32 @@ from typing import Any
 
 IMPLEMENTATION: str
 
+MORE: int
+ALL_OK: int
+ANSWERED: int
+
+class Call:
+    seq: int
+    method: str
+    n_ranks: int
+    reply_rank: int | None
+    aggregator: Callable[[list], Any] | None
+    deadline: float | None
+    started: float
+    future: Any
+    results: dict[int, Any]
+    errors: dict[int, Any]
+    done: bool
+    value: Any
+    error: BaseException | None
+    def __init__(self, seq: int, method: str, n_ranks: int, reply_rank: int | None,
+                 aggregator: Callable[[list], Any] | None, deadline: float | None) -> None: ...
+    def add(self, rank: int, ok: bool, payload: Any) -> int: ...
+    def ok_value(self) -> Any: ...
+    def missing(self) -> list[int]: ...
+    def first_missing(self) -> int: ...
+    def outcome(self) -> Any: ...
+
 def configure(last: Any, delivery_of: Callable[[Any], Any]) -> None: ...
 
 class FutureCore:

@@ -1,6 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The hot part of ``mpx.RPCFuture`` (see mpx/_driver/futures.py): its state, completion
-and the hand-off to an awaiting asyncio task, with the state in C fields.
+"""The hot parts of the driver's calls, with their state in C fields: ``Call``, one call's
+record in the call table (mpx/_driver/calls.py), and ``FutureCore``, the hot part of
+``mpx.RPCFuture`` (see mpx/_driver/futures.py): its state, completion and the hand-off to an
+awaiting asyncio task.
 
 ``mpx/_future_core_py.py`` is its pure-Python twin, with the same fields, methods and
 locking; ``RPCFuture`` puts either under its own Python methods. The synchronisation is
@@ -12,6 +14,8 @@ class's waits is built.
 import asyncio
 import concurrent.futures
 import threading
+
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 IMPLEMENTATION = "cython"
 
@@ -28,6 +32,93 @@ cdef object _NEVER = object()
 # set by mpx._driver.futures: this thread's cached (loop, delivery), and the lookup
 cdef object _last = None
 cdef object _delivery_of = None
+
+
+# what Call.add returns
+MORE = 0      # ranks are still missing
+ALL_OK = 1    # every rank answered OK and no aggregator runs: ok_value() is the outcome
+ANSWERED = 2  # every rank answered, some with an error, or an aggregator runs
+
+
+cdef double _monotonic():
+    # (time.monotonic's clock)
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef class Call:
+    """One call in flight: the replies gathered so far and, once done, its outcome. The
+    call table changes it holding its locks (``add`` only in the thread that reads
+    replies); ``future`` is set for a non-blocking call."""
+
+    cdef readonly object seq
+    cdef readonly object method
+    cdef readonly Py_ssize_t n_ranks
+    cdef readonly object reply_rank
+    cdef readonly object aggregator
+    cdef readonly object deadline
+    cdef readonly double started
+    cdef public object future
+    cdef readonly dict results
+    cdef readonly dict errors
+    cdef public bint done
+    cdef public object value
+    cdef public object error
+
+    def __init__(self, seq, method, Py_ssize_t n_ranks, reply_rank, aggregator, deadline):
+        self.seq = seq
+        self.method = method
+        self.n_ranks = n_ranks
+        self.reply_rank = reply_rank
+        self.aggregator = aggregator
+        self.deadline = deadline
+        self.started = _monotonic()
+        self.results = {}
+        self.errors = {}
+
+    def add(self, rank, bint ok, payload):
+        """Record ``rank``'s reply (its result if ``ok``, else its error payload): MORE,
+        ALL_OK or ANSWERED."""
+        if ok:
+            self.results[rank] = payload
+        else:
+            self.errors[rank] = payload
+        if len(self.results) == self.n_ranks and self.aggregator is None:
+            return ALL_OK
+        if len(self.results) + len(self.errors) == self.n_ranks:
+            return ANSWERED
+        return MORE
+
+    def ok_value(self):
+        """The outcome of a call every rank answered OK: the list of results in rank
+        order, or the result of ``reply_rank``."""
+        cdef Py_ssize_t r
+        cdef dict results = self.results
+        if self.reply_rank is not None:
+            return results[self.reply_rank]
+        return [results[r] for r in range(self.n_ranks)]
+
+    def missing(self):
+        """The ranks that have not answered yet."""
+        cdef Py_ssize_t r
+        return [r for r in range(self.n_ranks) if r not in self.results and r not in self.errors]
+
+    def first_missing(self):
+        """The lowest rank that has not answered yet (the call is not done)."""
+        cdef Py_ssize_t r
+        if not self.results and not self.errors:
+            return 0
+        for r in range(self.n_ranks):
+            if r not in self.results and r not in self.errors:
+                return r
+        raise AssertionError(f"call {self.seq} has every reply but is not done")
+
+    def outcome(self):
+        """The result of a done call, or raise its error."""
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def configure(last, delivery_of):

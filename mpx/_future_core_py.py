@@ -1,11 +1,13 @@
-"""Pure-Python twin of ``mpx._future_core`` (the same fields, methods and locking): the
-hot part of ``mpx.RPCFuture``, used when the extension is absent or MPX_PURE_PYTHON=1."""
+"""Pure-Python twin of ``mpx._future_core`` (the same fields, methods and locking): a call's
+record and the hot part of ``mpx.RPCFuture``, used when the extension is absent or
+MPX_PURE_PYTHON=1."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -20,6 +22,69 @@ _STOCK_CREATE_FUTURE = asyncio.BaseEventLoop.create_future
 
 _last: Any = None
 _delivery_of: Any = None
+
+
+MORE, ALL_OK, ANSWERED = 0, 1, 2  # what Call.add returns
+
+
+class Call:
+    """See ``mpx._future_core.Call``."""
+
+    __slots__ = ("seq", "method", "n_ranks", "reply_rank", "aggregator", "deadline",
+                 "started", "future", "results", "errors", "done", "value", "error")
+
+    def __init__(self, seq: int, method: str, n_ranks: int, reply_rank: int | None,
+                 aggregator: Callable | None, deadline: float | None) -> None:
+        self.seq = seq
+        self.method = method
+        self.n_ranks = n_ranks
+        self.reply_rank = reply_rank
+        self.aggregator = aggregator
+        self.deadline = deadline
+        self.started = time.monotonic()
+        self.future: Any = None
+        self.results: dict[int, Any] = {}
+        self.errors: dict[int, Any] = {}
+        self.done = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def add(self, rank: int, ok: bool, payload: Any) -> int:
+        """See ``mpx._future_core.Call.add``."""
+        if ok:
+            self.results[rank] = payload
+        else:
+            self.errors[rank] = payload
+        if len(self.results) == self.n_ranks and self.aggregator is None:
+            return ALL_OK
+        if len(self.results) + len(self.errors) == self.n_ranks:
+            return ANSWERED
+        return MORE
+
+    def ok_value(self) -> Any:
+        """See ``mpx._future_core.Call.ok_value``."""
+        if self.reply_rank is not None:
+            return self.results[self.reply_rank]
+        return [self.results[r] for r in range(self.n_ranks)]
+
+    def missing(self) -> list[int]:
+        """See ``mpx._future_core.Call.missing``."""
+        return [r for r in range(self.n_ranks) if r not in self.results and r not in self.errors]
+
+    def first_missing(self) -> int:
+        """See ``mpx._future_core.Call.first_missing``."""
+        if not self.results and not self.errors:
+            return 0
+        for r in range(self.n_ranks):
+            if r not in self.results and r not in self.errors:
+                return r
+        raise AssertionError(f"call {self.seq} has every reply but is not done")
+
+    def outcome(self) -> Any:
+        """See ``mpx._future_core.Call.outcome``."""
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def configure(last: Any, delivery_of: Callable[[asyncio.AbstractEventLoop], Any]) -> None:

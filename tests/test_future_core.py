@@ -180,3 +180,51 @@ def test_complete_each_sets_the_settled_futures_in_order(make):
     assert not calls and order == [0, 2, 3]
     assert [f.result() for f in done[:4]] == [0, "by hand", 2, 3]
     assert isinstance(done[4].exception(), KeyError)
+
+
+@pytest.fixture(params=IMPLS)
+def core(request):
+    """The compiled core module, or its twin."""
+    if request.param == "cython":
+        pytest.importorskip("mpx._future_core", reason="extension not built")
+        return importlib.import_module("mpx._future_core")
+    return importlib.import_module("mpx._future_core_py")
+
+
+def test_call_gathers_replies_in_rank_order(core):
+    before = time.monotonic()
+    call = core.Call(7, "step", 3, None, None, None)
+    assert before <= call.started <= time.monotonic()  # time.monotonic's clock
+    assert (call.seq, call.method, call.n_ranks, call.done) == (7, "step", 3, False)
+    assert call.first_missing() == 0 and call.missing() == [0, 1, 2]
+    assert call.add(1, True, "b") == core.MORE
+    assert call.first_missing() == 0 and call.missing() == [0, 2]
+    assert call.add(0, True, "a") == core.MORE
+    assert call.first_missing() == 2
+    assert call.add(2, True, None) == core.ALL_OK
+    assert call.ok_value() == ["a", "b", None]
+    with pytest.raises(AssertionError, match="call 7 has every reply"):
+        call.first_missing()
+
+
+def test_call_of_one_reply_rank_and_errors(core):
+    call = core.Call(0, "step", 2, 1, None, 5.0)
+    assert call.deadline == 5.0
+    call.add(0, True, None)
+    assert call.add(1, True, "mine") == core.ALL_OK
+    assert call.ok_value() == "mine"
+    failed = core.Call(1, "step", 2, None, None, None)
+    assert failed.add(0, False, ("ValueError", "bad", "tb")) == core.MORE
+    assert failed.add(1, True, 1) == core.ANSWERED
+    assert failed.errors == {0: ("ValueError", "bad", "tb")} and failed.results == {1: 1}
+    aggregated = core.Call(2, "step", 1, None, sum, None)
+    assert aggregated.add(0, True, [1]) == core.ANSWERED  # the table runs the aggregator
+
+
+def test_call_outcome(core):
+    call = core.Call(0, "step", 1, None, None, None)
+    call.value, call.done = 42, True
+    assert call.outcome() == 42
+    call.error = KeyError("gone")
+    with pytest.raises(KeyError, match="gone"):
+        call.outcome()

@@ -24,11 +24,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpx import _debug, wire
 from mpx._driver.futures import RPCFuture, complete_each
 from mpx._driver.stalls import StallDiagnosis
+from mpx._impl import future_core_module
 from mpx.errors import (
     Cancelled,
     DeserializationError,
@@ -41,6 +42,15 @@ from mpx.errors import (
 )
 from mpx.queue import MessageQueue
 from mpx.wire import OK, STALL
+
+_core = future_core_module()
+if TYPE_CHECKING:
+    from mpx._future_core import Call
+else:
+    # one call in flight: its replies so far and, once done, its outcome (C fields when
+    # the extension is built)
+    Call = _core.Call
+_ALL_OK = _core.ALL_OK
 
 logger = logging.getLogger("mpx")
 
@@ -66,49 +76,6 @@ def _undecodable(e: DeserializationError) -> list:
     """The ERR payload that stands for a reply the driver could not unpickle (a list: a
     reply is a tuple)."""
     return ["DeserializationError", f"the driver could not unpickle the result: {e}", ""]
-
-
-class Call:
-    """One call in flight: the replies gathered so far and, once done, its outcome."""
-
-    __slots__ = ("seq", "method", "n_ranks", "reply_rank", "aggregator", "deadline",
-                 "started", "future", "results", "errors", "done", "value", "error")
-
-    def __init__(self, seq: int, method: str, n_ranks: int, reply_rank: int | None,
-                 aggregator: Callable | None, deadline: float | None) -> None:
-        self.seq = seq
-        self.method = method
-        self.n_ranks = n_ranks
-        self.reply_rank = reply_rank
-        self.aggregator = aggregator
-        self.deadline = deadline
-        self.started = time.monotonic()
-        self.future: RPCFuture | None = None  # only for non-blocking calls
-        self.results: dict[int, Any] = {}
-        self.errors: dict[int, tuple[str, str, str]] = {}
-        self.done = False
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-    def missing(self) -> list[int]:
-        """The ranks that have not answered yet."""
-        return [r for r in range(self.n_ranks) if r not in self.results and r not in self.errors]
-
-    def first_missing(self) -> int:
-        """The lowest rank that has not answered yet (the call is not done)."""
-        results, errors = self.results, self.errors
-        if not results and not errors:
-            return 0
-        for r in range(self.n_ranks):
-            if r not in results and r not in errors:
-                return r
-        raise AssertionError(f"call {self.seq} has every reply but is not done")
-
-    def outcome(self) -> Any:
-        """The result of a done call, or raise its error."""
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 def _min(*limits: float | None) -> float | None:
@@ -394,16 +361,10 @@ class CallTable:
         call = self.pending.get(seq)
         if call is None:
             return  # the reply of a call that already timed out
-        results = call.results
-        if status == OK:
-            results[rank] = payload
-        else:
-            call.errors[rank] = payload
-        if len(results) == call.n_ranks and call.aggregator is None:  # all OK (inline: hot)
-            one = call.reply_rank
-            self._settle(call, [results[i] for i in range(call.n_ranks)] if one is None
-                         else results[one])
-        elif len(results) + len(call.errors) == call.n_ranks:
+        answered = call.add(rank, status == OK, payload)
+        if answered == _ALL_OK:
+            self._settle(call, call.ok_value())
+        elif answered:
             self._finish(call)
 
     def _finish(self, call: Call) -> None:
