@@ -2,12 +2,21 @@
 """serde's compiled helpers. Memory a received message is copied into, owned by the
 receiver (never aliasing a ring or a socket's frame): ``bytes`` or a writable
 ``bytearray``, with huge-page advice when large. The pickler's sink, whose ``write`` the
-pickler calls for every message sent. ``mpx/_buffers_py.py`` is its pure-Python twin."""
+pickler calls for every message sent, and each thread's kept picklers.
+``mpx/_buffers_py.py`` is its pure-Python twin."""
+
+import copyreg
+import sys
 
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
+from cpython.object cimport PyObject
 from cpython.bytearray cimport PyByteArray_FromStringAndSize, PyByteArray_AS_STRING
 from libc.string cimport memcpy
 from libc.stdint cimport uint64_t
+
+cdef extern from "Python.h":
+    PyObject* PyThreadState_GetDict()
 
 cdef extern from "_ring_sync.h" nogil:
     void mpx_advise_huge(void* p, size_t n)
@@ -107,14 +116,17 @@ cdef class Sink:
         as a tuple when nothing went out of band (the sink is then empty again), else None
         (``parts`` and ``oob`` hold the message: the caller resets). An exception leaves
         the sink empty."""
+        return self._dump(pickler.dump, pickler.clear_memo, obj)
+
+    cdef tuple _dump(self, dump, clear_memo, obj):
         cdef tuple parts
         try:
-            pickler.dump(obj)
+            dump(obj)
         except BaseException:
             self.reset()
             raise
         finally:
-            pickler.clear_memo()
+            clear_memo()
         if self.oob:
             return None
         parts = tuple(self.parts)
@@ -127,3 +139,64 @@ cdef class Sink:
         self.parts = []
         del self.oob[:]
         self.size = 0
+
+
+cdef class _Kept:
+    """A kept pickler, its sink, and its methods bound once."""
+    cdef Sink sink
+    cdef object dump, clear_memo
+    cdef object seen  # the copyreg table its dispatch table was built from
+    cdef bint busy
+
+
+cdef class Picklers:
+    """Each thread's kept picklers, one per (``local_only``, torch imported): building one
+    costs more than pickling a small call. ``make(local_only, with_torch)`` (serde's
+    policy) returns ``(sink, pickler, seen)`` for a new one; a kept one is made again when
+    copyreg's table is no longer ``seen`` or ``settings["OOB_MIN_BYTES"]`` is no longer its
+    sink's floor. A nested use in the same thread (a reducer that encodes) gets a new one."""
+
+    cdef object make
+    cdef dict settings
+    cdef dict modules
+    cdef dict registered
+
+    def __init__(self, make, dict settings):
+        self.make = make
+        self.settings = settings
+        self.modules = sys.modules
+        self.registered = copyreg.dispatch_table  # (the pickle module reads this dict too)
+
+    cdef _Kept _new(self, bint local_only, bint with_torch):
+        cdef _Kept k = _Kept.__new__(_Kept)
+        sink, pickler, k.seen = self.make(local_only, with_torch)
+        k.sink = sink
+        k.dump = pickler.dump
+        k.clear_memo = pickler.clear_memo
+        return k
+
+    def dumps(self, obj, bint local_only):
+        """``obj`` pickled: ``(parts, sink)``, as ``Sink.dump`` returns them (``parts`` is
+        None when something went out of band: the caller resets the sink when done)."""
+        cdef object local = <object>PyThreadState_GetDict()
+        cdef PyObject* found = PyDict_GetItem(local, self)
+        cdef list kept
+        cdef _Kept k
+        cdef bint with_torch = "torch" in self.modules
+        cdef Py_ssize_t i = local_only + 2 * with_torch
+        if found == NULL:
+            kept = [None, None, None, None]
+            PyDict_SetItem(local, self, kept)
+        else:
+            kept = <list>found
+        k = kept[i]
+        if k is None or k.sink.big != self.settings["OOB_MIN_BYTES"] or \
+                k.seen != self.registered:
+            k = kept[i] = self._new(local_only, with_torch)
+        elif k.busy:
+            k = self._new(local_only, with_torch)
+        k.busy = True
+        try:
+            return k.sink._dump(k.dump, k.clear_memo, obj), k.sink
+        finally:
+            k.busy = False

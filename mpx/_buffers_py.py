@@ -1,8 +1,11 @@
-"""Pure-Python twin of ``mpx/_buffers.pyx``: the ZeroMQ reader's reassembler and the
-pickler's sink."""
+"""Pure-Python twin of ``mpx/_buffers.pyx``: the ZeroMQ reader's reassembler, the
+pickler's sink and each thread's kept picklers."""
 
 from __future__ import annotations
 
+import copyreg
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -84,3 +87,33 @@ class Sink:
         self.parts = []
         self.oob.clear()
         self.size = 0
+
+
+class Picklers:
+    """See ``mpx._buffers.Picklers``."""
+
+    def __init__(self, make: Callable[[bool, bool], tuple[Sink, Any, Any]],
+                 settings: dict[str, Any]) -> None:
+        self._make = make
+        self._settings = settings
+        self._local = threading.local()
+
+    def dumps(self, obj: Any, local_only: bool) -> tuple[tuple | None, Sink]:
+        """See ``mpx._buffers.Picklers.dumps``."""
+        try:
+            kept = self._local.kept
+        except AttributeError:
+            kept = self._local.kept = [None] * 4
+        i = local_only + 2 * ("torch" in sys.modules)
+        entry = kept[i]  # [sink, pickler, seen, busy]
+        if entry is None or entry[0].big != self._settings["OOB_MIN_BYTES"] or \
+                entry[2] != copyreg.dispatch_table:
+            entry = kept[i] = [*self._make(local_only, "torch" in sys.modules), False]
+        elif entry[3]:
+            entry = [*self._make(local_only, "torch" in sys.modules), False]
+        sink, pickler = entry[0], entry[1]
+        entry[3] = True
+        try:
+            return sink.dump(pickler, obj), sink
+        finally:
+            entry[3] = False

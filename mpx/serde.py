@@ -39,7 +39,6 @@ import copyreg
 import pickle
 import struct
 import sys
-import threading
 from typing import Any
 
 import cloudpickle
@@ -263,40 +262,24 @@ def _rebuild_memoryview(data, fmt: str, shape: tuple, readonly: bool) -> memoryv
     return m.toreadonly() if readonly else m
 
 
+def _new_pickler(local_only: bool, with_torch: bool) -> tuple[Any, pickle.Pickler, dict]:
+    """A pickler to keep (see ``_picklers``): its sink, itself, and the copyreg table its
+    dispatch table was built from."""
+    sink = _new_sink()
+    p = pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append)
+    p.dispatch_table = _table(local_only, with_torch)
+    return sink, p, _merged[(local_only, with_torch)][0]
+
+
 # Each thread keeps its picklers, with their sinks: building one costs ~1 us, more than
-# pickling a small call (0.25 us). ``_picklers.entries[i]``: [sink, pickler, the copyreg
-# table it was built from] for local_only + 2 * (torch imported); None while in use.
-_picklers = threading.local()
-
-
-def _dumps(obj: Any, local_only: bool) -> tuple[tuple | None, Any]:
-    """``obj`` pickled by a pickler of this thread's: ``(parts, sink)``; ``parts`` is None
-    when something went out of band (the message is in the sink then: the caller resets
-    it when done)."""
-    with_torch = "torch" in sys.modules
-    i = local_only + 2 * with_torch
-    try:
-        entries = _picklers.entries
-    except AttributeError:
-        entries = _picklers.entries = [None] * 4
-    entry = entries[i]
-    # the first call, a nested one (a reducer that encodes), or OOB_MIN_BYTES was changed
-    if entry is None or entry[0].big != OOB_MIN_BYTES:
-        sink = _new_sink()
-        entry = [sink, pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append), None]
-    sink, p, seen = entry
-    if seen != copyreg.dispatch_table:  # a new registration (or a new pickler)
-        p.dispatch_table = _table(local_only, with_torch)
-        entry[2] = _merged[(local_only, with_torch)][0]
-    entries[i] = None
-    try:
-        return sink.dump(p, obj), sink
-    finally:
-        entries[i] = entry
+# pickling a small call (0.25 us). ``_picklers.dumps(obj, local_only)``: ``(parts, sink)``;
+# ``parts`` is None when something went out of band (the message is in the sink then: the
+# caller resets it when done).
+_picklers = _buffers.Picklers(_new_pickler, globals())
 
 
 def _cloud_dumps(obj: Any, local_only: bool) -> tuple[tuple | None, Any]:
-    """``_dumps`` with cloudpickle (lambdas, local functions), a pickler per call."""
+    """``_picklers.dumps`` with cloudpickle (lambdas, local functions), a pickler per call."""
     with_torch = "torch" in sys.modules
     cls = _cloud_picklers.get((local_only, with_torch))
     if cls is None:
@@ -323,7 +306,7 @@ def encode(obj: Any, local_only: bool = False) -> tuple[int, tuple]:
     if type(obj) is bytes:
         return K_BYTES, (obj,)
     try:
-        parts, sink = _dumps(obj, local_only)
+        parts, sink = _picklers.dumps(obj, local_only)
     except Exception as first:
         try:
             parts, sink = _cloud_dumps(obj, local_only)

@@ -3,11 +3,15 @@ errors on both sides. (Across real processes: test_queue.py, test_tensors.py.)""
 
 from __future__ import annotations
 
+import copyreg
+import importlib
+import pickle
 import struct
 import threading
 
 import numpy as np
 import pytest
+from _env import IMPLS
 
 from mpx import serde
 from mpx.errors import DeserializationError, SerializationError
@@ -88,3 +92,50 @@ def test_a_changed_out_of_band_threshold_takes_effect(monkeypatch):
     kind, parts = serde.encode([small], True)
     assert kind == serde.K_PICKLE_OOB
     assert serde.decode(kind, bytearray(b"".join(bytes(p) for p in parts))) == [small]
+
+
+@pytest.fixture(params=IMPLS)
+def buffers(request):
+    """The compiled buffers module, or its twin."""
+    if request.param == "cython":
+        return pytest.importorskip("mpx._buffers", reason="extension not built")
+    return importlib.import_module("mpx._buffers_py")
+
+
+def test_kept_picklers_per_thread_nested_and_remade(buffers):
+    made = []
+    settings = {"OOB_MIN_BYTES": 1 << 20}
+
+    def make(local_only, with_torch):
+        sink = buffers.Sink(settings["OOB_MIN_BYTES"], lambda *a: False)
+        made.append(sink)
+        return sink, pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append), \
+            copyreg.dispatch_table.copy()
+
+    kept = buffers.Picklers(make, settings)
+    parts, sink = kept.dumps((1, "a"), True)
+    assert pickle.loads(b"".join(parts)) == (1, "a")
+    assert kept.dumps(2, True)[1] is sink and len(made) == 1  # kept
+    assert kept.dumps(2, False)[1] is not sink  # one per local_only
+
+    class Nested:  # a reducer that pickles in the same thread gets a pickler of its own
+        def __reduce__(self):
+            inner, inner_sink = kept.dumps("inner", True)
+            assert inner_sink is not sink
+            return str, (pickle.loads(b"".join(inner)),)
+
+    parts, again = kept.dumps([Nested()], True)
+    assert again is sink and pickle.loads(b"".join(parts)) == ["inner"]
+    other: list = []
+    t = threading.Thread(target=lambda: other.append(kept.dumps(3, True)[1]))
+    t.start()
+    t.join()
+    assert other[0] is not sink  # each thread keeps its own
+    settings["OOB_MIN_BYTES"] = 1 << 10  # a new out-of-band floor: a new sink
+    assert kept.dumps(4, True)[1] is not sink
+    sink = kept.dumps(4, True)[1]
+    copyreg.pickle(Nested, lambda n: (str, ("registered",)))  # a new registration too
+    try:
+        assert kept.dumps(5, True)[1] is not sink
+    finally:
+        del copyreg.dispatch_table[Nested]
