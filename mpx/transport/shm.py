@@ -327,15 +327,12 @@ class ShmReader(Reader):
         return not self._closed and self._ring.published() > self._ring.seq_number
 
     def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool):
-        return self._read(deadline_ns, cancel, warn, _as_read, _NEVER_IN_PLACE)
+        return self.read_into(deadline_ns, cancel, warn, _as_read, _NEVER_IN_PLACE)
 
     def read_into(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
-                  decode: Callable[[int, Any], Any]) -> Any:
-        # a message of one slot from IN_PLACE_MIN_BYTES up is decoded from the slot
-        return self._read(deadline_ns, cancel, warn, decode, IN_PLACE_MIN_BYTES)
-
-    def _read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
-              decode: Callable[[int, Any], Any], in_place_min: int) -> Any:
+                  decode: Callable[[int, Any], Any],
+                  in_place_min: int = IN_PLACE_MIN_BYTES) -> Any:
+        # a message of one slot from in_place_min bytes up is decoded from the slot
         self._lock.acquire()  # (not `with`: this is the hot path, and it costs half)
         try:
             if self._closed:
@@ -352,7 +349,7 @@ class ShmReader(Reader):
 
     def _read_in_slices(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
                         decode: Callable[[int, Any], Any], in_place_min: int) -> Any:
-        """_read() that returns to Python every slice: to look at ``cancel``, and to warn
+        """read_into() that returns to Python every slice: to look at ``cancel``, and to warn
         of a long wait."""
         slice_ns = CANCEL_POLL_NS if cancel is not None else (WAIT_WARNING_NS if warn else -1)
         warn_at = time.monotonic_ns() + WAIT_WARNING_NS
