@@ -383,9 +383,22 @@ cdef class RingWriter(_RingEnd):
         self._has_space(self.n_chunks + 1)  # never true: refreshes min_read
         return self.n_chunks - (self.seq - self.min_read)
 
-    def has_room(self, uint64_t need):
-        """Whether ``need`` slots are free now."""
+    def has_room(self, pieces):
+        """Whether a message of ``pieces`` (buffers to concatenate) could be written now
+        without waiting for a reader; one larger than the ring streams through it, and
+        needs every slot free."""
+        cdef uint64_t size = 0, need
         self._live()
+        for p in pieces:
+            if type(p) is bytes:
+                size += len(<bytes>p)
+            else:
+                size += memoryview(p).nbytes
+        need = (size + self.chunk_bytes - 1) // self.chunk_bytes
+        if need < 1:
+            need = 1
+        elif need > self.n_chunks:
+            need = self.n_chunks
         return self._has_space(need)
 
     cdef void _publish(self, uint32_t length, uint32_t flags, uint32_t kind,

@@ -322,9 +322,11 @@ class RingWriter(_RingEnd):
         self._has_space(self.n_chunks + 1)  # never true: refreshes _min_read
         return self.n_chunks - (self.seq - self._min_read)
 
-    def has_room(self, need: int) -> bool:
-        """Whether ``need`` slots are free now."""
+    def has_room(self, pieces: tuple) -> bool:
+        """See ``mpx._ring.RingWriter.has_room``."""
         self._live()
+        size = sum(memoryview(p).nbytes for p in pieces)
+        need = min(self.n_chunks, max(1, -(-size // self.chunk_bytes)))
         return self._has_space(need)
 
     def _publish(self, length: int, flags: int, kind: int, total: int) -> None:

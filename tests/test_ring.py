@@ -310,11 +310,14 @@ def test_kind_is_opaque_but_for_the_bytes_bit(ring, kind, size):
 
 def test_free_slots_and_has_room(ring):
     w, (r,) = ring(chunk=64, nchunks=3)
-    assert w.free_slots() == 3 and w.has_room(3) and not w.has_room(4)
+    three = (b"x" * 100, bytearray(60), memoryview(b"y" * 32))  # 192 bytes: three slots
+    assert w.free_slots() == 3 and w.has_room(three) and w.has_room((b"x" * 1000,))
     w.write(BYTES, (b"x" * 100,), in_s(1))  # two slots
-    assert w.free_slots() == 1 and w.has_room(1) and not w.has_room(2)
+    assert w.free_slots() == 1 and w.has_room((b"x" * 64,)) and w.has_room(())
+    assert not w.has_room((b"x" * 65,)) and not w.has_room((b"x" * 10, b"y" * 60))
+    assert not w.has_room((b"x" * 1000,))  # larger than the ring: needs every slot free
     read_ok(r)
-    assert w.has_room(3) and w.free_slots() == 3
+    assert w.has_room(three) and w.has_room((b"x" * 1000,)) and w.free_slots() == 3
 
 
 def test_writer_park_interrupted_by_a_signal_waits_on(ring):

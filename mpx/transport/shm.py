@@ -119,10 +119,11 @@ class ShmWriter(Writer):
             shm.close(self._mm)
             raise
         self._finalizer = weakref.finalize(self, self._unlink)
-        # Writer.wake_readers is the ring's own, a frame less; no lock: the ring call holds
-        # the GIL throughout, so close() cannot release the mapping under it, and on a
-        # released ring it does nothing
+        # Writer.wake_readers and has_room are the ring's own, a frame less; no lock: a
+        # ring call holds the GIL throughout, so close() cannot release the mapping under
+        # it (on a released ring, wake_readers does nothing and has_room raises ValueError)
         self.wake_readers = self._ring.wake_readers  # type: ignore[method-assign]
+        self.has_room = self._ring.has_room  # type: ignore[method-assign]
         _debug.inc("rings")
         if n == 0:
             self._unlink()
@@ -163,17 +164,6 @@ class ShmWriter(Writer):
     def free_slots(self) -> int:
         """Slots the writer can fill now without waiting for any reader."""
         return self._ring.free_slots()
-
-    def has_room(self, pieces: tuple) -> bool:
-        return self._ring.has_room(self._slots_needed(pieces))
-
-    def _slots_needed(self, pieces: tuple) -> int:
-        """Slots a message of ``pieces`` takes, capped at the ring's size (it streams)."""
-        chunk = self.config.max_chunk_bytes
-        if len(pieces) == 1 and isinstance(pieces[0], bytes) and len(pieces[0]) <= chunk:
-            return 1  # a small pickle: the common case, counted without memoryviews
-        size = sum(memoryview(p).nbytes for p in pieces)
-        return min(self.config.max_chunks, max(1, -(-size // chunk)))
 
     def write(self, kind: int, pieces: Iterable, deadline_ns: int, total: int = -1) -> None:
         self._lock.acquire()  # (not `with`: this is the hot path, and it costs half)
