@@ -261,7 +261,9 @@ def _call(worker: Any, method: Any, args: tuple, kwargs: dict | None) -> Any:
     fn = getattr(worker, method, None)
     if fn is None or not callable(fn):
         raise AttributeError(f"{type(worker).__name__} has no method {method!r}")
-    return fn(*args, **(kwargs or {}))
+    if kwargs is None:  # (the common call: no dict to make and unpack)
+        return fn(*args)
+    return fn(*args, **kwargs)
 
 
 def _serve(worker: Any, rank: int, broadcast: MessageQueue, out: InlineOutput | AsyncOutput,
