@@ -311,8 +311,7 @@ class CallTable:
         completes a batch), set the futures of the calls it settled."""
         timeout = None if until is None else max(0.0, until - time.monotonic())
         try:
-            seq, status, payload = self.resp[rank].dequeue(timeout=timeout, cancel=cancel,
-                                                           indefinite=True)
+            seq, status, payload = self.resp[rank].dequeue(timeout, cancel, True)  # indefinite
         except DeserializationError as e:
             seq, status, payload = self.next_reply[rank], wire.ERR, _undecodable(e)
         except PeerDiedError as e:

@@ -271,7 +271,7 @@ def _serve(worker: Any, rank: int, broadcast: MessageQueue, out: InlineOutput | 
     expected = 0  # seq of the next broadcast message: names a call whose args won't unpickle
     while True:
         try:
-            msg = broadcast.dequeue(indefinite=True)
+            msg = broadcast.dequeue(None, None, True)  # indefinite
         except DeserializationError as e:
             out.put(expected, ERR, error_payload(e), True)
             expected += 1
