@@ -104,13 +104,14 @@ class Picklers:
             kept = self._local.kept
         except AttributeError:
             kept = self._local.kept = [None] * 4
-        i = local_only + 2 * ("torch" in sys.modules)
+        with_torch = "torch" in sys.modules
+        i = local_only + 2 * with_torch
         entry = kept[i]  # [sink, pickler, seen, busy]
         if entry is None or entry[0].big != self._settings["OOB_MIN_BYTES"] or \
                 entry[2] != copyreg.dispatch_table:
-            entry = kept[i] = [*self._make(local_only, "torch" in sys.modules), False]
+            entry = kept[i] = [*self._make(local_only, with_torch), False]
         elif entry[3]:
-            entry = [*self._make(local_only, "torch" in sys.modules), False]
+            entry = [*self._make(local_only, with_torch), False]
         sink, pickler = entry[0], entry[1]
         entry[3] = True
         try:

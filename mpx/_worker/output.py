@@ -31,7 +31,6 @@ class Replies:
     end writes a message whole under its lock, so replies and stall reports never mix."""
 
     def __init__(self, resp: Any) -> None:
-        self.resp = resp
         self._enqueue = resp.enqueue
 
     def send(self, seq: int, status: int, payload: Any, timeout: float | None = None) -> None:
