@@ -36,7 +36,9 @@ d. the driver's futures (1 worker):
                                                                    target: >= 1x blocking
    - with --ab REV: the blocking no-op round trip, 1 and 2 workers, of this tree vs git
      revision REV (checked out and built in a temporary worktree), each measured in child
-     processes that alternate.                               target: <= 1.05x of REV's
+     processes that alternate (4 starts a side, 6 without --quick: where the scheduler
+     puts driver and worker moves one worker's figure by a third).
+                                                             target: <= 1.05x of REV's
 
 Only some sections: --sections d (any of a, b, c, d).
 
@@ -557,7 +559,9 @@ def section_d(rows, raw, quick, ab):
     raw["asyncio_calls_per_s"] = {"asyncio": aio, "blocking": blk, "paired_ratios": pairs}
 
     if ab:
-        rounds = 2 if quick else 4
+        # Each child start is a coin flip: the scheduler puts the driver and a worker on one
+        # core or on two (9 vs 13 us per no-op here), so a side needs several starts.
+        rounds = 4 if quick else 6
         for n in (1, 2):
             progress(f"[d] A/B blocking no-op vs {ab}, {n} worker(s), {rounds} rounds ...")
             got = bench_ab(ab, n, iters // 2, warm, rounds)
