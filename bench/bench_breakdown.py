@@ -15,6 +15,14 @@ Stages, in the order a call takes them (hot: each timed in a loop, in this proce
              futures and locks, the worker loop's own steps, and what runs cold or waits
              for a core when it runs between processes
 
+Each side's share, in one process (real queues over shared memory, nothing to wait for):
+  driver     the call table's send and blocking wait: encode and write the call, read and
+             decode the reply, settle the call (its reply put in the ring beforehand)
+  worker     the worker loop: read and decode the call, dispatch, encode and write the
+             reply (calls put in the ring beforehand, 8 per run of the loop)
+  (the best of 15 interleaved blocks of each; the harness's own ring writes and reads
+  are timed alone the same way and taken off)
+
 Between processes (real round trips, alternating blocks):
   bare rings   8 bytes there and back over two rings, no pickle (the transport's floor)
   executor     Executor.collective_rpc("noop"), 1 worker
@@ -122,6 +130,107 @@ def _stage_times(iters):
         mm.close()
 
 
+# --------------------------------------------------------------------------- each side
+
+
+class _CallThenStop:
+    """The worker loop's broadcast queue, standing in: ``n`` calls from the real queue,
+    then a STOP."""
+
+    def __init__(self, q, n):
+        self.q, self.left = q, n
+
+    def dequeue(self, *args, **kwargs):
+        if self.left:
+            self.left -= 1
+            return self.q.dequeue(*args, **kwargs)
+        return (wire.STOP, 0)
+
+
+BLOCKS = 15
+
+
+def _side_times(iters, per_run=8):
+    """{"driver": [us per call], "worker": [us per call]}, as the module docstring says:
+    each the best of BLOCKS interleaved blocks, less its harness's best."""
+    import tempfile
+
+    from mpx._driver.calls import CallTable
+    from mpx._driver.stalls import StallDiagnosis
+    from mpx._worker.main import _serve
+    from mpx._worker.output import InlineOutput, Replies
+
+    cfg = mpx.Config()
+    calls_q = mpx.MessageQueue(1, 1)
+    calls_in = mpx.MessageQueue.create_from_handle(calls_q.export_handle(), 0)
+    replies_q = mpx.MessageQueue(1, 1)
+    replies_in = mpx.MessageQueue.create_from_handle(replies_q.export_handle(), 0)
+    # the harness's own side of each queue: the rings under them, without their Python
+    put_call = calls_q._writer.ends[0]._ring.write
+    take_call = calls_in._reader._ring.read
+    put_reply = replies_q._writer.ends[0]._ring.write
+    take_reply = replies_in._reader._ring.read
+    table = CallTable(1, StallDiagnosis(cfg, lambda: [os.getpid()], lambda r: True),
+                      lambda rank, e: None)
+    table.attach(calls_q, [replies_in])
+    worker = NoopWorker()
+    dump_dir = tempfile.TemporaryDirectory(prefix="mpx-breakdown-")
+    wd = Watchdog(0, 0, dump_dir.name, lambda info: None)
+    out = InlineOutput(Replies(replies_q), worker)
+    reply = serde.encode((0, wire.OK, None), local_only=True)
+    calls = [serde.encode(wire.call(i, "noop", (), None, None), local_only=True)
+             for i in range(per_run)]
+
+    def driver():
+        put_reply(*serde.encode((table.next_seq, wire.OK, None), True), -1)  # its reply
+        call = table.send("noop", "noop", (), None, None, None, None, False)
+        table.wait(call)
+        take_call(-1, -1)
+
+    def driver_harness():
+        put_reply(*serde.encode((table.next_seq, wire.OK, None), True), -1)
+        take_reply(-1, -1)
+        put_call(*calls[0], -1)
+        take_call(-1, -1)
+
+    def worker_run():
+        for kind, parts in calls:
+            put_call(kind, parts, -1)
+        _serve(worker, 0, _CallThenStop(calls_in, per_run), out, wd)
+        for _ in range(per_run):
+            take_reply(-1, -1)
+
+    def worker_harness():
+        for kind, parts in calls:
+            put_call(kind, parts, -1)
+            take_call(-1, -1)
+            put_reply(*reply, -1)
+            take_reply(-1, -1)
+
+    # (fn, calls it makes): timed in interleaved blocks, the best block of each kept, so
+    # that the VM's drift (up to 2x within minutes) hits all four alike
+    fns = {"driver": (driver, 1), "driver harness": (driver_harness, 1),
+           "worker": (worker_run, per_run), "worker harness": (worker_harness, per_run)}
+    best = dict.fromkeys(fns, float("inf"))
+    try:
+        for fn, _ in fns.values():
+            for _ in range(200):
+                fn()
+        for _ in range(BLOCKS):
+            for k, (fn, n) in fns.items():
+                reps = max(1, iters // BLOCKS // n)
+                t0 = time.perf_counter_ns()
+                for _ in range(reps):
+                    fn()
+                best[k] = min(best[k], (time.perf_counter_ns() - t0) / 1e3 / (reps * n))
+        return {"driver": [max(0.0, best["driver"] - best["driver harness"])],
+                "worker": [max(0.0, best["worker"] - best["worker harness"])]}
+    finally:
+        for q in (calls_in, calls_q, replies_in, replies_q):
+            q.close()
+        dump_dir.cleanup()
+
+
 # --------------------------------------------------------------------------- between processes
 
 
@@ -198,6 +307,8 @@ def main():
     iters = 20000 if args.quick else 100000
     progress(f"stages in process, {iters} calls each ...")
     st = {k: stats(v)["median"] for k, v in _stage_times(iters).items()}
+    progress(f"each side's share in process, {iters} calls each ...")
+    sides = {k: stats(v) for k, v in _side_times(iters).items()}
     progress("round trips between processes ...")
     rt = _between_processes(iters // 4, 8)
     rts = {k: stats(v) for k, v in rt.items()}
@@ -224,8 +335,14 @@ def main():
         row("  stages in process, summed", "us", {"median": staged, "p90": staged, "n": 1},
             rts["executor"], staged / full, "info", None,
             note="encode+write+read+decode+dispatch+reply, hot, one process"),
+        row("  the driver's share, in process", "us", sides["driver"], rts["executor"],
+            sides["driver"]["median"] / full, "info", None,
+            note="the call table's send and wait with real queues; baseline: the round trip"),
+        row("  the worker's share, in process", "us", sides["worker"], rts["executor"],
+            sides["worker"]["median"] / full, "info", None,
+            note="the worker loop with real queues; baseline: the round trip"),
     ]
-    raw = {"stages_us": st, "round_trips_us": {k: v for k, v in rts.items()}}
+    raw = {"stages_us": st, "sides_us": sides, "round_trips_us": {k: v for k, v in rts.items()}}
     finish(args, header, rows, raw, time.perf_counter() - t_start, timed=None,
            png_title="no-op breakdown", png_pad=1.5, reap_s=0.3)
 
