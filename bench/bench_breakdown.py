@@ -40,7 +40,7 @@ import sys
 import time
 import types
 
-from _report import finish, parse_args, row, stats, timed_us
+from _report import finish, interleaved, parse_args, row, stats, timed_us
 
 import mpx
 from mpx import layout, serde, wire
@@ -211,18 +211,11 @@ def _side_times(iters, per_run=8):
     # that the VM's drift (up to 2x within minutes) hits all four alike
     fns = {"driver": (driver, 1), "driver harness": (driver_harness, 1),
            "worker": (worker_run, per_run), "worker harness": (worker_harness, per_run)}
-    best = dict.fromkeys(fns, float("inf"))
+    per = max(1, iters // per_run // BLOCKS)
     try:
-        for fn, _ in fns.values():
-            for _ in range(200):
-                fn()
-        for _ in range(BLOCKS):
-            for k, (fn, n) in fns.items():
-                reps = max(1, iters // BLOCKS // n)
-                t0 = time.perf_counter_ns()
-                for _ in range(reps):
-                    fn()
-                best[k] = min(best[k], (time.perf_counter_ns() - t0) / 1e3 / (reps * n))
+        timed = interleaved([fn for fn, _ in fns.values()], 200, per * BLOCKS, BLOCKS, 0)
+        best = {k: min(sum(timed[fn][i:i + per]) for i in range(0, per * BLOCKS, per))
+                / (per * n) for k, (fn, n) in fns.items()}
         return {"driver": [max(0.0, best["driver"] - best["driver harness"])],
                 "worker": [max(0.0, best["worker"] - best["worker harness"])]}
     finally:
