@@ -134,16 +134,19 @@ def _stage_times(iters):
 
 
 class _CallThenStop:
-    """The worker loop's broadcast queue, standing in: ``n`` calls from the real queue,
-    then a STOP."""
+    """The worker loop's broadcast queue, standing in: ``n`` calls from the real queue's
+    reading end, then a STOP."""
 
     def __init__(self, q, n):
-        self.q, self.left = q, n
+        self.end, self.left = q.reading_end(), n
 
-    def dequeue(self, *args, **kwargs):
+    def reading_end(self):
+        return self
+
+    def read_into(self, *args):
         if self.left:
             self.left -= 1
-            return self.q.dequeue(*args, **kwargs)
+            return self.end.read_into(*args)
         return (wire.STOP, 0)
 
 

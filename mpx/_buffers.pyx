@@ -200,3 +200,31 @@ cdef class Picklers:
             return k.sink._dump(k.dump, k.clear_memo, obj), k.sink
         finally:
             k.busy = False
+
+
+cdef class LentDecoder:
+    """``serde.decode_lent`` with its common case in C: a plain pickle is ``loads(data)``
+    here, an exception of it other than ``passthrough`` becomes ``undecodable(e)``
+    (chained); any other kind is ``other(kind, data)``. Every message a ring reader
+    takes goes through one."""
+
+    cdef int pickle_kind
+    cdef object loads, other, undecodable, passthrough
+
+    def __init__(self, int pickle_kind, loads, other, undecodable, passthrough):
+        self.pickle_kind = pickle_kind
+        self.loads = loads
+        self.other = other
+        self.undecodable = undecodable
+        self.passthrough = passthrough
+
+    def __call__(self, int kind, data):
+        if kind != self.pickle_kind:
+            return self.other(kind, data)
+        try:
+            return self.loads(data)
+        except Exception as e:
+            if isinstance(e, self.passthrough):
+                raise
+            raise self.undecodable(e) from e
+

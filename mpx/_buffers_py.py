@@ -118,3 +118,27 @@ class Picklers:
             return sink.dump(pickler, obj), sink
         finally:
             entry[3] = False
+
+
+class LentDecoder:
+    """See ``mpx._buffers.LentDecoder``."""
+
+    def __init__(self, pickle_kind: int, loads: Callable[[Any], Any],
+                 other: Callable[[int, Any], Any], undecodable: Callable[[Exception], Exception],
+                 passthrough: type[Exception]) -> None:
+        self.pickle_kind = pickle_kind
+        self.loads = loads
+        self.other = other
+        self.undecodable = undecodable
+        self.passthrough = passthrough
+
+    def __call__(self, kind: int, data: Any) -> Any:
+        if kind != self.pickle_kind:
+            return self.other(kind, data)
+        try:
+            return self.loads(data)
+        except self.passthrough:
+            raise
+        except Exception as e:
+            raise self.undecodable(e) from e
+

@@ -16,6 +16,9 @@ import concurrent.futures
 import threading
 
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from libc.stdint cimport int64_t
+
+from mpx import wire
 
 IMPLEMENTATION = "cython"
 
@@ -28,6 +31,8 @@ cdef object _AsyncioFuture = asyncio.Future
 cdef object _STOCK_CREATE_FUTURE = asyncio.BaseEventLoop.create_future
 cdef object _Lock = threading.Lock
 cdef object _NEVER = object()
+cdef object _OK = wire.OK
+cdef object _ERR = wire.ERR
 
 # set by mpx._driver.futures: this thread's cached (loop, delivery), and the lookup
 cdef object _last = None
@@ -35,9 +40,13 @@ cdef object _delivery_of = None
 
 
 # what Call.add returns
-MORE = 0      # ranks are still missing
-ALL_OK = 1    # every rank answered OK and no aggregator runs: ok_value() is the outcome
-ANSWERED = 2  # every rank answered, some with an error, or an aggregator runs
+cdef enum:
+    C_MORE = 0      # ranks are still missing
+    C_ALL_OK = 1    # every rank answered OK and no aggregator runs: ok_value() is the outcome
+    C_ANSWERED = 2  # every rank answered, some with an error, or an aggregator runs
+MORE = C_MORE
+ALL_OK = C_ALL_OK
+ANSWERED = C_ANSWERED
 
 
 cdef double _monotonic():
@@ -80,15 +89,18 @@ cdef class Call:
     def add(self, rank, bint ok, payload):
         """Record ``rank``'s reply (its result if ``ok``, else its error payload): MORE,
         ALL_OK or ANSWERED."""
+        return self._add(rank, ok, payload)
+
+    cdef int _add(self, rank, bint ok, payload) except -1:
         if ok:
             self.results[rank] = payload
         else:
             self.errors[rank] = payload
         if len(self.results) == self.n_ranks and self.aggregator is None:
-            return ALL_OK
+            return C_ALL_OK
         if len(self.results) + len(self.errors) == self.n_ranks:
-            return ANSWERED
-        return MORE
+            return C_ANSWERED
+        return C_MORE
 
     def ok_value(self):
         """The outcome of a call every rank answered OK: the list of results in rank
@@ -106,6 +118,9 @@ cdef class Call:
 
     def first_missing(self):
         """The lowest rank that has not answered yet (the call is not done)."""
+        return self._first_missing()
+
+    cdef Py_ssize_t _first_missing(self) except -1:
         cdef Py_ssize_t r
         if not self.results and not self.errors:
             return 0
@@ -113,6 +128,33 @@ cdef class Call:
             if r not in self.results and r not in self.errors:
                 return r
         raise AssertionError(f"call {self.seq} has every reply but is not done")
+
+    def gather(self, list reads, list next_reply, int64_t deadline_ns, decode):
+        """Read this call's missing replies in rank order, each with
+        ``reads[rank](deadline_ns, None, False, decode)`` (a transport reader's
+        ``read_into``), and add those that answer it, setting ``next_reply[rank]``: the
+        call table's read of a call whose replies come in order. Returns ``(ALL_OK or
+        ANSWERED, rank, None)`` once every rank answered, or ``(MORE, rank, reply)`` with
+        the first reply it leaves to the table (a stall report, an older call's reply,
+        anything not a ``(seq, OK or ERR, payload)`` tuple of this call). An exception of
+        ``reads[rank]`` propagates; ``first_missing()`` is then the rank it was reading."""
+        cdef Py_ssize_t rank = self._first_missing()
+        cdef object reply, seq, status
+        cdef int answered
+        while True:
+            reply = reads[rank](deadline_ns, None, False, decode)
+            if type(reply) is not tuple or len(<tuple>reply) != 3:
+                return (C_MORE, rank, reply)
+            seq = (<tuple>reply)[0]
+            status = (<tuple>reply)[1]
+            if not (seq is self.seq or seq == self.seq) or \
+                    not (status is _OK or status is _ERR):
+                return (C_MORE, rank, reply)
+            next_reply[rank] = seq + 1
+            answered = self._add(rank, status is _OK, (<tuple>reply)[2])
+            if answered != C_MORE:
+                return (answered, rank, None)
+            rank = self._first_missing()
 
     def outcome(self):
         """The result of a done call, or raise its error."""

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any
 
+from mpx import wire
+
 IMPLEMENTATION = "python"
 
 _RUNNING = concurrent.futures._base.RUNNING  # type: ignore[attr-defined]
@@ -79,6 +81,23 @@ class Call:
             if r not in self.results and r not in self.errors:
                 return r
         raise AssertionError(f"call {self.seq} has every reply but is not done")
+
+    def gather(self, reads: list, next_reply: list, deadline_ns: int,
+               decode: Callable[[int, Any], Any]) -> tuple[int, int, Any]:
+        """See ``mpx._future_core.Call.gather``."""
+        rank = self.first_missing()
+        while True:
+            reply = reads[rank](deadline_ns, None, False, decode)
+            if type(reply) is not tuple or len(reply) != 3:
+                return MORE, rank, reply
+            seq, status, payload = reply
+            if seq != self.seq or not (status is wire.OK or status is wire.ERR):
+                return MORE, rank, reply
+            next_reply[rank] = seq + 1
+            answered = self.add(rank, status is wire.OK, payload)
+            if answered != MORE:
+                return answered, rank, None
+            rank = self.first_missing()
 
     def outcome(self) -> Any:
         """See ``mpx._future_core.Call.outcome``."""

@@ -411,6 +411,21 @@ class MessageQueue:
             raise RoleError(f"{what}() is for readers; this end is the writer")
         return self._reader
 
+    def writing_end(self) -> _Broadcast:
+        """This writer's transport ends as one: ``write(kind, parts, deadline_ns)`` of a
+        message ``serde.encode`` made (with ``local_only=shares_memory``) is ``enqueue``
+        without the argument handling (the executor's workers send replies with it). It
+        raises as ``enqueue`` does; kept past ``close()``, Cancelled."""
+        return self._need_writer("writing_end")
+
+    def reading_end(self) -> Reader:
+        """This reader's transport end. Its ``read_into(deadline_ns, cancel, warn,
+        decode)`` (``decode`` is ``serde.decode_lent`` or one like it) is ``dequeue``
+        without the argument handling (the executor's compiled reply reading and its
+        workers' loop call it). It raises as ``dequeue`` does; kept past ``close()``,
+        Cancelled."""
+        return self._need_reader("reading_end")
+
     def wait_until_ready(self, timeout: float | None = None,
                          cancel: threading.Event | None = None) -> None:
         """Collective (vLLM): the writer and every reader call it. The writer waits until

@@ -390,17 +390,8 @@ def decode(kind: int, data) -> Any:
         raise _undecodable(e) from e
 
 
-def decode_lent(kind: int, data) -> Any:
-    """``decode`` of a message whose ``data`` may be lent: a read-only memoryview of a ring
-    slot, valid during the call only. What it returns owns its memory (an in-band pickle
-    copies what it builds out of its input)."""
-    if kind == K_PICKLE:
-        try:
-            return pickle.loads(data)
-        except DeserializationError:
-            raise
-        except Exception as e:
-            raise _undecodable(e) from e
+def _decode_lent_other(kind: int, data) -> Any:
+    """decode_lent of any kind but a plain pickle."""
     if type(data) is memoryview:
         data = bytes(data) if kind & KIND_AS_BYTES else bytearray(data)
     return decode(kind, data)
@@ -408,3 +399,10 @@ def decode_lent(kind: int, data) -> Any:
 
 def _undecodable(e: Exception) -> DeserializationError:
     return DeserializationError(f"cannot unpickle a received message: {type(e).__name__}: {e}")
+
+
+# ``decode`` of a message whose ``data`` may be lent: a read-only memoryview of a ring slot,
+# valid during the call only. What it returns owns its memory (an in-band pickle copies what
+# it builds out of its input). A plain pickle, the common message, is unpickled in C.
+decode_lent = _buffers.LentDecoder(K_PICKLE, pickle.loads, _decode_lent_other, _undecodable,
+                                   DeserializationError)

@@ -221,6 +221,45 @@ def test_call_of_one_reply_rank_and_errors(core):
     assert aggregated.add(0, True, [1]) == core.ANSWERED  # the table runs the aggregator
 
 
+def test_call_gather_reads_in_rank_order_and_hands_back_what_is_not_its_reply(core):
+    from mpx import wire
+    inbox = {0: [(5, wire.OK, "a")], 1: [(5, wire.ERR, ("E", "m", "")), (5, wire.OK, "b")],
+             2: [(4, wire.OK, "old"), (5, wire.STALL, {}), "junk", (5, wire.OK, "c")]}
+    asked = []
+
+    def reader(rank):
+        def read_into(deadline_ns, cancel, warn, decode):
+            asked.append((rank, deadline_ns, cancel, warn, decode))
+            return inbox[rank].pop(0)
+        return read_into
+
+    reads, next_reply = [reader(r) for r in range(3)], [5, 5, 4]
+    call = core.Call(5, "step", 3, None, None, None)
+    # rank 2's reply of call 4 (timed out) goes back to the table, which records it
+    assert call.gather(reads, next_reply, 123, len) == (core.MORE, 2, (4, wire.OK, "old"))
+    assert asked == [(0, 123, None, False, len), (1, 123, None, False, len),
+                     (2, 123, None, False, len)]
+    assert next_reply == [6, 6, 4] and call.missing() == [2]
+    assert call.errors == {1: ("E", "m", "")} and call.results == {0: "a"}
+    assert call.gather(reads, next_reply, -1, len) == (core.MORE, 2, (5, wire.STALL, {}))
+    assert call.gather(reads, next_reply, -1, len) == (core.MORE, 2, "junk")
+    assert call.gather(reads, next_reply, -1, len) == (core.ANSWERED, 2, None)
+    assert next_reply == [6, 6, 6] and call.results == {0: "a", 2: "c"}
+    ok = core.Call(6, "step", 2, 1, None, None)
+    inbox.update({0: [(6, wire.OK, None)], 1: [(6, wire.OK, "mine")]})
+    assert ok.gather(reads, next_reply, -1, len) == (core.ALL_OK, 1, None)
+    assert ok.ok_value() == "mine"
+    failing = core.Call(7, "step", 2, None, None, None)
+    inbox[0].append((7, wire.OK, 1))
+
+    def dead(*args):
+        raise ConnectionError("gone")
+
+    with pytest.raises(ConnectionError):  # the reader's error propagates, rank 1 still missing
+        failing.gather([reads[0], dead], next_reply, -1, len)
+    assert failing.first_missing() == 1 and failing.results == {0: 1}
+
+
 def test_call_outcome(core):
     call = core.Call(0, "step", 1, None, None, None)
     call.value, call.done = 42, True

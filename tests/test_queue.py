@@ -525,6 +525,40 @@ def test_dequeue_ready_returns_the_published_batch_and_marks_the_undecodable(tra
             r.close()
 
 
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_transport_ends_carry_what_enqueue_and_dequeue_do(transport):
+    cfg = mpx.Config(transport=transport, allow_insecure=transport == "zmq")
+    with mpx.MessageQueue(1, 1, config=cfg) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
+        try:
+            q.wait_until_ready(timeout=10)
+            r.wait_until_ready(timeout=10)
+            out, into = q.writing_end(), r.reading_end()
+
+            def soon():
+                return time.monotonic_ns() + 5_000_000_000
+
+            out.write(*serde.encode({"a": 1}, out.shares_memory), soon())
+            q.enqueue(Unloadable())
+            out.write(*serde.encode(("big", bytes(1 << 20)), out.shares_memory), soon())
+            assert into.read_into(soon(), None, False, serde.decode_lent) == {"a": 1}
+            with pytest.raises(mpx.DeserializationError):
+                into.read_into(soon(), None, False, serde.decode_lent)
+            assert r.dequeue(timeout=5) == ("big", bytes(1 << 20))  # the queue goes on
+            with pytest.raises(mpx.QueueTimeout):
+                into.read_into(time.monotonic_ns() + 50_000_000, None, False, serde.decode_lent)
+            with pytest.raises(mpx.RoleError, match="reading_end"):
+                q.reading_end()
+            with pytest.raises(mpx.RoleError, match="writing_end"):
+                r.writing_end()
+        finally:
+            r.close()
+    with pytest.raises(mpx.QueueClosedError):
+        r.reading_end()
+    with pytest.raises(mpx.Cancelled):  # an end kept past close() refuses to read
+        into.read_into(-1, None, False, serde.decode_lent)
+
+
 def test_dequeue_ready_after_the_writer_closed_returns_the_rest_then_nothing():
     q = mpx.MessageQueue(1, 1)
     r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)

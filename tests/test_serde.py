@@ -102,6 +102,26 @@ def buffers(request):
     return importlib.import_module("mpx._buffers_py")
 
 
+def test_lent_decoder_unpickles_in_c_and_names_what_failed(buffers):
+    class Refused(Exception):
+        pass
+
+    def refuse(data):
+        raise Refused("mine")
+
+    others: list = []
+    decode = buffers.LentDecoder(7, pickle.loads, lambda k, d: others.append((k, d)) or "other",
+                                 lambda e: ValueError(f"undecodable: {e}"), Refused)
+    assert decode(7, memoryview(pickle.dumps({"a": 1}))) == {"a": 1}
+    assert decode(3, b"raw") == "other" and others == [(3, b"raw")]
+    with pytest.raises(ValueError, match="undecodable: ") as info:
+        decode(7, b"not a pickle")
+    assert isinstance(info.value.__cause__, pickle.UnpicklingError)
+    passing = buffers.LentDecoder(7, refuse, None, None, Refused)
+    with pytest.raises(Refused, match="mine"):  # passthrough errors are not wrapped
+        passing(7, b"")
+
+
 def test_kept_picklers_per_thread_nested_and_remade(buffers):
     made = []
     settings = {"OOB_MIN_BYTES": 1 << 20}

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mpx import _debug, wire
+from mpx import _debug, serde, wire
 from mpx._driver.futures import RPCFuture, complete_each
 from mpx._driver.stalls import StallDiagnosis
 from mpx._impl import future_core_module
@@ -124,6 +124,7 @@ class CallTable:
         """The broadcast queue and every rank's response queue, once all are up."""
         self.broadcast, self.resp = broadcast, resp
         self.wake_workers = broadcast.wake_readers  # type: ignore[method-assign]
+        self._reads = [q.reading_end().read_into for q in resp]  # what Call.gather reads
 
     # ------------------------------------------------------------------ sending
 
@@ -282,7 +283,10 @@ class CallTable:
             else:
                 until = self._read_limit(wait_until)
             try:
-                self._read_one(call.first_missing(), until)
+                if self.stalls.reports:  # (their bookkeeping is _record's, reply by reply)
+                    self._read_one(call.first_missing(), until)
+                else:
+                    self._gather(call, until)
             except QueueTimeout:
                 self._read_available()  # the stall reports of the other ranks
                 self._expire_due()
@@ -292,6 +296,31 @@ class CallTable:
                 self._peer_gone(e)
             except Cancelled:
                 return  # fail() or close() is under way: they settle the call
+
+    def _gather(self, call: Call, until: float | None) -> None:
+        """Read ``call``'s replies in rank order until it is answered or a reply needs
+        _record (a stall report, an older call's reply): what _read_one does reply by
+        reply, in one compiled loop (Call.gather)."""
+        try:
+            answered, rank, reply = call.gather(
+                self._reads, self.next_reply, -1 if until is None else int(until * 1e9),
+                serde.decode_lent)
+        except DeserializationError as e:
+            rank = call.first_missing()
+            self._record(rank, self.next_reply[rank], wire.ERR, _undecodable(e))
+        except PeerDiedError as e:
+            e.rank = call.first_missing()
+            raise
+        else:
+            if answered == _ALL_OK:
+                self._settle(call, call.ok_value())
+            elif answered:
+                self._finish(call)
+            else:
+                seq, status, payload = reply
+                self._record(rank, seq, status, payload)
+        if self._completed:
+            self._complete_futures()
 
     def _read_limit(self, wait_until: float | None) -> float | None:
         """The earliest of ``wait_until`` and the pending deadlines; while futures with

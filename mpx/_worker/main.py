@@ -21,7 +21,7 @@ from typing import Any
 
 import cloudpickle
 
-from mpx import _debug, dumps
+from mpx import _debug, dumps, serde
 from mpx._procinfo import set_parent_death_signal
 from mpx._worker.output import AsyncOutput, InlineOutput, Replies
 from mpx._worker.watchdog import Watchdog, block_dump_signal
@@ -269,9 +269,10 @@ def _call(worker: Any, method: Any, args: tuple, kwargs: dict | None) -> Any:
 def _serve(worker: Any, rank: int, broadcast: MessageQueue, out: InlineOutput | AsyncOutput,
            wd: Watchdog) -> None:
     expected = 0  # seq of the next broadcast message: names a call whose args won't unpickle
+    read, decode = broadcast.reading_end().read_into, serde.decode_lent
     while True:
         try:
-            msg = broadcast.dequeue(None, None, True)  # indefinite
+            msg = read(-1, None, False, decode)  # dequeue(indefinite=True), a frame less
         except DeserializationError as e:
             out.put(expected, ERR, error_payload(e), True)
             expected += 1

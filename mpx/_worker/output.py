@@ -12,10 +12,12 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+import time
 from typing import Any
 
 from mpx import _debug
 from mpx.errors import SerializationError
+from mpx.serde import encode
 from mpx.wire import ERR, OK, error_payload
 
 # Calls whose replies may wait in the async output thread's queue: 2 lets call N's output
@@ -31,13 +33,17 @@ class Replies:
     end writes a message whole under its lock, so replies and stall reports never mix."""
 
     def __init__(self, resp: Any) -> None:
-        self._enqueue = resp.enqueue
+        end = resp.writing_end()  # (enqueue's work without its frame: one per call)
+        self._wake, self._write, self._local = end.wake_readers, end.write, end.shares_memory
 
     def send(self, seq: int, status: int, payload: Any, timeout: float | None = None) -> None:
+        self._wake()  # a parked driver wakes while the reply is pickled
         try:
-            self._enqueue((seq, status, payload), timeout)
+            kind, parts = encode((seq, status, payload), self._local)
         except SerializationError as e:
-            self._enqueue((seq, ERR, error_payload(e)), timeout)
+            kind, parts = encode((seq, ERR, error_payload(e)), self._local)
+        self._write(kind, parts, -1 if timeout is None else
+                    time.monotonic_ns() + int(timeout * 1e9))
 
 
 def _bind_device(worker: Any) -> None:
