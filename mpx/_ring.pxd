@@ -68,6 +68,7 @@ cdef class RingWriter(_RingEnd):
     cdef void _publish(self, uint32_t length, uint32_t flags, uint32_t kind,
                        uint64_t total) noexcept nogil
     cdef void _wake_parked(self) noexcept nogil
+    cdef int _write(self, uint32_t kind, parts, int64_t deadline_ns, int64_t total) except? -9
 
 
 cdef class RingReader(_RingEnd):
@@ -81,3 +82,5 @@ cdef class RingReader(_RingEnd):
     cdef uint64_t dest_total
 
     cdef void _ack(self) noexcept nogil
+    cdef tuple _read_with(self, consume, uint64_t in_place_min, int64_t deadline_ns,
+                          int64_t slice_ns)

@@ -456,6 +456,9 @@ cdef class RingWriter(_RingEnd):
         ``total`` raise ValueError, and so abort the message, like an exception from the
         iterable.
         """
+        return self._write(kind, parts, deadline_ns, total)
+
+    cdef int _write(self, uint32_t kind, parts, int64_t deadline_ns, int64_t total) except? -9:
         self._live()
         cdef Py_buffer buf
         cdef uint64_t length = 0, written = 0, off = 0, c, rem
@@ -681,6 +684,10 @@ cdef class RingReader(_RingEnd):
         and the slot goes back to the writer then. consume must keep nothing that refers
         to it: a buffer it took of the view is caught (RuntimeError), a memoryview made
         from it is not. Any other message: ``data`` is read()'s owned copy."""
+        return self._read_with(consume, in_place_min, deadline_ns, slice_ns)
+
+    cdef tuple _read_with(self, consume, uint64_t in_place_min, int64_t deadline_ns,
+                          int64_t slice_ns):
         self._live()
         cdef char* slot
         cdef uint64_t length
@@ -743,3 +750,73 @@ cdef class RingReader(_RingEnd):
                 return (OK if st == TIMEOUT else st, out)
             out.append((kind, data))
         return (OK, out)
+
+
+cdef class LockedRead:
+    """A shared-memory transport end's hot read: ``read_into``, which the end binds in
+    place of its own (the same signature), is ``ring.read_with`` holding the end's
+    ``lock`` (under which the end's close() releases the ring), for a wait with no cancel
+    event and no warning. Any other wait, and any status but OK (which consumed
+    nothing), goes to ``slow()``: a weakref.WeakMethod of the end's own ``read_into``,
+    which waits in slices and turns statuses into exceptions (weak: the end holds this,
+    and is freed when dropped)."""
+
+    cdef RingReader ring
+    cdef object acquire, release, slow
+    cdef uint64_t in_place_min
+
+    def __init__(self, RingReader ring, lock, uint64_t in_place_min, slow):
+        self.ring = ring
+        self.acquire = lock.acquire
+        self.release = lock.release
+        self.in_place_min = in_place_min
+        self.slow = slow
+
+    def read_into(self, int64_t deadline_ns, cancel, warn, decode, in_place_min=None):
+        cdef int st = TIMEOUT
+        cdef object got = None
+        if cancel is not None or warn or in_place_min is not None:
+            return self.slow()(deadline_ns, cancel, warn, decode,
+                               self.in_place_min if in_place_min is None else in_place_min)
+        self.acquire()
+        try:
+            if self.ring.has_buf:
+                st, _, got = self.ring._read_with(decode, self.in_place_min, deadline_ns, -1)
+        finally:
+            self.release()
+        if st == OK:
+            return got
+        return self.slow()(deadline_ns, cancel, warn, decode, self.in_place_min)
+
+
+cdef class LockedWrite:
+    """A shared-memory transport end's ``write``, which the end binds in place of its own
+    (the same signature): ``ring.write`` holding the end's ``lock``. ``error()(status)``
+    is the exception of a status other than OK; a released ring goes to ``slow()`` (the
+    end's own ``write``, which says it is closed). Both are weakref.WeakMethods of the
+    end, which holds this."""
+
+    cdef RingWriter ring
+    cdef object acquire, release, error, slow
+
+    def __init__(self, RingWriter ring, lock, error, slow):
+        self.ring = ring
+        self.acquire = lock.acquire
+        self.release = lock.release
+        self.error = error
+        self.slow = slow
+
+    def write(self, uint32_t kind, parts, int64_t deadline_ns, int64_t total=-1):
+        cdef int st
+        cdef bint released
+        self.acquire()
+        try:
+            released = not self.ring.has_buf
+            if not released:
+                st = self.ring._write(kind, parts, deadline_ns, total)
+                if st != OK:
+                    raise self.error()(st)
+        finally:
+            self.release()
+        if released:  # closed: the end's own write says so
+            self.slow()(kind, parts, deadline_ns, total)

@@ -18,6 +18,8 @@ import os
 import platform
 import select
 import time
+from collections.abc import Callable
+from typing import Any
 
 from mpx import layout
 
@@ -600,3 +602,43 @@ class RingReader(_RingEnd):
                 kind = self._dest_kind
                 out = bytes(dest) if kind & layout.KIND_AS_BYTES else dest
                 return (layout.OK, kind, out)
+
+
+class LockedRead:
+    """See ``mpx._ring.LockedRead``."""
+
+    def __init__(self, ring: RingReader, lock: Any, in_place_min: int,
+                 slow: Callable[[], Callable[..., Any]]) -> None:
+        self.ring, self.lock, self.in_place_min, self.slow = ring, lock, in_place_min, slow
+
+    def read_into(self, deadline_ns: int, cancel: Any, warn: bool,
+                 decode: Callable[[int, Any], Any], in_place_min: int | None = None) -> Any:
+        if cancel is not None or warn or in_place_min is not None:
+            return self.slow()(deadline_ns, cancel, warn, decode,
+                               self.in_place_min if in_place_min is None else in_place_min)
+        st, got = layout.TIMEOUT, None
+        with self.lock:
+            if not self.ring._released:
+                st, _, got = self.ring.read_with(decode, self.in_place_min, deadline_ns, -1)
+        if st == layout.OK:
+            return got
+        return self.slow()(deadline_ns, cancel, warn, decode, self.in_place_min)
+
+
+class LockedWrite:
+    """See ``mpx._ring.LockedWrite``."""
+
+    def __init__(self, ring: RingWriter, lock: Any,
+                 error: Callable[[], Callable[[int], BaseException]],
+                 slow: Callable[[], Callable[..., Any]]) -> None:
+        self.ring, self.lock, self.error, self.slow = ring, lock, error, slow
+
+    def write(self, kind: int, parts: Any, deadline_ns: int, total: int = -1) -> None:
+        with self.lock:
+            released = self.ring._released
+            if not released:
+                st = self.ring.write(kind, parts, deadline_ns, total)
+                if st != layout.OK:
+                    raise self.error()(st)
+        if released:
+            self.slow()(kind, parts, deadline_ns, total)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import random
 import stat
 import threading
 import time
+import weakref
 import zlib
 
 import _procs
@@ -555,8 +557,24 @@ def test_transport_ends_carry_what_enqueue_and_dequeue_do(transport):
             r.close()
     with pytest.raises(mpx.QueueClosedError):
         r.reading_end()
-    with pytest.raises(mpx.Cancelled):  # an end kept past close() refuses to read
+    with pytest.raises(mpx.Cancelled):  # ends kept past close() refuse to work
         into.read_into(-1, None, False, serde.decode_lent)
+    with pytest.raises(mpx.Cancelled):
+        out.write(*serde.encode("late", out.shares_memory), -1)
+
+
+def test_closed_and_dropped_queue_ends_are_freed_without_the_cycle_collector():
+    gc.disable()
+    try:
+        q = mpx.MessageQueue(1, 1)
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+        ends = [weakref.ref(e) for e in (*q.writing_end().ends, r.reading_end())]
+        r.close()
+        q.close()
+        del q, r
+        assert [e() for e in ends] == [None, None]
+    finally:
+        gc.enable()
 
 
 def test_dequeue_ready_after_the_writer_closed_returns_the_rest_then_nothing():

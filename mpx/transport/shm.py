@@ -124,6 +124,10 @@ class ShmWriter(Writer):
         # it (on a released ring, wake_readers does nothing and has_room raises ValueError)
         self.wake_readers = self._ring.wake_readers  # type: ignore[method-assign]
         self.has_room = self._ring.has_room  # type: ignore[method-assign]
+        # write() compiled: the lock, the ring's write and its status in one call
+        self.write = ring_module().LockedWrite(  # type: ignore[method-assign]
+            self._ring, self._lock, weakref.WeakMethod(self._write_error),
+            weakref.WeakMethod(self.write)).write
         _debug.inc("rings")
         if n == 0:
             self._unlink()
@@ -246,6 +250,9 @@ class ShmReader(Reader):
         except BaseException:
             shm.close(self._mm)
             raise
+        # read_into() compiled for the executor's waits (no cancel event, no warning)
+        self.read_into = ring_module().LockedRead(  # type: ignore[method-assign]
+            self._ring, self._lock, IN_PLACE_MIN_BYTES, weakref.WeakMethod(self.read_into)).read_into
         _debug.inc("rings")
         if self._ring.all_attached():
             shm.unlink(name)
