@@ -178,6 +178,9 @@ cdef class Picklers:
     def dumps(self, obj, bint local_only):
         """``obj`` pickled: ``(parts, sink)``, as ``Sink.dump`` returns them (``parts`` is
         None when something went out of band: the caller resets the sink when done)."""
+        return self._dumps(obj, local_only)
+
+    cdef tuple _dumps(self, obj, bint local_only):
         cdef object local = <object>PyThreadState_GetDict()
         cdef PyObject* found = PyDict_GetItem(local, self)
         cdef list kept
@@ -200,6 +203,41 @@ cdef class Picklers:
             return k.sink._dump(k.dump, k.clear_memo, obj), k.sink
         finally:
             k.busy = False
+
+
+cdef class Encoder:
+    """``serde.encode`` with its common case in C (``encode``): ``bytes`` travel as they
+    are (``bytes_kind``); anything else is pickled by ``picklers`` into one
+    ``pickle_kind`` message, unless something went out of band (then ``oob(sink)`` makes
+    the message, and the sink is reset after) or the kept pickler refused it (then
+    ``refused(obj, local_only, error)`` tries another way or raises)."""
+
+    cdef Picklers picklers
+    cdef object bytes_kind, pickle_kind, refused, oob
+
+    def __init__(self, Picklers picklers, bytes_kind, pickle_kind, refused, oob):
+        self.picklers = picklers
+        self.bytes_kind = bytes_kind
+        self.pickle_kind = pickle_kind
+        self.refused = refused
+        self.oob = oob
+
+    def encode(self, obj, bint local_only=False):
+        """``(kind, parts)``: ``obj`` as a message, its buffers to concatenate."""
+        cdef tuple got
+        if type(obj) is bytes:
+            return (self.bytes_kind, (obj,))
+        try:
+            got = self.picklers._dumps(obj, local_only)
+        except Exception as e:
+            return self.refused(obj, local_only, e)
+        parts, sink = got
+        if parts is not None:
+            return (self.pickle_kind, parts)
+        try:
+            return self.oob(sink)
+        finally:
+            sink.reset()
 
 
 cdef class LentDecoder:

@@ -120,6 +120,34 @@ class Picklers:
             entry[3] = False
 
 
+class Encoder:
+    """See ``mpx._buffers.Encoder``."""
+
+    def __init__(self, picklers: Picklers, bytes_kind: int, pickle_kind: int,
+                 refused: Callable[[Any, bool, Exception], tuple[int, tuple]],
+                 oob: Callable[[Sink], tuple[int, tuple]]) -> None:
+        self.picklers = picklers
+        self.bytes_kind = bytes_kind
+        self.pickle_kind = pickle_kind
+        self.refused = refused
+        self.oob = oob
+
+    def encode(self, obj: Any, local_only: bool = False) -> tuple[int, tuple]:
+        """See ``mpx._buffers.Encoder.encode``."""
+        if type(obj) is bytes:
+            return self.bytes_kind, (obj,)
+        try:
+            parts, sink = self.picklers.dumps(obj, local_only)
+        except Exception as e:
+            return self.refused(obj, local_only, e)
+        if parts is not None:
+            return self.pickle_kind, parts
+        try:
+            return self.oob(sink)
+        finally:
+            sink.reset()
+
+
 class LentDecoder:
     """See ``mpx._buffers.LentDecoder``."""
 

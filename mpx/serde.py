@@ -296,23 +296,14 @@ def _cloud_dumps(obj: Any, local_only: bool) -> tuple[tuple | None, Any]:
     return sink.dump(cls(sink, protocol=5, buffer_callback=sink.oob.append), obj), sink
 
 
-def encode(obj: Any, local_only: bool = False) -> tuple[int, tuple]:
-    """``(kind, parts)``: the message as buffers to concatenate. Raises SerializationError.
-
-    ``local_only``: every receiver is a process on this node that maps shared memory, so
-    ``mpx.share`` tensors travel by reference and CUDA tensors as CUDA IPC handles;
-    otherwise both are copied (CUDA ones through host memory).
-    """
-    if type(obj) is bytes:
-        return K_BYTES, (obj,)
+def _encode_refused(obj: Any, local_only: bool, first: Exception) -> tuple[int, tuple]:
+    """encode() of an object the kept pickler refused (``first``): with cloudpickle
+    (lambdas, local functions), else SerializationError."""
     try:
-        parts, sink = _picklers.dumps(obj, local_only)
-    except Exception as first:
-        try:
-            parts, sink = _cloud_dumps(obj, local_only)
-        except Exception as e:
-            raise SerializationError(
-                f"cannot pickle {type(obj).__name__} object for mpx: {e}") from first
+        parts, sink = _cloud_dumps(obj, local_only)
+    except Exception as e:
+        raise SerializationError(
+            f"cannot pickle {type(obj).__name__} object for mpx: {e}") from first
     if parts is not None:
         return K_PICKLE, parts
     try:
@@ -349,6 +340,14 @@ def _oob_message(sink: Any) -> tuple[int, tuple]:
         parts.append(r)
         off += pad + ln
     return K_PICKLE_OOB, tuple(parts)
+
+
+# ``encode(obj, local_only=False)``: ``(kind, parts)``, the message as buffers to
+# concatenate; raises SerializationError. ``local_only``: every receiver is a process on
+# this node that maps shared memory, so ``mpx.share`` tensors travel by reference and CUDA
+# tensors as CUDA IPC handles; otherwise both are copied (CUDA ones through host memory).
+# Compiled: bytes as they are, or one pickle by this thread's kept pickler, in C.
+encode = _buffers.Encoder(_picklers, K_BYTES, K_PICKLE, _encode_refused, _oob_message).encode
 
 
 def _owned_bytes(view: memoryview) -> bytes:

@@ -102,6 +102,28 @@ def buffers(request):
     return importlib.import_module("mpx._buffers_py")
 
 
+def test_encoder_sends_bytes_as_they_are_pickles_once_and_hands_off_the_rest(buffers):
+    def make(local_only, with_torch):
+        sink = buffers.Sink(1 << 10, lambda *a: False)
+        return sink, pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append), \
+            copyreg.dispatch_table.copy()
+
+    refused: list = []
+    oob: list = []
+    enc = buffers.Encoder(buffers.Picklers(make, {"OOB_MIN_BYTES": 1 << 10}), 1, 2,
+                          lambda obj, local, e: refused.append((obj, local, e)) or (9, ()),
+                          lambda sink: oob.append(list(sink.oob)) or (3, ("oob",)))
+    assert enc.encode(b"raw") == (1, (b"raw",))
+    kind, parts = enc.encode({"a": 1}, True)
+    assert kind == 2 and pickle.loads(b"".join(parts)) == {"a": 1}
+    big = pickle.PickleBuffer(bytearray(4 << 10))
+    assert enc.encode([big]) == (3, ("oob",)) and len(oob[0]) == 1
+    assert enc.encode([big])[0] == 3 and len(oob[1]) == 1  # the sink was reset after
+    lock = threading.Lock()
+    assert enc.encode(lock, True) == (9, ())
+    assert refused[0][:2] == (lock, True) and isinstance(refused[0][2], TypeError)
+
+
 def test_lent_decoder_unpickles_in_c_and_names_what_failed(buffers):
     class Refused(Exception):
         pass
