@@ -534,7 +534,7 @@ class MessageQueue:
         if reader is None or self._closed:
             reader = self._need_reader("dequeue_ready")
         out: list = []
-        append, decode = out.append, serde.decode
+        append, decode = out.append, serde.decode_lent  # (owned data: decode's result, in C)
         for kind, data in reader.read_ready():
             try:
                 append(decode(kind, data))
