@@ -755,38 +755,44 @@ cdef class RingReader(_RingEnd):
 cdef class LockedRead:
     """A shared-memory transport end's hot read: ``read_into``, which the end binds in
     place of its own (the same signature), is ``ring.read_with`` holding the end's
-    ``lock`` (under which the end's close() releases the ring), for a wait with no cancel
-    event and no warning. Any other wait, and any status but OK (which consumed
-    nothing), goes to ``slow()``: a weakref.WeakMethod of the end's own ``read_into``,
-    which waits in slices and turns statuses into exceptions (weak: the end holds this,
-    and is freed when dropped)."""
+    ``lock`` (under which the end's close() releases the ring), in one slice of
+    ``warn_ns`` if the caller warns of long waits. A wait with a cancel event, and any
+    status but OK (which consumed nothing), goes to ``slow()``: a weakref.WeakMethod of
+    the end's own ``read_into``, which waits in slices, warns, and turns statuses into
+    exceptions (weak: the end holds this, and is freed when dropped); it is told when the
+    wait began."""
 
     cdef RingReader ring
     cdef object acquire, release, slow
     cdef uint64_t in_place_min
+    cdef int64_t warn_ns
 
-    def __init__(self, RingReader ring, lock, uint64_t in_place_min, slow):
+    def __init__(self, RingReader ring, lock, uint64_t in_place_min, int64_t warn_ns, slow):
         self.ring = ring
         self.acquire = lock.acquire
         self.release = lock.release
         self.in_place_min = in_place_min
+        self.warn_ns = warn_ns
         self.slow = slow
 
-    def read_into(self, int64_t deadline_ns, cancel, warn, decode, in_place_min=None):
+    def read_into(self, int64_t deadline_ns, cancel, bint warn, decode, in_place_min=None):
         cdef int st = TIMEOUT
         cdef object got = None
-        if cancel is not None or warn or in_place_min is not None:
+        cdef int64_t started
+        if cancel is not None or in_place_min is not None:
             return self.slow()(deadline_ns, cancel, warn, decode,
                                self.in_place_min if in_place_min is None else in_place_min)
+        started = mpx_now_ns()
         self.acquire()
         try:
             if self.ring.has_buf:
-                st, _, got = self.ring._read_with(decode, self.in_place_min, deadline_ns, -1)
+                st, _, got = self.ring._read_with(decode, self.in_place_min, deadline_ns,
+                                                  self.warn_ns if warn else -1)
         finally:
             self.release()
         if st == OK:
             return got
-        return self.slow()(deadline_ns, cancel, warn, decode, self.in_place_min)
+        return self.slow()(deadline_ns, cancel, warn, decode, self.in_place_min, started)
 
 
 cdef class LockedWrite:

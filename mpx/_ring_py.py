@@ -607,22 +607,26 @@ class RingReader(_RingEnd):
 class LockedRead:
     """See ``mpx._ring.LockedRead``."""
 
-    def __init__(self, ring: RingReader, lock: Any, in_place_min: int,
+    def __init__(self, ring: RingReader, lock: Any, in_place_min: int, warn_ns: int,
                  slow: Callable[[], Callable[..., Any]]) -> None:
-        self.ring, self.lock, self.in_place_min, self.slow = ring, lock, in_place_min, slow
+        self.ring, self.lock, self.in_place_min = ring, lock, in_place_min
+        self.warn_ns, self.slow = warn_ns, slow
 
     def read_into(self, deadline_ns: int, cancel: Any, warn: bool,
-                 decode: Callable[[int, Any], Any], in_place_min: int | None = None) -> Any:
-        if cancel is not None or warn or in_place_min is not None:
+                  decode: Callable[[int, Any], Any], in_place_min: int | None = None) -> Any:
+        """See ``mpx._ring.LockedRead``."""
+        if cancel is not None or in_place_min is not None:
             return self.slow()(deadline_ns, cancel, warn, decode,
                                self.in_place_min if in_place_min is None else in_place_min)
+        started = time.monotonic_ns()
         st, got = layout.TIMEOUT, None
         with self.lock:
             if not self.ring._released:
-                st, _, got = self.ring.read_with(decode, self.in_place_min, deadline_ns, -1)
+                st, _, got = self.ring.read_with(decode, self.in_place_min, deadline_ns,
+                                                 self.warn_ns if warn else -1)
         if st == layout.OK:
             return got
-        return self.slow()(deadline_ns, cancel, warn, decode, self.in_place_min)
+        return self.slow()(deadline_ns, cancel, warn, decode, self.in_place_min, started)
 
 
 class LockedWrite:

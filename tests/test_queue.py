@@ -563,6 +563,25 @@ def test_transport_ends_carry_what_enqueue_and_dequeue_do(transport):
         out.write(*serde.encode("late", out.shares_memory), -1)
 
 
+def test_a_long_dequeue_warns_at_each_warning_period_naming_the_writer(monkeypatch, caplog):
+    from mpx.transport import shm as shm_transport
+    monkeypatch.setattr(shm_transport, "WAIT_WARNING_NS", 100_000_000)  # before the reader
+    with mpx.MessageQueue(1, 1) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+        try:
+            with caplog.at_level("WARNING", logger="mpx"), pytest.raises(mpx.QueueTimeout):
+                r.dequeue(timeout=0.45)
+            warned = [rec.getMessage() for rec in caplog.records if "has waited" in rec.getMessage()]
+            assert 3 <= len(warned) <= 5, warned  # at 0.1, 0.2, 0.3 and 0.4 s
+            assert f"(pid {os.getpid()})" in warned[0] and "waited 0.1 s" in warned[0]
+            caplog.clear()
+            q.enqueue("late")
+            assert r.dequeue(timeout=5) == "late"
+            assert not caplog.records
+        finally:
+            r.close()
+
+
 def test_closed_and_dropped_queue_ends_are_freed_without_the_cycle_collector():
     gc.disable()
     try:

@@ -250,9 +250,10 @@ class ShmReader(Reader):
         except BaseException:
             shm.close(self._mm)
             raise
-        # read_into() compiled for the executor's waits (no cancel event, no warning)
+        # read_into() compiled, but for a wait with a cancel event
         self.read_into = ring_module().LockedRead(  # type: ignore[method-assign]
-            self._ring, self._lock, IN_PLACE_MIN_BYTES, weakref.WeakMethod(self.read_into)).read_into
+            self._ring, self._lock, IN_PLACE_MIN_BYTES, WAIT_WARNING_NS,
+            weakref.WeakMethod(self.read_into)).read_into
         _debug.inc("rings")
         if self._ring.all_attached():
             shm.unlink(name)
@@ -327,9 +328,10 @@ class ShmReader(Reader):
         return self.read_into(deadline_ns, cancel, warn, _as_read, _NEVER_IN_PLACE)
 
     def read_into(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
-                  decode: Callable[[int, Any], Any],
-                  in_place_min: int = IN_PLACE_MIN_BYTES) -> Any:
-        # a message of one slot from in_place_min bytes up is decoded from the slot
+                  decode: Callable[[int, Any], Any], in_place_min: int = IN_PLACE_MIN_BYTES,
+                  since_ns: int = -1) -> Any:
+        # a message of one slot from in_place_min bytes up is decoded from the slot;
+        # since_ns: when the wait began, if before this call (the compiled read's slice)
         self._lock.acquire()  # (not `with`: this is the hot path, and it costs half)
         try:
             if self._closed:
@@ -340,31 +342,31 @@ class ShmReader(Reader):
                     return got
                 if st != layout.SLICE:  # (SLICE: a signal came, and its handler ran)
                     raise self._read_error(st)
-            return self._read_in_slices(deadline_ns, cancel, warn, decode, in_place_min)
+            return self._read_in_slices(deadline_ns, cancel, warn, decode, in_place_min,
+                                        since_ns)
         finally:
             self._lock.release()
 
     def _read_in_slices(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
-                        decode: Callable[[int, Any], Any], in_place_min: int) -> Any:
+                        decode: Callable[[int, Any], Any], in_place_min: int,
+                        since_ns: int) -> Any:
         """read_into() that returns to Python every slice: to look at ``cancel``, and to warn
         of a long wait."""
         slice_ns = CANCEL_POLL_NS if cancel is not None else (WAIT_WARNING_NS if warn else -1)
-        warn_at = time.monotonic_ns() + WAIT_WARNING_NS
+        warn_at = (time.monotonic_ns() if since_ns < 0 else since_ns) + WAIT_WARNING_NS
         while True:
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
+            if warn and time.monotonic_ns() >= warn_at:
+                warn_at = time.monotonic_ns() + WAIT_WARNING_NS
+                logger.warning("mpx: reader rank %d (pid %d) has waited %g s for the writer "
+                               "(pid %d), which is alive but sent nothing", self.rank,
+                               os.getpid(), WAIT_WARNING_NS / 1e9, self.writer_pid)
             st, _, got = self._ring.read_with(decode, in_place_min, deadline_ns, slice_ns)
             if st == layout.OK:
                 return got
-            if st == layout.SLICE:  # a slice ended or a signal came: Python runs its handlers
-                if warn and time.monotonic_ns() >= warn_at:
-                    warn_at = time.monotonic_ns() + WAIT_WARNING_NS
-                    logger.warning("mpx: reader rank %d (pid %d) has waited %d s for the "
-                                   "writer (pid %d), which is alive but sent nothing",
-                                   self.rank, os.getpid(), WAIT_WARNING_NS // 10**9,
-                                   self.writer_pid)
-                continue
-            raise self._read_error(st)
+            if st != layout.SLICE:  # (SLICE: a slice ended or a signal came; its handler ran)
+                raise self._read_error(st)
 
     def read_ready(self) -> list[tuple[int, Any]]:
         self._lock.acquire()  # (not `with`: an event loop's every reading step)
