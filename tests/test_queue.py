@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import pickle
@@ -503,58 +504,58 @@ def test_signal_handler_runs_while_enqueue_waits_for_space():
         signal.signal(signal.SIGALRM, old)
 
 
-@pytest.mark.parametrize("transport", ["shm", "zmq"])
-def test_dequeue_ready_returns_the_published_batch_and_marks_the_undecodable(transport):
+@contextlib.contextmanager
+def _ready_pair(transport):
+    """A writer and its one reader over ``transport``, both ready; closed after."""
     cfg = mpx.Config(transport=transport, allow_insecure=transport == "zmq")
     with mpx.MessageQueue(1, 1, config=cfg) as q:
         r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
         try:
             q.wait_until_ready(timeout=10)
             r.wait_until_ready(timeout=10)
-            assert r.dequeue_ready(lambda e: e) == []
-            for obj in ("a", Unloadable(), {"b": 2}, bytes(3 << 20)):
-                q.enqueue(obj)
-            deadline = time.monotonic() + 10
-            got: list = []
-            while len(got) < 4 and time.monotonic() < deadline:
-                got += r.dequeue_ready(lambda e: ("undecodable", e))
-            assert got[0] == "a" and got[2] == {"b": 2} and got[3] == bytes(3 << 20)
-            assert got[1][0] == "undecodable"
-            assert isinstance(got[1][1], mpx.DeserializationError)
-            q.enqueue("next")  # the queue goes on
-            assert r.dequeue(timeout=5) == "next"
+            yield q, r
         finally:
             r.close()
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_dequeue_ready_returns_the_published_batch_and_marks_the_undecodable(transport):
+    with _ready_pair(transport) as (q, r):
+        assert r.dequeue_ready(lambda e: e) == []
+        for obj in ("a", Unloadable(), {"b": 2}, bytes(3 << 20)):
+            q.enqueue(obj)
+        deadline = time.monotonic() + 10
+        got: list = []
+        while len(got) < 4 and time.monotonic() < deadline:
+            got += r.dequeue_ready(lambda e: ("undecodable", e))
+        assert got[0] == "a" and got[2] == {"b": 2} and got[3] == bytes(3 << 20)
+        assert got[1][0] == "undecodable"
+        assert isinstance(got[1][1], mpx.DeserializationError)
+        q.enqueue("next")  # the queue goes on
+        assert r.dequeue(timeout=5) == "next"
 
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
 def test_transport_ends_carry_what_enqueue_and_dequeue_do(transport):
-    cfg = mpx.Config(transport=transport, allow_insecure=transport == "zmq")
-    with mpx.MessageQueue(1, 1, config=cfg) as q:
-        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
-        try:
-            q.wait_until_ready(timeout=10)
-            r.wait_until_ready(timeout=10)
-            out, into = q.writing_end(), r.reading_end()
+    with _ready_pair(transport) as (q, r):
+        out, into = q.writing_end(), r.reading_end()
 
-            def soon():
-                return time.monotonic_ns() + 5_000_000_000
+        def soon():
+            return time.monotonic_ns() + 5_000_000_000
 
-            out.write(*serde.encode({"a": 1}, out.shares_memory), soon())
-            q.enqueue(Unloadable())
-            out.write(*serde.encode(("big", bytes(1 << 20)), out.shares_memory), soon())
-            assert into.read_into(soon(), None, False, serde.decode_lent) == {"a": 1}
-            with pytest.raises(mpx.DeserializationError):
-                into.read_into(soon(), None, False, serde.decode_lent)
-            assert r.dequeue(timeout=5) == ("big", bytes(1 << 20))  # the queue goes on
-            with pytest.raises(mpx.QueueTimeout):
-                into.read_into(time.monotonic_ns() + 50_000_000, None, False, serde.decode_lent)
-            with pytest.raises(mpx.RoleError, match="reading_end"):
-                q.reading_end()
-            with pytest.raises(mpx.RoleError, match="writing_end"):
-                r.writing_end()
-        finally:
-            r.close()
+        out.write(*serde.encode({"a": 1}, out.shares_memory), soon())
+        q.enqueue(Unloadable())
+        out.write(*serde.encode(("big", bytes(1 << 20)), out.shares_memory), soon())
+        assert into.read_into(soon(), None, False, serde.decode_lent) == {"a": 1}
+        with pytest.raises(mpx.DeserializationError):
+            into.read_into(soon(), None, False, serde.decode_lent)
+        assert r.dequeue(timeout=5) == ("big", bytes(1 << 20))  # the queue goes on
+        with pytest.raises(mpx.QueueTimeout):
+            into.read_into(time.monotonic_ns() + 50_000_000, None, False, serde.decode_lent)
+        with pytest.raises(mpx.RoleError, match="reading_end"):
+            q.reading_end()
+        with pytest.raises(mpx.RoleError, match="writing_end"):
+            r.writing_end()
     with pytest.raises(mpx.QueueClosedError):
         r.reading_end()
     with pytest.raises(mpx.Cancelled):  # ends kept past close() refuse to work
