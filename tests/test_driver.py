@@ -500,7 +500,8 @@ def test_finished_event_loops_are_not_kept(executor):
 
 # ----------------------------------------------------------------- forked children
 
-def test_a_forked_child_cannot_call_and_leaves_the_parent_alone(executor):
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_cannot_call_and_leaves_the_parent_alone(executor):  # (forks on purpose)
     e = executor()
     assert e.collective_rpc("ident", args=("before",)) == ["before", "before"]
     r, w = os.pipe()
