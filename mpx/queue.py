@@ -58,7 +58,9 @@ def _warn_fallback(e: ShmError) -> None:
                   "(transport='auto')", RuntimeWarning, stacklevel=4)
 
 
-def _deadline(timeout: float | None) -> int:
+def deadline_of(timeout: float | None) -> int:
+    """The CLOCK_MONOTONIC nanosecond at which ``timeout`` seconds from now end, as the
+    transport ends take it (-1: no deadline). ValueError for a negative timeout."""
     if timeout is None:
         return -1
     if timeout < 0:
@@ -436,7 +438,7 @@ class MessageQueue:
         ``shutdown()`` or when ``cancel`` is set, QueueClosedError when the queue is closed
         (also from another thread), and on a reader PeerDiedError when the writer died or
         closed the queue first."""
-        deadline = _deadline(timeout)
+        deadline = deadline_of(timeout)
         if self._closed:
             raise QueueClosedError("wait_until_ready() on a closed queue")
         self._own_end.wait_ready(deadline, cancel)
@@ -455,7 +457,7 @@ class MessageQueue:
         writer = self._writer
         if writer is None or self._closed:
             writer = self._need_writer("enqueue")
-        deadline = -1 if timeout is None else _deadline(timeout)
+        deadline = -1 if timeout is None else deadline_of(timeout)
         writer.wake_readers()  # a parked reader wakes while the object is pickled
         kind, parts = serde.encode(obj, writer.shares_memory)
         if while_full is not None:
@@ -485,7 +487,7 @@ class MessageQueue:
         get a copy); an exception publishes nothing. Waits for a free slot up to
         ``timeout`` (QueueTimeout). Don't keep views of the slot past the block."""
         writer = self._need_writer("acquire_write")
-        with writer.slot(_deadline(timeout), serde.K_BYTES) as view:
+        with writer.slot(deadline_of(timeout), serde.K_BYTES) as view:
             yield view
 
     @contextlib.contextmanager
@@ -499,7 +501,7 @@ class MessageQueue:
         TimeoutError), Cancelled (a RuntimeError, "cancelled") on shutdown() or ``cancel``.
         ``indefinite`` is accepted for vLLM (mpx logs no long-wait warning here)."""
         reader = self._need_reader("acquire_read")
-        with reader.slot(_deadline(timeout), cancel) as view:
+        with reader.slot(deadline_of(timeout), cancel) as view:
             yield view
 
     def poll(self) -> bool:
@@ -522,7 +524,7 @@ class MessageQueue:
         reader = self._reader
         if reader is None or self._closed:
             reader = self._need_reader("dequeue")
-        return reader.read_into(-1 if timeout is None else _deadline(timeout), cancel,
+        return reader.read_into(-1 if timeout is None else deadline_of(timeout), cancel,
                                 not indefinite, serde.decode_lent)
 
     def dequeue_ready(self, on_error: Callable[[DeserializationError], Any]) -> list:
@@ -548,7 +550,7 @@ class MessageQueue:
         its bytes as they arrive (a remote reader streams chunks; a local one yields the
         whole message). For relays, with :meth:`enqueue_stream`."""
         reader = self._need_reader("dequeue_stream")
-        return reader.read_stream(_deadline(timeout), cancel)
+        return reader.read_stream(deadline_of(timeout), cancel)
 
     def enqueue_stream(self, kind: int, total: int, pieces: Any,
                        timeout: float | None = None) -> None:
@@ -556,7 +558,7 @@ class MessageQueue:
         (to readers over shared memory; ZeroMQ readers get it once it is whole). An
         exception from ``pieces`` propagates, and readers never see the message."""
         writer = self._need_writer("enqueue_stream")
-        writer.write(kind, pieces, _deadline(timeout), total)
+        writer.write(kind, pieces, deadline_of(timeout), total)
 
     def broadcast_object(self, obj: Any = None) -> Any:
         """vLLM's helper: the writer enqueues ``obj`` and returns it, a reader dequeues."""

@@ -12,11 +12,11 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-import time
 from typing import Any
 
 from mpx import _debug
 from mpx.errors import SerializationError
+from mpx.queue import deadline_of
 from mpx.serde import encode
 from mpx.wire import ERR, OK, error_payload
 
@@ -42,8 +42,7 @@ class Replies:
             kind, parts = encode((seq, status, payload), self._local)
         except SerializationError as e:
             kind, parts = encode((seq, ERR, error_payload(e)), self._local)
-        self._write(kind, parts, -1 if timeout is None else
-                    time.monotonic_ns() + int(timeout * 1e9))
+        self._write(kind, parts, deadline_of(timeout))
 
 
 def _bind_device(worker: Any) -> None:
