@@ -782,7 +782,7 @@ cdef class LockedRead:
         if cancel is not None or in_place_min is not None:
             return self.slow()(deadline_ns, cancel, warn, decode,
                                self.in_place_min if in_place_min is None else in_place_min)
-        started = mpx_now_ns()
+        started = mpx_now_ns() if warn else -1  # (the slow path's warning counts from it)
         self.acquire()
         try:
             if self.ring.has_buf:

@@ -618,7 +618,7 @@ class LockedRead:
         if cancel is not None or in_place_min is not None:
             return self.slow()(deadline_ns, cancel, warn, decode,
                                self.in_place_min if in_place_min is None else in_place_min)
-        started = time.monotonic_ns()
+        started = time.monotonic_ns() if warn else -1
         st, got = layout.TIMEOUT, None
         with self.lock:
             if not self.ring._released:
