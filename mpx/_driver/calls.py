@@ -78,6 +78,11 @@ def _undecodable(e: DeserializationError) -> list:
     return ["DeserializationError", f"the driver could not unpickle the result: {e}", ""]
 
 
+def _until_ns(until: float | None) -> int:
+    """A time.monotonic() deadline as the transport ends take it (-1: none)."""
+    return -1 if until is None else int(until * 1e9)
+
+
 def _min(*limits: float | None) -> float | None:
     present = [t for t in limits if t is not None]
     return min(present) if present else None
@@ -124,7 +129,7 @@ class CallTable:
         """The broadcast queue and every rank's response queue, once all are up."""
         self.broadcast, self.resp = broadcast, resp
         self.wake_workers = broadcast.wake_readers  # type: ignore[method-assign]
-        self._reads = [q.reading_end().read_into for q in resp]  # what Call.gather reads
+        self._reads = [q.reading_end().read_into for q in resp]  # each rank's reply reader
 
     # ------------------------------------------------------------------ sending
 
@@ -302,9 +307,8 @@ class CallTable:
         _record (a stall report, an older call's reply): what _read_one does reply by
         reply, in one compiled loop (Call.gather)."""
         try:
-            answered, rank, reply = call.gather(
-                self._reads, self.next_reply, -1 if until is None else int(until * 1e9),
-                serde.decode_lent)
+            answered, rank, reply = call.gather(self._reads, self.next_reply, _until_ns(until),
+                                                serde.decode_lent)
         except DeserializationError as e:
             rank = call.first_missing()
             self._record(rank, self.next_reply[rank], wire.ERR, _undecodable(e))
@@ -338,9 +342,9 @@ class CallTable:
         """Read and record rank's next reply, waiting until monotonic ``until`` at most
         (Cancelled once ``cancel`` is set); then, unless ``complete`` is False (the caller
         completes a batch), set the futures of the calls it settled."""
-        timeout = None if until is None else max(0.0, until - time.monotonic())
         try:
-            seq, status, payload = self.resp[rank].dequeue(timeout, cancel, True)  # indefinite
+            seq, status, payload = self._reads[rank](_until_ns(until), cancel, False,
+                                                     serde.decode_lent)
         except DeserializationError as e:
             seq, status, payload = self.next_reply[rank], wire.ERR, _undecodable(e)
         except PeerDiedError as e:
