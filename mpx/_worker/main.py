@@ -270,11 +270,12 @@ def _serve(worker: Any, rank: int, broadcast: MessageQueue, out: InlineOutput | 
            wd: Watchdog) -> None:
     expected = 0  # seq of the next broadcast message: names a call whose args won't unpickle
     read, decode = broadcast.reading_end().read_into, serde.decode_lent
+    begin, end, put = wd.begin, wd.end, out.put
     while True:
         try:
             msg = read(-1, None, False, decode)  # dequeue(indefinite=True), a frame less
         except DeserializationError as e:
-            out.put(expected, ERR, error_payload(e), True)
+            put(expected, ERR, error_payload(e), True)
             expected += 1
             continue
         tag, seq = msg[0], msg[1]
@@ -282,17 +283,17 @@ def _serve(worker: Any, rank: int, broadcast: MessageQueue, out: InlineOutput | 
         if tag == STOP:
             return
         _, _, method, args, kwargs, reply_rank = msg
-        wd.begin(method if isinstance(method, str) else
-                 getattr(method, "__name__", "<callable>"), seq)
+        begin(method if isinstance(method, str) else
+              getattr(method, "__name__", "<callable>"), seq)
         try:
             status, result = OK, _call(worker, method, args, kwargs)
         except Exception as e:
             status, result = ERR, error_payload(e)
         finally:
-            wd.end()
+            end()
             if _forked_from != -1:  # the method forked, and this is the child
                 os._exit(0)
-        out.put(seq, status, result, reply_rank is None or reply_rank == rank)
+        put(seq, status, result, reply_rank is None or reply_rank == rank)
         # Let go of this call's arguments and result now, not when the next call comes:
         # a large result would stay in memory while the worker idles, and a __del__ that
         # crashes would take down an unrelated later call.
