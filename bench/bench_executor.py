@@ -16,8 +16,9 @@ b. first call after 2 s idle (1 worker), vs the Pipe RPC loop's first call after
    same idle.                                                      target: <= 0.8x Pipe
    (a. and b. also time the same RPC loop on bare MessageQueues, without the Executor,
    to tell the Executor's own cost from the ring's, and a. repeats the 1-worker case with
-   the driver and the worker pinned to the same CPU and to different CPUs, since the
-   placement the scheduler picks moves the Pipe baseline a lot: informational.)
+   the driver and the worker pinned to the same CPU and to different CPUs, and the
+   4-worker case with the driver sharing its CPU with 1, 2 or no workers, since the
+   placement the scheduler picks moves every side a lot: informational.)
    CPU of each idle worker over 3 s (psutil, ex.worker_pids).     target: < 2% of a core
    CPU of the driver (time.process_time, every driver thread) while it waits for a call
    that sleeps 3 s in the worker.                                 target: < 2% of a core
@@ -227,9 +228,10 @@ def bench_noop(n, iters, warm, blocks=4, pin_iters=0):
                 "mpx workers": [last_cpu(p) for p in ex.worker_pids],
                 "pipe children": [last_cpu(p) for p in pipe.pids]}
         pinned = {}
-        if n == 1 and pin_iters and len(os.sched_getaffinity(0)) >= 2:
-            pinned = _pinned_noop(fns, {mpx_call: ex.worker_pids[0], pipe_call: pipe.pids[0],
-                                        mq_call: mq.pids[0]}, pin_iters)
+        places = _placements(n)
+        if pin_iters and places:
+            pinned = _pinned_noop(fns, {mpx_call: ex.worker_pids, pipe_call: pipe.pids,
+                                        mq_call: mq.pids}, places, pin_iters)
             pinned = {place: (r[mpx_call], r[pipe_call], r[mq_call])
                       for place, r in pinned.items()}
     finally:
@@ -239,27 +241,44 @@ def bench_noop(n, iters, warm, blocks=4, pin_iters=0):
     return out[mpx_call], out[pipe_call], out[mq_call], cpus, pinned
 
 
-def _pinned_noop(fns, child_pid, iters):
-    """Medians with the driver's thread on one CPU and each child on the same CPU, or on
-    another: how much the placement the scheduler picks moves both sides."""
+def _placements(n):
+    """{name: (driver's CPU, each child's CPU)}: the placements a. pins ``n`` children to,
+    where they tell something (1 child; 4 children on 2 CPUs), else {}."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return {}
+    a, b = cpus[:2]
+    if n == 1:
+        return {"driver and worker on same CPU": (a, [a]),
+                "driver and worker on different CPUs": (a, [b])}
+    if n == 4 and len(cpus) == 2:
+        return {"driver with 1 worker, 3 workers on the other CPU": (a, [a, b, b, b]),
+                "driver with 2 workers, 2 on the other CPU": (a, [a, a, b, b]),
+                "driver alone, 4 workers on the other CPU": (a, [b, b, b, b])}
+    return {}
+
+
+def _pinned_noop(fns, child_pids, places, iters):
+    """Medians with the driver's thread and each side's children pinned as each of
+    ``places`` says: how much the placement the scheduler picks moves every side."""
     mine = os.sched_getaffinity(0)
-    kids = {fn: os.sched_getaffinity(pid) for fn, pid in child_pid.items()}
-    a, b = sorted(mine)[:2]
+    kids = {pid: os.sched_getaffinity(pid) for pids in child_pids.values() for pid in pids}
     out = {}
     try:
-        for place, cpu in (("same CPU", a), ("different CPUs", b)):
-            os.sched_setaffinity(0, {a})
-            for pid in child_pid.values():
-                os.sched_setaffinity(pid, {cpu})
+        for place, (driver_cpu, cpus) in places.items():
+            os.sched_setaffinity(0, {driver_cpu})
+            for pids in child_pids.values():
+                for pid, cpu in zip(pids, cpus):
+                    os.sched_setaffinity(pid, {cpu})
             res = {}
             for fn in fns:
                 res[fn] = stats(timed_us(fn, iters, warm=iters // 5))
             out[place] = res
     finally:
         os.sched_setaffinity(0, mine)
-        for fn, pid in child_pid.items():
+        for pid, cpus in kids.items():
             try:
-                os.sched_setaffinity(pid, kids[fn])
+                os.sched_setaffinity(pid, cpus)
             except OSError:
                 pass
     return out
@@ -622,11 +641,13 @@ def main():
                                 "<= 1.5x bare" if n == 4 else "info",
                                 over <= 1.5 if n == 4 else None))
                 for place, (pm, pb, pq) in pinned.items():
-                    rows.append(row(f"  pinned, driver and worker on {place}", "us", pm, pb,
+                    rows.append(row(f"  pinned, {place}", "us", pm, pb,
                                     pm["median"] / pb["median"], "info", None,
                                     note=(f"bare MessageQueues {pq['median']:.1f} us = "
-                                          f"{pq['median'] / pb['median']:.3f}x Pipe RPC")))
-                    raw["noop_1"][f"pinned {place}"] = {"mpx": pm, "pipe": pb, "bare_queue": pq}
+                                          f"{pq['median'] / pb['median']:.3f}x Pipe RPC; "
+                                          f"Executor {pm['median'] / pq['median']:.2f}x bare")))
+                    raw[f"noop_{n}"][f"pinned {place}"] = {"mpx": pm, "pipe": pb,
+                                                           "bare_queue": pq}
 
         if "b" in args.sections:
             # ---- b. idle
