@@ -68,6 +68,18 @@ def deadline_of(timeout: float | None) -> int:
     return time.monotonic_ns() + int(timeout * 1e9)
 
 
+def make_room(has_room: Callable[[tuple], bool], parts: tuple, deadline_ns: int,
+              while_full: Callable[[], bool | None]) -> None:
+    """Before a write of ``parts``: call ``while_full()`` while ``has_room(parts)`` (a
+    writing end's) is False, until it returns False (someone else frees the room; the
+    write then waits for it). QueueTimeout once ``deadline_ns`` (-1: none) passes."""
+    while not has_room(parts):
+        if 0 <= deadline_ns <= time.monotonic_ns():
+            raise QueueTimeout("timed out waiting for ring space")
+        if while_full() is False:
+            return
+
+
 # Messages at least this large go to shared-memory and ZeroMQ readers at the same time; a
 # thread costs ~0.1 ms to start, well under the time such a message takes to send.
 _PARALLEL_MIN_BYTES = 4 << 20
@@ -461,11 +473,7 @@ class MessageQueue:
         writer.wake_readers()  # a parked reader wakes while the object is pickled
         kind, parts = serde.encode(obj, writer.shares_memory)
         if while_full is not None:
-            while not writer.has_room(parts):
-                if 0 <= deadline <= time.monotonic_ns():
-                    raise QueueTimeout("enqueue timed out waiting for ring space")
-                if while_full() is False:
-                    break
+            make_room(writer.has_room, parts, deadline, while_full)
         writer.write(kind, parts, deadline)
 
     def wake_readers(self) -> None:

@@ -40,7 +40,7 @@ from mpx.errors import (
     RPCTimeoutError,
     WorkerStalledError,
 )
-from mpx.queue import MessageQueue
+from mpx.queue import MessageQueue, make_room
 from mpx.wire import OK, STALL
 
 _core = future_core_module()
@@ -100,7 +100,6 @@ class CallTable:
         self.n_ranks = n_ranks
         self.stalls = stalls
         self.on_peer_gone = on_peer_gone
-        self.broadcast: MessageQueue | None = None
         self.resp: list[MessageQueue] = []
         self.lock = threading.Lock()        # pending, the counters and the end state
         self.send_lock = threading.Lock()   # sequence numbers go out in order
@@ -127,8 +126,10 @@ class CallTable:
 
     def attach(self, broadcast: MessageQueue, resp: list[MessageQueue]) -> None:
         """The broadcast queue and every rank's response queue, once all are up."""
-        self.broadcast, self.resp = broadcast, resp
-        self.wake_workers = broadcast.wake_readers  # type: ignore[method-assign]
+        self.resp = resp
+        out = broadcast.writing_end()  # (enqueue's work without its frame)
+        self.wake_workers = out.wake_readers  # type: ignore[method-assign]
+        self._write, self._has_room, self._local = out.write, out.has_room, out.shares_memory
         self._reads = [q.reading_end().read_into for q in resp]  # each rank's reply reader
 
     # ------------------------------------------------------------------ sending
@@ -169,11 +170,14 @@ class CallTable:
                     self.outstanding += 1
             finally:
                 self.lock.release()
-            assert self.broadcast is not None
             try:
-                # (with no other call pending, the ring holds none unread: no need to look)
-                self.broadcast.enqueue(wire.call(seq, method, args, kwargs, reply_rank), timeout,
-                                while_full=self.drain if len(self.pending) > 1 else None)
+                self.wake_workers()  # (again: those that parked since, while it pickles)
+                kind, parts = serde.encode(wire.call(seq, method, args, kwargs, reply_rank),
+                                           self._local)
+                until = _until_ns(deadline)
+                if len(self.pending) > 1:  # (else the ring holds no call unread: no need)
+                    make_room(self._has_room, parts, until, self.drain)
+                self._write(kind, parts, until)
             except BaseException as e:
                 self._forget(call)
                 raise self._send_error(e, name) from e
