@@ -141,7 +141,7 @@ class Executor:
         if calls.failure is not None or calls.closed or calls.stopping:
             calls.check_usable()  # (raises)
         if not calls.pending:  # (else they are awake: a call is under way)
-            calls.wake_workers()  # their wake-up overlaps the Python up to the enqueue
+            calls.wake_workers()  # their wake-up overlaps the Python up to the write
         if isinstance(method, str):
             if method[:2] == "__" and method[-2:] == "__":
                 raise ValueError(f"collective_rpc refuses the special method {method!r}; "
