@@ -138,8 +138,7 @@ class Executor:
         calls = self._group.calls
         if self._pid != _this_pid:
             raise self._not_owner()
-        if calls.failure is not None or calls.closed or calls.stopping:
-            calls.check_usable()  # (raises)
+        calls.check_usable()
         if not calls.pending:  # (else they are awake: a call is under way)
             calls.wake_workers()  # their wake-up overlaps the Python up to the write
         if isinstance(method, str):

@@ -42,7 +42,7 @@ class Replies:
             kind, parts = encode((seq, status, payload), self._local)
         except SerializationError as e:
             kind, parts = encode((seq, ERR, error_payload(e)), self._local)
-        self._write(kind, parts, -1 if timeout is None else deadline_of(timeout))
+        self._write(kind, parts, deadline_of(timeout))
 
 
 def _bind_device(worker: Any) -> None:
