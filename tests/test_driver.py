@@ -325,6 +325,24 @@ def test_a_future_with_a_deadline_fails_on_its_own(executor):
     assert e.collective_rpc("ident", args=(1,)) == [1, 1]
 
 
+
+def test_a_call_that_finds_the_broadcast_ring_full_times_out_unsent(executor):
+    """Every worker busy and the broadcast ring full: a call with a timeout waits for room
+    up to it, then RPCTimeoutError naming every rank, and nothing of it was sent; the
+    calls before it complete and the executor stays usable."""
+    e = executor(max_chunks=2)
+    busy = e.collective_rpc("sleep", args=(1.0,), non_block=True)
+    queued = [e.collective_rpc("ident", args=(i,), non_block=True) for i in range(2)]
+    t0 = time.monotonic()
+    with pytest.raises(mpx.RPCTimeoutError) as ei:
+        e.collective_rpc("ident", args=("late",), timeout=0.2)
+    assert 0.2 <= time.monotonic() - t0 < 0.9
+    assert ei.value.ranks == [0, 1] and "could take the call" in str(ei.value)
+    assert busy.result(timeout=10) == [0, 1]
+    assert [f.result(timeout=10) for f in queued] == [[0, 0], [1, 1]]
+    assert e.collective_rpc("ident", args=("after",)) == ["after", "after"]
+    assert not e.is_failed
+
 # ----------------------------------------------------------------- deaths
 
 def test_sigkill_while_a_future_is_pending_runs_its_callback(executor):
