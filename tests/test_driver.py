@@ -325,7 +325,6 @@ def test_a_future_with_a_deadline_fails_on_its_own(executor):
     assert e.collective_rpc("ident", args=(1,)) == [1, 1]
 
 
-
 def test_a_call_that_finds_the_broadcast_ring_full_times_out_unsent(executor):
     """Every worker busy and the broadcast ring full: a call with a timeout waits for room
     up to it, then RPCTimeoutError naming every rank, and nothing of it was sent; the
@@ -342,6 +341,7 @@ def test_a_call_that_finds_the_broadcast_ring_full_times_out_unsent(executor):
     assert [f.result(timeout=10) for f in queued] == [[0, 0], [1, 1]]
     assert e.collective_rpc("ident", args=("after",)) == ["after", "after"]
     assert not e.is_failed
+
 
 # ----------------------------------------------------------------- deaths
 
