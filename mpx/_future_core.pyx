@@ -105,6 +105,9 @@ cdef class Call:
     def ok_value(self):
         """The outcome of a call every rank answered OK: the list of results in rank
         order, or the result of ``reply_rank``."""
+        return self._ok_value()
+
+    cdef object _ok_value(self):
         cdef Py_ssize_t r
         cdef dict results = self.results
         if self.reply_rank is not None:
@@ -161,6 +164,58 @@ cdef class Call:
         if self.error is not None:
             raise self.error
         return self.value
+
+
+def record_each(list replies, Py_ssize_t start, rank, list next_reply, dict pending,
+                list answered):
+    """Record ``rank``'s replies ``replies[start:]`` in order, as the call table's
+    ``_record`` does one by one: each ``(seq, OK or ERR, payload)`` tuple sets
+    ``next_reply[rank]`` and is added to its call in ``pending`` (by seq; a call no longer
+    pending, one that timed out, drops it), and every call that is then answered by every
+    rank is appended to ``answered``. Stops at the first reply of any other shape (a stall
+    report, an undecodable one's stand-in) and returns its index, or ``len(replies)``."""
+    cdef Py_ssize_t i, n = len(replies)
+    cdef object reply, seq, status, found
+    for i in range(start, n):
+        reply = replies[i]
+        if type(reply) is not tuple or len(<tuple>reply) != 3:
+            return i
+        status = (<tuple>reply)[1]
+        if not (status is _OK or status is _ERR):
+            return i
+        seq = (<tuple>reply)[0]
+        next_reply[rank] = seq + 1
+        found = pending.get(seq)
+        if found is not None and \
+                (<Call>found)._add(rank, status is _OK, (<tuple>reply)[2]) != C_MORE:
+            answered.append(found)
+    return n
+
+
+def settle_ok(list calls, Py_ssize_t start, dict pending, completed):
+    """With the call table's lock held: settle ``calls[start:]`` (every rank answered
+    each) in order, as the table's ``_settle`` does, until one needs the table's
+    ``_finish`` (an error, an aggregator). Each call not already done (a timeout may have
+    settled it) leaves ``pending``, gets ``ok_value()`` and is done; one with a future is
+    appended to the deque ``completed``. Returns ``(index where it stopped, how many of
+    those settled had a deadline, how many had a future)``."""
+    cdef Py_ssize_t i, n = len(calls), with_deadline = 0, futures = 0
+    cdef Call call
+    for i in range(start, n):
+        call = <Call>calls[i]
+        if call.done:
+            continue
+        if call.errors or call.aggregator is not None:
+            return (i, with_deadline, futures)
+        del pending[call.seq]
+        if call.deadline is not None:
+            with_deadline += 1
+        call.value = call._ok_value()
+        if call.future is not None:
+            futures += 1
+            completed.append(call)
+        call.done = True
+    return (n, with_deadline, futures)
 
 
 def configure(last, delivery_of):

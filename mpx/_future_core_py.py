@@ -106,6 +106,42 @@ class Call:
         return self.value
 
 
+def record_each(replies: list, start: int, rank: int, next_reply: list, pending: dict,
+                answered: list) -> int:
+    """See ``mpx._future_core.record_each``."""
+    for i in range(start, len(replies)):
+        reply = replies[i]
+        if type(reply) is not tuple or len(reply) != 3:
+            return i
+        seq, status, payload = reply
+        if not (status is wire.OK or status is wire.ERR):
+            return i
+        next_reply[rank] = seq + 1
+        call = pending.get(seq)
+        if call is not None and call.add(rank, status is wire.OK, payload) != MORE:
+            answered.append(call)
+    return len(replies)
+
+
+def settle_ok(calls: list, start: int, pending: dict, completed: Any) -> tuple[int, int, int]:
+    """See ``mpx._future_core.settle_ok``."""
+    with_deadline = futures = 0
+    for i in range(start, len(calls)):
+        call = calls[i]
+        if call.done:
+            continue
+        if call.errors or call.aggregator is not None:
+            return i, with_deadline, futures
+        del pending[call.seq]
+        with_deadline += call.deadline is not None
+        call.value = call.ok_value()
+        if call.future is not None:
+            futures += 1
+            completed.append(call)
+        call.done = True
+    return len(calls), with_deadline, futures
+
+
 def configure(last: Any, delivery_of: Callable[[asyncio.AbstractEventLoop], Any]) -> None:
     """See ``mpx._future_core.configure``."""
     global _last, _delivery_of

@@ -267,3 +267,42 @@ def test_call_outcome(core):
     call.error = KeyError("gone")
     with pytest.raises(KeyError, match="gone"):
         call.outcome()
+
+
+def test_record_each_records_a_batch_and_stops_at_what_is_not_a_call_reply(core):
+    from mpx import wire
+    calls = {s: core.Call(s, "step", 2, None, None, None) for s in (3, 4, 5)}
+    calls[3].add(0, True, "a3")
+    calls[4].add(0, False, ("E", "m", ""))
+    pending, next_reply, answered = dict(calls), [6, 3], []
+    replies = [(2, wire.OK, "late"), (3, wire.OK, "b3"), (4, wire.OK, "b4"),
+               (5, wire.STALL, {}), (5, wire.OK, "b5")]
+    # call 2 timed out (not pending): its reply is dropped; calls 3 and 4 are answered
+    assert core.record_each(replies, 0, 1, next_reply, pending, answered) == 3
+    assert answered == [calls[3], calls[4]] and next_reply == [6, 5]
+    assert calls[3].results == {0: "a3", 1: "b3"} and calls[4].errors == {0: ("E", "m", "")}
+    assert core.record_each(replies, 4, 1, next_reply, pending, answered) == 5
+    assert next_reply == [6, 6] and calls[5].results == {1: "b5"}  # rank 0 still missing
+    assert answered == [calls[3], calls[4]]
+
+
+def test_settle_ok_settles_in_order_and_stops_where_the_table_must_finish(core):
+    import collections
+    done_already = core.Call(1, "step", 1, None, None, None)
+    done_already.done = True  # (a timeout settled it first)
+    ok = core.Call(2, "step", 1, 0, None, 9.0)
+    ok.future = "a future"
+    failed = core.Call(3, "step", 1, None, None, None)
+    later = core.Call(4, "step", 1, None, None, None)
+    ok.add(0, True, "r")
+    failed.add(0, False, ("E", "m", ""))
+    later.add(0, True, "s")
+    calls = [done_already, ok, failed, later]
+    pending, completed = {c.seq: c for c in calls[1:]}, collections.deque()
+    assert core.settle_ok(calls, 0, pending, completed) == (2, 1, 1)
+    assert ok.done and ok.value == "r" and list(completed) == [ok] and 2 not in pending
+    assert not failed.done and 3 in pending  # the table's _finish settles it
+    assert core.settle_ok(calls, 3, pending, completed) == (4, 0, 0)
+    assert later.done and later.value == ["s"] and pending == {3: failed}
+    assert list(completed) == [ok]  # no future: nothing to complete
+

@@ -51,6 +51,7 @@ else:
     # the extension is built)
     Call = _core.Call
 _ALL_OK = _core.ALL_OK
+_record_each, _settle_ok = _core.record_each, _core.settle_ok
 
 logger = logging.getLogger("mpx")
 
@@ -362,15 +363,12 @@ class CallTable:
         """Read every reply that is already there, a batch per rank, then set the futures
         of the calls they settled; how many."""
         got = 0
-        record = self._record
         try:
             for rank, q in enumerate(self.resp):
-                for reply in q.dequeue_ready(_undecodable):
-                    if type(reply) is tuple:
-                        record(rank, *reply)
-                    else:
-                        record(rank, self.next_reply[rank], wire.ERR, reply)
-                    got += 1
+                replies = q.dequeue_ready(_undecodable)
+                if replies:
+                    self._record_batch(rank, replies)
+                    got += len(replies)
         except PeerDiedError as e:
             e.rank = rank
             self._peer_gone(e)
@@ -380,6 +378,46 @@ class CallTable:
             if self._completed:
                 self._complete_futures()
         return got
+
+    def _record_batch(self, rank: int, replies: list) -> None:
+        """_record each of ``rank``'s ``replies`` in order; the replies of calls, while no
+        stall is reported, in compiled loops (record_each, settle_ok)."""
+        start, n = 0, len(replies)
+        while start < n:
+            if self.stalls.reports:  # (their bookkeeping is _record's, reply by reply)
+                stop = start
+            else:
+                answered: list[Call] = []
+                stop = _record_each(replies, start, rank, self.next_reply, self.pending,
+                                    answered)
+                if answered:
+                    self._settle_answered(answered)
+            if stop == n:
+                return
+            reply = replies[stop]
+            if type(reply) is tuple:
+                self._record(rank, *reply)
+            else:
+                self._record(rank, self.next_reply[rank], wire.ERR, reply)
+            start = stop + 1
+
+    def _settle_answered(self, calls: list[Call]) -> None:
+        """Settle, in order, calls that every rank answered (as _record would)."""
+        i, n = 0, len(calls)
+        while i < n:
+            self.lock.acquire()
+            try:
+                i, with_deadline, futures = _settle_ok(calls, i, self.pending, self._completed)
+                self.with_deadline -= with_deadline
+                self.outstanding -= futures
+            finally:
+                self.lock.release()
+            if i < n:
+                self._finish(calls[i])
+                i += 1
+        if self.waiting:
+            with self.turn:
+                self.turn.notify_all()
 
     def _peer_gone(self, e: PeerDiedError) -> None:
         with self.lock:
