@@ -13,6 +13,7 @@ class's waits is built.
 
 import asyncio
 import concurrent.futures
+import contextvars
 import threading
 
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
@@ -27,8 +28,9 @@ cdef object _FINISHED = concurrent.futures._base.FINISHED
 cdef object _LOGGER = concurrent.futures._base.LOGGER
 cdef object _InvalidStateError = concurrent.futures.InvalidStateError
 cdef object _running_loop = asyncio._get_running_loop
-cdef object _AsyncioFuture = asyncio.Future
-cdef object _STOCK_CREATE_FUTURE = asyncio.BaseEventLoop.create_future
+cdef object _CancelledError = asyncio.CancelledError
+cdef object _AsyncioInvalidStateError = asyncio.InvalidStateError
+cdef object _copy_context = contextvars.copy_context
 cdef object _Lock = threading.Lock
 cdef object _NEVER = object()
 cdef object _OK = wire.OK
@@ -233,6 +235,178 @@ def _finished(future):
     return result
 
 
+cdef enum:
+    W_PENDING = 0
+    W_DONE = 1
+    W_CANCELLED = 2
+
+
+cdef class LoopWakeups:
+    """The wake-ups of the tasks of one event loop whose Waiters completed, run together:
+    one loop callback for each batch of Waiters completed in a row (an asyncio.Future
+    schedules one for each future, through the loop's Python ``call_soon``). A batch
+    runs when its first wake-up would have, so its later ones run ahead of what the loop
+    scheduled in between."""
+
+    cdef list due
+
+    def __cinit__(self):
+        self.due = []
+
+    cdef int schedule(self, Waiter waiter) except -1:
+        if not self.due:
+            waiter._loop.call_soon(self.run)
+        self.due.append(waiter)
+        return 0
+
+    def run(self):
+        """Run the due Waiters' callbacks, in the order they completed."""
+        cdef list due = self.due
+        cdef Waiter waiter
+        self.due = []
+        for waiter in due:
+            waiter._run_callbacks()
+
+
+cdef class Waiter:
+    """What a task awaiting an RPCFuture waits on, in its loop's thread: the part of an
+    asyncio.Future that asyncio's tasks use (``_asyncio_future_blocking``, ``get_loop``,
+    ``add_done_callback``, ``result``, ``cancel``), set in the loop's thread, its
+    callbacks run in batches (LoopWakeups)."""
+
+    cdef public object _asyncio_future_blocking
+    cdef object _loop
+    cdef LoopWakeups _wakeups
+    cdef int _state
+    cdef object _result
+    cdef object _exception
+    cdef object _cancel_message
+    cdef object _callback      # the first callback (the awaiting task's) and its context
+    cdef object _context
+    cdef list _more            # any further (callback, context)
+
+    def __init__(self, loop, LoopWakeups wakeups):
+        self._asyncio_future_blocking = False
+        self._loop = loop
+        self._wakeups = wakeups
+
+    def get_loop(self):
+        return self._loop
+
+    def done(self):
+        return self._state != W_PENDING
+
+    def cancelled(self):
+        return self._state == W_CANCELLED
+
+    def result(self):
+        if self._state == W_DONE:
+            if self._exception is not None:
+                raise self._exception
+            return self._result
+        if self._state == W_CANCELLED:
+            raise self._cancelled_error()
+        raise _AsyncioInvalidStateError("Result is not ready.")
+
+    def exception(self):
+        if self._state == W_DONE:
+            return self._exception
+        if self._state == W_CANCELLED:
+            raise self._cancelled_error()
+        raise _AsyncioInvalidStateError("Exception is not set.")
+
+    cdef object _cancelled_error(self):
+        if self._cancel_message is None:
+            return _CancelledError()
+        return _CancelledError(self._cancel_message)
+
+    def add_done_callback(self, fn, *, context=None):
+        if context is None:
+            context = _copy_context()
+        if self._state != W_PENDING:
+            self._loop.call_soon(fn, self, context=context)
+        elif self._callback is None:
+            self._callback, self._context = fn, context
+        else:
+            if self._more is None:
+                self._more = []
+            self._more.append((fn, context))
+
+    def remove_done_callback(self, fn):
+        cdef Py_ssize_t removed = 0
+        if self._callback is not None and self._callback == fn:
+            self._callback = self._context = None
+            removed = 1
+        if self._more:
+            kept = [(f, c) for f, c in self._more if f != fn]
+            removed += len(self._more) - len(kept)
+            self._more = kept
+        return removed
+
+    def cancel(self, msg=None):
+        if self._state != W_PENDING:
+            return False
+        self._state = W_CANCELLED
+        self._cancel_message = msg
+        self._schedule()
+        return True
+
+    def set_result(self, result):
+        if self._state != W_PENDING:
+            raise _AsyncioInvalidStateError(f"invalid state: {self!r}")
+        self._settle(result, None)
+
+    def set_exception(self, exc):
+        if self._state != W_PENDING:
+            raise _AsyncioInvalidStateError(f"invalid state: {self!r}")
+        self._settle(None, exc)
+
+    cdef int _settle(self, result, exc) except -1:
+        """Set the outcome unless cancelled (the awaiting task gave up: it is dropped)."""
+        if self._state == W_PENDING:
+            self._result, self._exception = result, exc
+            self._state = W_DONE
+            self._schedule()
+        return 0
+
+    cdef int _schedule(self) except -1:
+        if self._callback is not None or self._more:
+            self._wakeups.schedule(self)
+        return 0
+
+    cdef int _run_callbacks(self) except -1:
+        cdef object fn = self._callback, context = self._context, more = self._more
+        self._callback = self._context = self._more = None
+        if fn is not None:
+            self._call(fn, context)
+        if more:
+            for fn, context in more:
+                self._call(fn, context)
+        return 0
+
+    cdef int _call(self, fn, context) except -1:
+        try:
+            context.run(fn, self)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as e:
+            self._loop.call_exception_handler({
+                "message": f"Exception in callback {fn!r}", "exception": e, "future": self})
+        return 0
+
+    def __await__(self):
+        return self
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._state == W_PENDING:
+            self._asyncio_future_blocking = True
+            return self
+        raise StopIteration(self.result())
+
+
 cdef class FutureCore:
     """State, completion and asyncio hand-off of an RPCFuture."""
 
@@ -318,13 +492,9 @@ cdef class FutureCore:
             self._target = None
             delivery = self._delivery
             source = self._source
-            if target.get_loop() is _running_loop():
+            if (<Waiter>target)._loop is _running_loop():
                 # the loop's own thread: wake the task directly
-                if not target.done():
-                    if exc is None:
-                        target.set_result(result)
-                    else:
-                        target.set_exception(exc)
+                (<Waiter>target)._settle(result, exc)
                 awaiting = delivery.awaiting  # delivery.forget(source)
                 left = awaiting[source] - 1
                 if left:
@@ -341,7 +511,7 @@ cdef class FutureCore:
                     _LOGGER.exception("exception calling callback for %r", self)
 
     def __await__(self):
-        cdef object loop, target, delivery, source, awaiting
+        cdef object loop, target, delivery, source, awaiting, wakeups
         cdef bint first
         if self._state is _FINISHED:
             return _finished(self)
@@ -351,10 +521,10 @@ cdef class FutureCore:
         delivery = getattr(_last, "delivery", None)
         if delivery is None or delivery.loop() is not loop:
             delivery = _delivery_of(loop)
-        if type(loop).create_future is _STOCK_CREATE_FUTURE:
-            target = _AsyncioFuture(loop=loop)
-        else:
-            target = loop.create_future()
+        wakeups = delivery.wakeups
+        if type(wakeups) is not LoopWakeups:  # (made by the first core awaited in the loop)
+            wakeups = delivery.wakeups = LoopWakeups()
+        target = Waiter(loop, wakeups)
         source = self._source
         self._lock.acquire()
         first = self._state is not _FINISHED and self._target is None
@@ -368,7 +538,7 @@ cdef class FutureCore:
         awaiting[source] = awaiting.get(source, 0) + 1
         if source not in delivery.reading:
             delivery._read(source)
-        return target.__await__()
+        return target  # (its own iterator)
 
 
 def complete_each(completed):

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from mpx import wire
@@ -19,8 +20,6 @@ _RUNNING = concurrent.futures._base.RUNNING  # type: ignore[attr-defined]
 _FINISHED = concurrent.futures._base.FINISHED  # type: ignore[attr-defined]
 _LOGGER = concurrent.futures._base.LOGGER  # type: ignore[attr-defined]
 _running_loop = asyncio._get_running_loop  # the C function: no RuntimeError, no warning
-_AsyncioFuture = asyncio.Future
-_STOCK_CREATE_FUTURE = asyncio.BaseEventLoop.create_future
 
 _last: Any = None
 _delivery_of: Any = None
@@ -153,6 +152,140 @@ def _finished(future: Any) -> Generator[Any, None, Any]:
     yield  # (a generator that returns at once)
 
 
+_W_PENDING, _W_DONE, _W_CANCELLED = 0, 1, 2
+
+
+class LoopWakeups:
+    """See ``mpx._future_core.LoopWakeups``."""
+
+    def __init__(self) -> None:
+        self.due: list[Waiter] = []
+
+    def schedule(self, waiter: Waiter) -> None:
+        if not self.due:
+            waiter._loop.call_soon(self.run)
+        self.due.append(waiter)
+
+    def run(self) -> None:
+        """See ``mpx._future_core.LoopWakeups.run``."""
+        due, self.due = self.due, []
+        for waiter in due:
+            waiter._run_callbacks()
+
+
+class Waiter:
+    """See ``mpx._future_core.Waiter``."""
+
+    _asyncio_future_blocking = False  # (asyncio.isfuture looks at the class)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, wakeups: LoopWakeups) -> None:
+        self._loop = loop
+        self._wakeups = wakeups
+        self._state = _W_PENDING
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._cancel_message: Any = None
+        self._callbacks: list[tuple[Callable[[Any], object], contextvars.Context]] = []
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def done(self) -> bool:
+        return self._state != _W_PENDING
+
+    def cancelled(self) -> bool:
+        return self._state == _W_CANCELLED
+
+    def result(self) -> Any:
+        if self._state == _W_DONE:
+            if self._exception is not None:
+                raise self._exception
+            return self._result
+        if self._state == _W_CANCELLED:
+            raise self._cancelled_error()
+        raise asyncio.InvalidStateError("Result is not ready.")
+
+    def exception(self) -> BaseException | None:
+        if self._state == _W_DONE:
+            return self._exception
+        if self._state == _W_CANCELLED:
+            raise self._cancelled_error()
+        raise asyncio.InvalidStateError("Exception is not set.")
+
+    def _cancelled_error(self) -> asyncio.CancelledError:
+        if self._cancel_message is None:
+            return asyncio.CancelledError()
+        return asyncio.CancelledError(self._cancel_message)
+
+    def add_done_callback(self, fn: Callable[[Any], object], *,
+                          context: contextvars.Context | None = None) -> None:
+        if context is None:
+            context = contextvars.copy_context()
+        if self._state != _W_PENDING:
+            self._loop.call_soon(fn, self, context=context)
+        else:
+            self._callbacks.append((fn, context))
+
+    def remove_done_callback(self, fn: Callable[[Any], object]) -> int:
+        kept = [(f, c) for f, c in self._callbacks if f != fn]
+        removed = len(self._callbacks) - len(kept)
+        self._callbacks = kept
+        return removed
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self._state != _W_PENDING:
+            return False
+        self._state = _W_CANCELLED
+        self._cancel_message = msg
+        self._schedule()
+        return True
+
+    def set_result(self, result: Any) -> None:
+        if self._state != _W_PENDING:
+            raise asyncio.InvalidStateError(f"invalid state: {self!r}")
+        self._settle(result, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self._state != _W_PENDING:
+            raise asyncio.InvalidStateError(f"invalid state: {self!r}")
+        self._settle(None, exc)
+
+    def _settle(self, result: Any, exc: BaseException | None) -> None:
+        """Set the outcome unless cancelled (the awaiting task gave up: it is dropped)."""
+        if self._state == _W_PENDING:
+            self._result, self._exception = result, exc
+            self._state = _W_DONE
+            self._schedule()
+
+    def _schedule(self) -> None:
+        if self._callbacks:
+            self._wakeups.schedule(self)
+
+    def _run_callbacks(self) -> None:
+        callbacks, self._callbacks = self._callbacks, []
+        for fn, context in callbacks:
+            try:
+                context.run(fn, self)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as e:
+                self._loop.call_exception_handler({
+                    "message": f"Exception in callback {fn!r}", "exception": e,
+                    "future": self})
+
+    def __await__(self) -> Waiter:
+        return self
+
+    def __iter__(self) -> Waiter:
+        return self
+
+    def __next__(self) -> Any:
+        if self._state == _W_PENDING:
+            self._asyncio_future_blocking = True
+            return self
+        raise StopIteration(self.result())
+
+
 class FutureCore:
     """See ``mpx._future_core.FutureCore``."""
 
@@ -160,8 +293,8 @@ class FutureCore:
     _cond: threading.Condition | None = None
     _result: Any = None
     _exception: BaseException | None = None
-    # the asyncio future of the first task that awaits this one, and its loop's delivery
-    _target: asyncio.Future | None = None
+    # the Waiter of the first task that awaits this one, and its loop's delivery
+    _target: Waiter | None = None
     _delivery: Any = None
 
     def __init__(self, source: Any, call: Any) -> None:
@@ -219,13 +352,9 @@ class FutureCore:
             self._target = None
             delivery = self._delivery
             source = self._source
-            if target.get_loop() is _running_loop():
+            if target._loop is _running_loop():
                 # the loop's own thread: wake the task directly
-                if not target.done():
-                    if exc is None:
-                        target.set_result(result)
-                    else:
-                        target.set_exception(exc)
+                target._settle(result, exc)
                 delivery.forget(source)
             else:
                 delivery.add(target, self, source)
@@ -235,9 +364,9 @@ class FutureCore:
             except Exception:
                 _LOGGER.exception("exception calling callback for %r", self)
 
-    def __await__(self) -> Generator[Any, None, Any]:
-        # Not a generator: the task gets the asyncio future's own (C) iterator, so every
-        # step of the awaiting task runs no Python frame of ours. The loop's count of
+    def __await__(self) -> Iterator[Any]:
+        # Not a generator: the task gets the Waiter, its own iterator, so every step of
+        # the awaiting task runs no frame of ours but the Waiter's. The loop's count of
         # awaited futures drops when the outcome is handed over (or dropped), not here.
         if self._state == _FINISHED:
             return _finished(self)
@@ -247,8 +376,10 @@ class FutureCore:
         delivery = getattr(_last, "delivery", None)
         if delivery is None or delivery.loop() is not loop:
             delivery = _delivery_of(loop)
-        target = _AsyncioFuture(loop=loop) if type(loop).create_future is \
-            _STOCK_CREATE_FUTURE else loop.create_future()
+        wakeups = delivery.wakeups
+        if type(wakeups) is not LoopWakeups:  # (made by the first core awaited in the loop)
+            wakeups = delivery.wakeups = LoopWakeups()
+        target = Waiter(loop, wakeups)
         source = self._source
         with self._lock:
             first = self._state != _FINISHED and self._target is None
@@ -260,7 +391,7 @@ class FutureCore:
         awaiting[source] = awaiting.get(source, 0) + 1
         if source not in delivery.reading:
             delivery._read(source)
-        return target.__await__()
+        return target  # (its own iterator)
 
 
 def complete_each(completed: Any) -> None:

@@ -306,3 +306,82 @@ def test_settle_ok_settles_in_order_and_stops_where_the_table_must_finish(core):
     assert later.done and later.value == ["s"] and pending == {3: failed}
     assert list(completed) == [ok]  # no future: nothing to complete
 
+
+def test_a_task_awaiting_a_future_is_cancelled_at_once_and_the_late_reply_dropped(make):
+    async def main():
+        loop = asyncio.get_running_loop()
+        f = make()
+        caught = []
+
+        async def awaiting():
+            try:
+                await f
+            except asyncio.CancelledError as e:
+                caught.append(e.args)
+                raise
+
+        task = asyncio.ensure_future(awaiting())
+        await asyncio.sleep(0)  # the task waits on the future
+        task.cancel("stop")
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)  # (not the call's end: it never comes)
+        assert caught == [("stop",)] and not f.done()
+        f.set_result("late")  # in the loop's thread: dropped, the count handed over
+        await asyncio.sleep(0)
+        assert F._delivery(loop).awaiting == {}
+        assert f.result() == "late"
+
+    asyncio.run(main())
+
+
+def test_tasks_resume_in_their_own_context_in_the_order_their_futures_completed(make):
+    import contextvars
+    var = contextvars.ContextVar("var")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        fs = [make() for _ in range(10)]
+        order = []
+
+        async def awaiting(i):
+            var.set(i)
+            got = await fs[i]
+            order.append((got, var.get()))
+
+        tasks = [asyncio.ensure_future(awaiting(i)) for i in range(10)]
+        await asyncio.sleep(0)
+        loop.call_soon(lambda: [fs[i].set_result(i) for i in (3, 1, 4, 0, 2, 9, 5, 8, 7, 6)])
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(main()) == [(i, i) for i in (3, 1, 4, 0, 2, 9, 5, 8, 7, 6)]
+
+
+def test_a_waiter_reports_a_failing_callback_and_runs_the_others(core):
+    async def main():
+        loop = asyncio.get_running_loop()
+        reported, ran = [], []
+        loop.set_exception_handler(lambda lp, context: reported.append(context["exception"]))
+        waiter = core.Waiter(loop, core.LoopWakeups())
+        assert asyncio.isfuture(waiter) and waiter.get_loop() is loop and not waiter.done()
+        with pytest.raises(asyncio.InvalidStateError):
+            waiter.result()
+        waiter.add_done_callback(lambda w: 1 / 0)
+        waiter.add_done_callback(lambda w: ran.append(w.result()))
+        waiter.add_done_callback(print)
+        assert waiter.remove_done_callback(print) == 1
+        waiter.set_result(7)
+        with pytest.raises(asyncio.InvalidStateError):
+            waiter.set_result(8)
+        assert not waiter.cancel()
+        await asyncio.sleep(0)
+        assert ran == [7] and len(reported) == 1 and isinstance(reported[0], ZeroDivisionError)
+        waiter.add_done_callback(lambda w: ran.append("late"))  # done: runs soon
+        await asyncio.sleep(0)
+        assert ran == [7, "late"]
+        cancelled = core.Waiter(loop, core.LoopWakeups())
+        assert cancelled.cancel("why") and cancelled.cancelled()
+        with pytest.raises(asyncio.CancelledError, match="why"):
+            cancelled.result()
+
+    asyncio.run(main())

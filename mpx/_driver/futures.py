@@ -43,9 +43,11 @@ class _LoopDelivery:
         self.loop = weakref.ref(loop)  # the registry is keyed by the loop: no cycle
         self.thread = threading.get_ident()
         self.lock = threading.Lock()
-        self.batch: list[tuple[asyncio.Future, concurrent.futures.Future, ReplySource]] = []
+        # (each awaiting task's Waiter, its done future, and their source)
+        self.batch: list[tuple[Any, concurrent.futures.Future, ReplySource]] = []
         self.awaiting: dict[ReplySource, int] = {}  # futures awaited in this loop, by source
         self.reading: set[ReplySource] = set()      # sources this loop reads now
+        self.wakeups: Any = None  # the core's batch of its tasks' wake-ups (made on first use)
 
     def forget(self, source: ReplySource) -> None:
         """A future of ``source`` awaited in this loop was handed to its awaiting task (or
@@ -56,7 +58,7 @@ class _LoopDelivery:
         else:
             del self.awaiting[source]
 
-    def add(self, target: asyncio.Future, done: concurrent.futures.Future,
+    def add(self, target: Any, done: concurrent.futures.Future,
             source: ReplySource) -> None:
         with self.lock:
             first = not self.batch
@@ -74,7 +76,7 @@ class _LoopDelivery:
                 pass  # the loop is closed: nobody awaits any more
 
     def deliver(self) -> None:
-        """Set the asyncio futures of the completed ones (in the loop's thread), then read
+        """Set the Waiters of the completed ones (in the loop's thread), then read
         on for the futures still awaited."""
         self._deliver_batch()
         for source in list(self.awaiting):
@@ -223,8 +225,8 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
     def set_exception(self, exception: BaseException | None) -> None:
         self._complete(None, exception)
 
-def _set_target(target: asyncio.Future, done: concurrent.futures.Future) -> None:
-    """Hand a done call's outcome to the asyncio future a task awaits (in its loop's thread)."""
+def _set_target(target: Any, done: concurrent.futures.Future) -> None:
+    """Hand a done call's outcome to the Waiter a task awaits (in its loop's thread)."""
     if target.done():
         return  # the awaiting task gave up (wait_for, cancel): the reply is dropped
     exc = done._exception  # type: ignore[attr-defined]
