@@ -626,6 +626,7 @@ class CallTable:
                     oldest = None  # a parked reader keeps no call (nor its future) alive
                     try:
                         self._read_one(rank, self._read_limit(None), self.give_way)
+                        self._read_available()  # those that came meanwhile, in one batch
                     except QueueTimeout:
                         self._read_available()
                         self._expire_due()
