@@ -1,8 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The hot parts of the driver's calls, with their state in C fields: ``Call``, one call's
-record in the call table (mpx/_driver/calls.py), and ``FutureCore``, the hot part of
+record in the call table (mpx/_driver/calls.py), with ``record_each`` and ``settle_ok``,
+which record and settle a batch of replies; ``FutureCore``, the hot part of
 ``mpx.RPCFuture`` (see mpx/_driver/futures.py): its state, completion and the hand-off to an
-awaiting asyncio task.
+awaiting asyncio task, which waits on a ``Waiter`` woken in batches by ``LoopWakeups``.
 
 ``mpx/_future_core_py.py`` is its pure-Python twin, with the same fields, methods and
 locking; ``RPCFuture`` puts either under its own Python methods. The synchronisation is

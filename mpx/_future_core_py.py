@@ -1,6 +1,6 @@
 """Pure-Python twin of ``mpx._future_core`` (the same fields, methods and locking): a call's
-record and the hot part of ``mpx.RPCFuture``, used when the extension is absent or
-MPX_PURE_PYTHON=1."""
+record, its batches of replies, and the hot part of ``mpx.RPCFuture`` with the Waiter an
+awaiting task waits on, used when the extension is absent or MPX_PURE_PYTHON=1."""
 
 from __future__ import annotations
 
