@@ -458,6 +458,14 @@ def bench_callback_latency(iters, warm):
     return lat, rtt
 
 
+def _blocking_rate(ex, calls):
+    """Calls/s of ``calls`` blocking no-op calls from one thread."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        ex.collective_rpc("noop")
+    return calls / (time.perf_counter() - t0)
+
+
 def bench_asyncio_rate(calls, in_flight, blocks=3):
     """([asyncio calls/s per block], [blocking calls/s per block]), alternating."""
     ex = new_executor(1)
@@ -471,19 +479,13 @@ def bench_asyncio_rate(calls, in_flight, blocks=3):
         await asyncio.gather(*[caller(calls // in_flight) for _ in range(in_flight)])
         return in_flight * (calls // in_flight) / (time.perf_counter() - t0)
 
-    def blocking():
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            ex.collective_rpc("noop")
-        return calls / (time.perf_counter() - t0)
-
     try:
         asyncio.run(pipelined())
-        blocking()
+        _blocking_rate(ex, calls)
         aio, blk = [], []
         for _ in range(blocks):
             aio.append(asyncio.run(pipelined()))
-            blk.append(blocking())
+            blk.append(_blocking_rate(ex, calls))
     finally:
         ex.shutdown()
     return aio, blk
@@ -516,19 +518,13 @@ def bench_callback_rate(calls, in_flight, blocks=3):
             raise TimeoutError(f"{left[0]} done callbacks did not run within CALL_TIMEOUT")
         return calls / (time.perf_counter() - t0)
 
-    def blocking():
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            ex.collective_rpc("noop")
-        return calls / (time.perf_counter() - t0)
-
     try:
         with_callbacks()
-        blocking()
+        _blocking_rate(ex, calls)
         cbs, blk = [], []
         for _ in range(blocks):
             cbs.append(with_callbacks())
-            blk.append(blocking())
+            blk.append(_blocking_rate(ex, calls))
     finally:
         ex.shutdown()
     return cbs, blk
