@@ -33,9 +33,20 @@ cdef object _CancelledError = asyncio.CancelledError
 cdef object _AsyncioInvalidStateError = asyncio.InvalidStateError
 cdef object _copy_context = contextvars.copy_context
 cdef object _Lock = threading.Lock
+cdef object _get_ident = threading.get_ident
 cdef object _NEVER = object()
 cdef object _OK = wire.OK
 cdef object _ERR = wire.ERR
+
+cdef bint _runs_here(loop) except -1:
+    """Whether ``loop`` runs in this thread now: asyncio's own look (_get_running_loop)
+    makes a getpid syscall each time, ~0.17 us on this VM, where an asyncio loop's
+    ``_thread_id`` is this thread's ident only while it runs here."""
+    cdef object tid = getattr(loop, "_thread_id", _NEVER)
+    if tid is _NEVER:
+        return loop is _running_loop()
+    return tid is not None and tid == _get_ident()
+
 
 # set by mpx._driver.futures: this thread's cached (loop, delivery), and the lookup
 cdef object _last = None
@@ -493,7 +504,7 @@ cdef class FutureCore:
             self._target = None
             delivery = self._delivery
             source = self._source
-            if (<Waiter>target)._loop is _running_loop():
+            if _runs_here((<Waiter>target)._loop):
                 # the loop's own thread: wake the task directly
                 (<Waiter>target)._settle(result, exc)
                 awaiting = delivery.awaiting  # delivery.forget(source)
@@ -516,11 +527,12 @@ cdef class FutureCore:
         cdef bint first
         if self._state is _FINISHED:
             return _finished(self)
-        loop = _running_loop()
-        if loop is None:
-            raise RuntimeError("an RPCFuture is awaited only in a running event loop")
-        delivery = getattr(_last, "delivery", None)
-        if delivery is None or delivery.loop() is not loop:
+        delivery = getattr(_last, "delivery", None)  # (this thread's last loop's)
+        loop = None if delivery is None else delivery.loop()
+        if loop is None or not _runs_here(loop):
+            loop = _running_loop()
+            if loop is None:
+                raise RuntimeError("an RPCFuture is awaited only in a running event loop")
             delivery = _delivery_of(loop)
         wakeups = delivery.wakeups
         if type(wakeups) is not LoopWakeups:  # (made by the first core awaited in the loop)

@@ -23,6 +23,15 @@ _running_loop = asyncio._get_running_loop  # the C function: no RuntimeError, no
 
 _last: Any = None
 _delivery_of: Any = None
+_NEVER = object()
+
+
+def _runs_here(loop: asyncio.AbstractEventLoop) -> bool:
+    """See ``mpx._future_core._runs_here``."""
+    tid = getattr(loop, "_thread_id", _NEVER)
+    if tid is _NEVER:
+        return loop is _running_loop()
+    return tid is not None and tid == threading.get_ident()
 
 
 MORE, ALL_OK, ANSWERED = 0, 1, 2  # what Call.add returns
@@ -352,7 +361,7 @@ class FutureCore:
             self._target = None
             delivery = self._delivery
             source = self._source
-            if target._loop is _running_loop():
+            if _runs_here(target._loop):
                 # the loop's own thread: wake the task directly
                 target._settle(result, exc)
                 delivery.forget(source)
@@ -370,11 +379,12 @@ class FutureCore:
         # awaited futures drops when the outcome is handed over (or dropped), not here.
         if self._state == _FINISHED:
             return _finished(self)
-        loop = _running_loop()
-        if loop is None:
-            raise RuntimeError("an RPCFuture is awaited only in a running event loop")
-        delivery = getattr(_last, "delivery", None)
-        if delivery is None or delivery.loop() is not loop:
+        delivery: Any = getattr(_last, "delivery", None)  # (this thread's last loop's)
+        loop = None if delivery is None else delivery.loop()
+        if loop is None or not _runs_here(loop):
+            loop = _running_loop()
+            if loop is None:
+                raise RuntimeError("an RPCFuture is awaited only in a running event loop")
             delivery = _delivery_of(loop)
         wakeups = delivery.wakeups
         if type(wakeups) is not LoopWakeups:  # (made by the first core awaited in the loop)

@@ -385,3 +385,32 @@ def test_a_waiter_reports_a_failing_callback_and_runs_the_others(core):
             cancelled.result()
 
     asyncio.run(main())
+
+
+def test_loops_in_two_threads_each_get_their_own_futures(make):
+    results, errors = {}, []
+
+    def run(name):
+        async def main():
+            loop = asyncio.get_running_loop()
+            fs = [make() for _ in range(20)]
+            for i, f in enumerate(fs):
+                if i % 2:
+                    loop.call_soon(f.set_result, (name, i))  # in this loop's thread
+                else:
+                    threading.Timer(0.001, f.set_result, args=((name, i),)).start()
+            return await asyncio.gather(*fs)
+
+        try:
+            results[name] = asyncio.run(asyncio.wait_for(main(), 10))
+        except BaseException as e:  # (reported by the assertion below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and {n: [i for _, i in r] for n, r in results.items()} == \
+        {"a": list(range(20)), "b": list(range(20))}
+    assert all(n == name for name, r in results.items() for n, _ in r)
