@@ -11,6 +11,8 @@ from typing import Any
 
 IMPLEMENTATION = "python"
 
+FRESH_MEMO_BYTES = 512  # (see mpx/_buffers.pyx)
+
 
 class Assembler:
     """See ``mpx._buffers.Assembler``."""
@@ -68,13 +70,18 @@ class Sink:
 
     def dump(self, pickler: Any, obj: Any) -> tuple | None:
         """See ``mpx._buffers.Sink.dump``."""
+        large = True
         try:
             pickler.dump(obj)
+            large = self.size >= FRESH_MEMO_BYTES
         except BaseException:
             self.reset()
             raise
         finally:
-            pickler.clear_memo()
+            if large:
+                pickler.memo = {}
+            else:
+                pickler.clear_memo()
         if self.oob:
             return None
         parts = tuple(self.parts)

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+import tracemalloc
 
 import _procs
 import _workers
@@ -248,3 +249,25 @@ def test_workers_keep_freed_memory_for_large_messages(ex, monkeypatch):
         e2 = ex(n=1)
         [fresh] = e2.collective_rpc("faults_per_large_message", args=(size,))
         assert fresh > pages
+
+
+def test_a_large_call_and_reply_leave_no_large_pickler_memo_behind(ex, impl):
+    """A kept pickler's memo table grows with the largest message and never shrinks (every
+    later call paid for clearing it: 7 -> 250 us a no-op call). Neither the driver, which
+    pickled a large argument, nor the worker, which pickled a large reply, holds one
+    after."""
+    e = ex(n=1)
+    big = [[i] for i in range(40000)]
+    e.collective_rpc("noop")
+    e.collective_rpc(lambda w: tracemalloc.start())
+    tracemalloc.start()
+    try:
+        assert e.collective_rpc("ident", args=(big,)) == [big]
+        driver_left = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    worker_left = e.collective_rpc(
+        lambda w: (tracemalloc.get_traced_memory()[0], tracemalloc.stop())[0])[0]
+    assert driver_left < 256 << 10, f"the driver holds {driver_left} bytes after the call"
+    assert worker_left < 256 << 10, f"the worker holds {worker_left} bytes after the reply"
+    assert e.collective_rpc("ident", args=(3,)) == [3]
