@@ -8,6 +8,9 @@ f. a call with 1 MiB of ``bytes`` inside its args to 1 worker (the reply is its 
 s. the scheduler-step dict of bench/_step.py (~150 KB pickled, two small tensors) as the
    argument of a call to 1 worker, vs an in-process pickle.dumps + loads of the same
    call tuple.                                                     target: <= 1.15x
+   Informational: a no-op call to a worker that once replied with the step dict, vs one to
+   a worker that never sent a large message (each process keeps its picklers, and one kept
+   with a large memo table made every later message pay for clearing it).
 t. the out-of-band threshold: one process writes a message of [bytes(n)] into a
    MessageQueue and reads it back (encode, ring write, ring read, decode), with
    ``serde.OOB_MIN_BYTES`` at its value and with it out of reach (everything in band), for
@@ -101,6 +104,28 @@ def bench_step_dict(iters, warm):
     return out[mpx_call], out[in_process], pickled_size(step)
 
 
+def bench_noop_after_step(iters, warm):
+    """([us] of a no-op call to a worker that replied with the step dict once, [us] of one
+    to a worker that never sent a large message). (The driver's picklers are the same for
+    both: they are kept per thread; the call with the step dict is a lambda, which
+    cloudpickle pickles with a pickler of its own.)"""
+    carried, fresh = new_executor(1), new_executor(1)
+    try:
+        carried.collective_rpc(lambda w, d: d, args=(make_step(),), timeout=CALL_TIMEOUT)
+
+        def after_step():
+            return carried.collective_rpc("noop", timeout=CALL_TIMEOUT)
+
+        def never():
+            return fresh.collective_rpc("noop", timeout=CALL_TIMEOUT)
+
+        out = interleaved([after_step, never], warm, iters, 6, SETTLE_S)
+    finally:
+        carried.shutdown()
+        fresh.shutdown()
+    return out[after_step], out[never]
+
+
 def _round_trips_two_ways(sizes, iters, make, at, module, name, on, off):
     """{n: (us with ``module.name = on``, us with ``off``)} of enqueue + dequeue of
     ``make(n)`` in one process (``at``: where the message's n bytes are in it); the two
@@ -184,6 +209,11 @@ def main():
                             ratio, "<= 1.15x dumps+loads", ratio <= 1.15,
                             note="baseline: pickle.dumps + loads of the call tuple, in process"))
             raw["step_dict_us"] = {"mpx": m_us, "in_process": b_us, "pickled_bytes": size}
+            a_us, f_us = bench_noop_after_step(iters * 4, warm)
+            a, f = stats(a_us), stats(f_us)
+            rows.append(row("  a no-op call to a worker that once replied with it, vs one that never did",
+                            "us", a, f, a["median"] / f["median"], "info", None))
+            raw["noop_after_step_us"] = {"after_step": a_us, "never": f_us}
         if "t" in args.sections:
             sizes = [32 << 10, 64 << 10, 256 << 10, MiB, 2 * MiB, 4 * MiB, 8 * MiB]
             t_iters = 300 if quick else 1500
