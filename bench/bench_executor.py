@@ -36,9 +36,10 @@ d. the driver's futures (1 worker):
      awaiting one call after another), vs blocking calls/s from one thread.
                                                                    target: >= 1x blocking
    - with --ab REV: the blocking no-op round trip, 1 and 2 workers, of this tree vs git
-     revision REV (checked out and built in a temporary worktree), each measured in child
-     processes that alternate (4 starts a side, 6 without --quick: where the scheduler
-     puts driver and worker moves one worker's figure by a third).
+     revision REV (checked out and built in a temporary worktree): one child process a
+     side, both alive, taking turns in short blocks (the host's speed drifts by a third
+     within seconds here, so children run one after the other compared drift, not code);
+     the figure is the median of the blocks' paired ratios.
                                                              target: <= 1.05x of REV's
 
 Only some sections: --sections d (any of a, b, c, d).
@@ -51,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import shutil
 import statistics
 import subprocess
@@ -530,15 +532,31 @@ def bench_callback_rate(calls, in_flight, blocks=3):
     return cbs, blk
 
 
-def _noop_child(n, iters, warm):
-    """In a child process (--noop-child): print the us of ``iters`` no-op calls as JSON."""
+# After its block a side sleeps this long before it answers, so that its workers have
+# parked (they poll with sched_yield for yield_us, 1 ms) before the other side's block.
+AB_REST_S = 0.005
+
+
+def _noop_child(n, block, warm):
+    """In a child process (--noop-child): one side of the A/B. Prints its mpx's path as
+    JSON once its executor is warm, then, for each "go" line on stdin, the us of ``block``
+    no-op calls; ends at "stop" or end of input."""
     import mpx as m
     ex = m.Executor(BenchWorker, world_size=n, start_method="spawn")
     try:
-        out = timed_us(lambda: ex.collective_rpc("noop", timeout=CALL_TIMEOUT), iters, warm)
+        def call():
+            return ex.collective_rpc("noop", timeout=CALL_TIMEOUT)
+
+        settle([call], SETTLE_S, min_rounds=warm)
+        print(json.dumps({"mpx": m.__file__}), flush=True)
+        for line in sys.stdin:
+            if line.strip() != "go":
+                break
+            us = timed_us(call, block)
+            time.sleep(AB_REST_S)
+            print(json.dumps({"us": us}), flush=True)
     finally:
         ex.shutdown()
-    print(json.dumps({"mpx": m.__file__, "us": out}))
 
 
 def _checkout(rev, where):
@@ -585,9 +603,69 @@ def ab_runs(rev, script, child_flag, child_args, rounds, timeout=300):
     return out
 
 
-def bench_ab(rev, n, iters, warm, rounds):
-    """This tree's no-op round trips (us) vs ``rev``'s, ``n`` workers."""
-    return ab_runs(rev, __file__, "--noop-child", f"{n},{iters},{warm}", rounds)
+class _Side:
+    """One side of a paired A/B: a child process that answers each "go" with a JSON line."""
+
+    def __init__(self, tree, args, cwd, timeout):
+        self.tree, self.timeout = tree, timeout
+        self.proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, cwd=cwd,
+                                     env=dict(os.environ, PYTHONPATH=tree))
+
+    def answer(self):
+        """The child's next JSON line, within the timeout."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(f"the A/B child of {self.tree} died or hung "
+                               f"(exit code {self.proc.poll()})")
+        return json.loads(line)
+
+    def ask(self):
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self.answer()["us"]
+
+    def close(self):
+        try:
+            self.proc.stdin.close()  # (end of input: the child shuts its executor down)
+            self.proc.wait(self.timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def ab_paired(rev, script, child_flag, child_args, blocks, timeout=120):
+    """{"new": [[us, ...] a block], "old": [...]}: this tree's and git revision ``rev``'s
+    children (``script child_flag child_args``, see _noop_child), both alive, taking turns
+    block by block (the first one alternating), so that the host's drift hits both alike."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out: dict = {"new": [], "old": []}
+    with tempfile.TemporaryDirectory(prefix="mpx-ab-") as tmp:
+        old = os.path.join(tmp, "tree")
+        top = _checkout(rev, old)
+        sides = {}
+        try:
+            args = [os.path.abspath(script), child_flag, child_args]
+            for name, tree in (("new", here), ("old", old)):
+                sides[name] = side = _Side(tree, args, tmp, timeout)
+                got = side.answer()["mpx"]
+                if not got.startswith(tree):
+                    raise RuntimeError(f"the {name} side imported {got}")
+            for b in range(blocks):
+                for name in (("new", "old") if b % 2 == 0 else ("old", "new")):
+                    out[name].append(sides[name].ask())
+        finally:
+            for side in sides.values():
+                side.close()
+            subprocess.run(["git", "worktree", "remove", "--force", old], cwd=top,
+                           capture_output=True)
+    return out
+
+
+def bench_ab(rev, n, block, warm, blocks):
+    """This tree's no-op round trips (us, a list a block) vs ``rev``'s, ``n`` workers."""
+    return ab_paired(rev, __file__, "--noop-child", f"{n},{block},{warm}", blocks)
 
 
 def section_d(rows, raw, quick, ab):
@@ -630,18 +708,23 @@ def section_d(rows, raw, quick, ab):
     raw["callback_calls_per_s"] = {"callbacks": cbs, "blocking": blk, "paired_ratios": pairs}
 
     if ab:
-        # Each child start is a coin flip: the scheduler puts the driver and a worker on one
-        # core or on two (9 vs 13 us per no-op here), so a side needs several starts.
-        rounds = 4 if quick else 6
+        blocks, block = (100, 100) if quick else (300, 100)
         for n in (1, 2):
-            progress(f"[d] A/B blocking no-op vs {ab}, {n} worker(s), {rounds} rounds ...")
-            got = bench_ab(ab, n, iters // 2, warm, rounds)
-            new, old = stats(got["new"]), stats(got["old"])
-            ratio = new["median"] / old["median"]
+            progress(f"[d] A/B blocking no-op vs {ab}, {n} worker(s), {blocks} blocks of "
+                     f"{block} calls a side ...")
+            got = bench_ab(ab, n, block, warm, blocks)
+            pairs = sorted(statistics.median(x) / statistics.median(y)
+                           for x, y in zip(got["new"], got["old"]))
+            ratio = statistics.median(pairs)
+            new = stats([us for b in got["new"] for us in b])
+            old = stats([us for b in got["old"] for us in b])
             rows.append(row(f"no-op round trip, {n} worker{'s' if n > 1 else ''}, vs {ab}",
                             "us", new, old, ratio, f"<= 1.05x {ab}", ratio <= 1.05,
-                            note="each side in its own child processes, alternating"))
-            raw[f"ab_{n}"] = {"new": new, "old": old, "rev": ab}
+                            note="one child a side, taking turns; ratio = median of the "
+                                 "blocks' paired ratios (quartiles "
+                                 f"{pairs[len(pairs) // 4]:.3f}-"
+                                 f"{pairs[3 * len(pairs) // 4]:.3f}x)"))
+            raw[f"ab_{n}"] = {"new": new, "old": old, "rev": ab, "paired_ratios": pairs}
 
 
 def _more_args(ap):
