@@ -16,7 +16,8 @@ with 512 sampled token ids (``unique_reply_rank=0``). Rows:
   decode of the call and of the reply, timed in process) and transport (the rest);
 - the Pipe RPC loop of bench_executor.py with the same workers;
 - with --ab REV: mpx's TP=2 step of this tree vs git revision REV (checked out and built in
-  a temporary worktree, as bench_executor.py --ab does), in alternating child processes;
+  a temporary worktree), one child process a side taking turns in blocks of 5 steps, as
+  bench_executor.py --ab does; the figure is the median of the blocks' paired ratios;
 - steps/s against the payload's size (the request count scaled 1/4x..4x), TP=2, mpx and
   Pipe: the --png plot, beside the table.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -36,7 +38,7 @@ import numpy as np
 import torch
 from _report import parse_args, timed_us
 from _step import make_step, pickled_size
-from bench_executor import CALL_TIMEOUT, ab_runs
+from bench_executor import CALL_TIMEOUT, ab_paired, serve_ab
 
 import mpx
 from mpx import serde
@@ -167,15 +169,22 @@ def run_in_process(steps, warm, scale=1.0):
     return loop, ser
 
 
-def _ab_child(tp, steps, warm):
-    """--ab-child: print this tree's (or PYTHONPATH's) mpx TP step times as JSON."""
-    us = run_mpx(tp, steps, warm, False)
-    print(json.dumps({"mpx": mpx.__file__, "us": us}))
+def _ab_child(tp, block, warm):
+    """--ab-child: this tree's (or PYTHONPATH's) side of the TP step A/B."""
+    step = make_step()
+    ex = _executor(tp, False)
+    try:
+        serve_ab(lambda: ex.collective_rpc("execute_model", args=(step,),
+                                           timeout=CALL_TIMEOUT, unique_reply_rank=0),
+                 block, warm)
+    finally:
+        ex.collective_rpc("close", timeout=CALL_TIMEOUT)
+        ex.shutdown()
 
 
-def run_ab(rev, tp, steps, warm, rounds):
-    """This tree's TP step times (us) vs ``rev``'s."""
-    return ab_runs(rev, __file__, "--ab-child", f"{tp},{steps},{warm}", rounds, timeout=600)
+def run_ab(rev, tp, block, warm, blocks):
+    """This tree's TP step times (us, a list a block) vs ``rev``'s."""
+    return ab_paired(rev, __file__, "--ab-child", f"{tp},{block},{warm}", blocks, timeout=600)
 
 
 def _fmt(st):
@@ -244,11 +253,15 @@ def main():
             lines.append((f"Pipe RPC TP={tp}", p, tp))
         ab = None
         if args.ab:
-            rounds = 2 if args.quick else 4
-            print(f"[4] A/B TP=2 vs {args.ab}, {rounds} rounds ...", file=sys.stderr, flush=True)
-            got = run_ab(args.ab, 2, steps // 2, warm, rounds)
-            ab = stats(got["new"]), stats(got["old"])
-            raw["ab"] = {"rev": args.ab, "new": ab[0], "old": ab[1]}
+            blocks = 60 if args.quick else 150
+            print(f"[4] A/B TP=2 vs {args.ab}, {blocks} blocks of 5 steps a side ...",
+                  file=sys.stderr, flush=True)
+            got = run_ab(args.ab, 2, 5, warm, blocks)
+            pairs = sorted(statistics.median(x) / statistics.median(y)
+                           for x, y in zip(got["new"], got["old"]))
+            ab = (stats([us for b in got["new"] for us in b]),
+                  stats([us for b in got["old"] for us in b]), statistics.median(pairs))
+            raw["ab"] = {"rev": args.ab, "new": ab[0], "old": ab[1], "paired_ratios": pairs}
         print("[5] steps/s against the payload size, TP=2 ...", file=sys.stderr, flush=True)
         sweep: dict = {"mpx TP=2": [], "Pipe RPC TP=2": [], "one process": []}
         for sc in SCALES:
@@ -282,7 +295,7 @@ def main():
               f"overhead mpx {m - base['median']:.1f} us vs Pipe {p - base['median']:.1f} us")
     if ab is not None:
         print(f"A/B TP=2: this tree {_fmt(ab[0])} us, {args.ab} {_fmt(ab[1])} us: "
-              f"{ab[0]['median'] / ab[1]['median']:.3f}x")
+              f"{ab[2]:.3f}x (the median of the blocks' paired ratios)")
     print("steps/s against payload (TP=2): " + "; ".join(
         f"{name}: " + ", ".join(f"{kb:.0f} KB {1e6 / us:.0f}" for kb, us in pts)
         for name, pts in sweep.items()))

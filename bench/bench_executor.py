@@ -537,24 +537,25 @@ def bench_callback_rate(calls, in_flight, blocks=3):
 AB_REST_S = 0.005
 
 
-def _noop_child(n, block, warm):
-    """In a child process (--noop-child): one side of the A/B. Prints its mpx's path as
-    JSON once its executor is warm, then, for each "go" line on stdin, the us of ``block``
-    no-op calls; ends at "stop" or end of input."""
-    import mpx as m
-    ex = m.Executor(BenchWorker, world_size=n, start_method="spawn")
-    try:
-        def call():
-            return ex.collective_rpc("noop", timeout=CALL_TIMEOUT)
+def serve_ab(call, block, warm):
+    """One side of a paired A/B (see ab_paired), in its child process: once ``call`` is
+    warm, print this mpx's path as JSON, then, for each "go" line on stdin, the us of
+    ``block`` calls; return at end of input."""
+    settle([call], SETTLE_S, min_rounds=warm)
+    print(json.dumps({"mpx": mpx.__file__}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        us = timed_us(call, block)
+        time.sleep(AB_REST_S)
+        print(json.dumps({"us": us}), flush=True)
 
-        settle([call], SETTLE_S, min_rounds=warm)
-        print(json.dumps({"mpx": m.__file__}), flush=True)
-        for line in sys.stdin:
-            if line.strip() != "go":
-                break
-            us = timed_us(call, block)
-            time.sleep(AB_REST_S)
-            print(json.dumps({"us": us}), flush=True)
+
+def _noop_child(n, block, warm):
+    """--noop-child: this tree's (or PYTHONPATH's) side of the no-op A/B."""
+    ex = mpx.Executor(BenchWorker, world_size=n, start_method="spawn")
+    try:
+        serve_ab(lambda: ex.collective_rpc("noop", timeout=CALL_TIMEOUT), block, warm)
     finally:
         ex.shutdown()
 
@@ -574,33 +575,6 @@ def _checkout(rev, where):
     open(os.path.join(cli, "__init__.py"), "a").close()
     shutil.copy(benchkit.__file__, cli)
     return top
-
-
-def ab_runs(rev, script, child_flag, child_args, rounds, timeout=300):
-    """{"new": [...], "old": [...]}: the samples ``script child_flag child_args`` prints as
-    JSON, run on this tree and on git revision ``rev`` in child processes that alternate."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = {"new": [], "old": []}
-    with tempfile.TemporaryDirectory(prefix="mpx-ab-") as tmp:
-        old = os.path.join(tmp, "tree")
-        top = _checkout(rev, old)
-        try:
-            for r in range(rounds):
-                for side in (("new", "old") if r % 2 == 0 else ("old", "new")):
-                    progress(f"  A/B round {r + 1}/{rounds}: {side}")
-                    env = dict(os.environ, PYTHONPATH=here if side == "new" else old)
-                    res = subprocess.run([sys.executable, os.path.abspath(script), child_flag,
-                                          child_args], capture_output=True, text=True,
-                                         env=env, cwd=tmp, timeout=timeout, check=True)
-                    got = json.loads(res.stdout.strip().splitlines()[-1])
-                    want = here if side == "new" else old
-                    if not got["mpx"].startswith(want):
-                        raise RuntimeError(f"the {side} side imported {got['mpx']}")
-                    out[side].extend(got["us"])
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", old], cwd=top,
-                           capture_output=True)
-    return out
 
 
 class _Side:
