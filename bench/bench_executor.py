@@ -290,15 +290,18 @@ def _pinned_noop(fns, child_pids, places, iters):
 
 def bench_idle_wake(rounds, idle_s):
     """First call after `idle_s` of idleness of every process: mpx, the Pipe loop, and (to
-    tell the Executor's part from the queues') the bare-MessageQueue loop, in rotating order."""
+    tell the Executor's part from the queues') the bare-MessageQueue loop, in rotating order.
+    Also, for each, in how many rounds its child ran last on the driver's CPU."""
     ex = new_executor(1)
     pipe = pipe_rpc(1)
     mq = QueueRPC()
     try:
         calls = {"mpx": lambda: ex.collective_rpc("noop", timeout=CALL_TIMEOUT),
                  "pipe": lambda: pipe.rpc("noop"), "queue": lambda: mq.call("noop")}
+        child = {"mpx": ex.worker_pids[0], "pipe": pipe.pids[0], "queue": mq.pids[0]}
         settle(calls.values(), SETTLE_S)
         out: dict = {k: [] for k in calls}
+        together = dict.fromkeys(calls, 0)
         names = list(calls)
         clock = time.perf_counter_ns
         for r in range(rounds):
@@ -308,11 +311,12 @@ def bench_idle_wake(rounds, idle_s):
                 t0 = clock()
                 fn()
                 out[which].append((clock() - t0) / 1e3)
+                together[which] += last_cpu(child[which]) == last_cpu(os.getpid())
     finally:
         ex.shutdown()
         pipe.close()
         mq.close()
-    return out["mpx"], out["pipe"], out["queue"]
+    return out["mpx"], out["pipe"], out["queue"], together
 
 
 def bench_cold_python(idle_s, reps=3):
@@ -713,7 +717,7 @@ def main():
     quick = args.quick
     noop_iters, noop_warm = (4000, 400) if quick else (20000, 2000)
     pin_iters = 2000 if quick else 5000
-    idle_rounds, idle_s = (3, 2.0) if quick else (9, 2.0)
+    idle_rounds, idle_s = (5, 2.0) if quick else (9, 2.0)
     cpu_idle_s, call_s = 3.0, 3.0
     bw_reps, bw_warm = (5, 2) if quick else (12, 2)
 
@@ -762,7 +766,7 @@ def main():
             # ---- b. idle
             progress(f"[b] first call after {idle_s:.0f} s idle, {idle_rounds} rounds each of mpx, Pipe "
                      f"and bare queues (~{3 * idle_rounds * idle_s:.0f} s) ...")
-            mpx_us, pipe_us, mq_us = bench_idle_wake(idle_rounds, idle_s)
+            mpx_us, pipe_us, mq_us, together = bench_idle_wake(idle_rounds, idle_s)
             m, b, q = stats(mpx_us), stats(pipe_us), stats(mq_us)
             ratio = m["median"] / b["median"]
             cold, hot = bench_cold_python(0.5)
@@ -770,11 +774,16 @@ def main():
                             "<= 0.8x Pipe RPC", ratio <= 0.8,
                             note=(f"sum(range(200)) takes {cold:.1f} us right after a 0.5 s sleep, "
                                   f"{hot:.1f} us hot: the first Python work after idle runs "
-                                  f"{cold / hot:.0f}x slower here")))
+                                  f"{cold / hot:.0f}x slower here; the child ran on the "
+                                  f"driver's CPU in {together['mpx']} (mpx), "
+                                  f"{together['pipe']} (Pipe) and {together['queue']} (bare "
+                                  f"queues) of {idle_rounds} rounds (a Pipe child woken onto "
+                                  "the other CPU took twice as long in scratch runs)")))
             rows.append(row("  same loop on bare MessageQueues (no Executor)", "us", q, b,
                             q["median"] / b["median"], "info", None))
             raw["idle_wake_us"] = {"mpx": mpx_us, "pipe": pipe_us, "bare_queue": mq_us,
-                                   "cold_python_us": cold, "hot_python_us": hot}
+                                   "cold_python_us": cold, "hot_python_us": hot,
+                                   "rounds_on_the_drivers_cpu": together}
 
             progress(f"[b] CPU of 2 idle workers over {cpu_idle_s:.0f} s, then of the driver during a "
                      f"{call_s:.0f} s call ...")
