@@ -615,7 +615,7 @@ class _Side:
 
 def ab_paired(rev, script, child_flag, child_args, blocks, timeout=120):
     """{"new": [[us, ...] a block], "old": [...]}: this tree's and git revision ``rev``'s
-    children (``script child_flag child_args``, see _noop_child), both alive, taking turns
+    children (``script child_flag child_args``, see serve_ab), both alive, taking turns
     block by block (the first one alternating), so that the host's drift hits both alike."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out: dict = {"new": [], "old": []}
