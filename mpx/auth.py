@@ -11,25 +11,16 @@ from collections.abc import Iterable
 DIGEST_SIZE = hashlib.sha256().digest_size
 
 
-# Up to this many bytes a frame is joined first and its HMAC taken in one C call (a few
-# us less than the hmac module's object); above, the HMAC streams over the parts, which
-# are then copied once.
-_ONE_SHOT_MAX = 64 << 10
-
-
 def digest(key: bytes, data) -> bytes:
     """HMAC-SHA256 of ``data`` under ``key``."""
-    return hmac.digest(key, data, "sha256")
+    return hmac.new(key, data, hashlib.sha256).digest()
 
 
 def seal(key: bytes, header: bytes, parts: Iterable) -> bytes:
     """One frame: header, the parts, and the HMAC of both. (One frame, not a multipart
     message: libzmq 4.3 aborts when a multipart message meets a reader's full pipe.)"""
-    parts = list(parts)
-    if sum(memoryview(p).nbytes for p in parts) <= _ONE_SHOT_MAX:
-        body = b"".join([header, *parts])
-        return body + hmac.digest(key, body, "sha256")
     h = hmac.new(key, header, hashlib.sha256)
+    parts = list(parts)
     for p in parts:
         h.update(p)
     return b"".join([header, *parts, h.digest()])
