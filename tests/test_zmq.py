@@ -157,6 +157,44 @@ def test_forged_altered_and_replayed_messages_are_dropped(cfg):
             r.close()
 
 
+def test_a_stream_of_forged_frames_holds_no_reader_past_its_deadline(cfg):
+    """Each dropped frame is followed by the deadline's check: a flood of them (faster
+    than the reader's receive timeout) cannot keep a dequeue waiting past its timeout."""
+    with mpx.MessageQueue(1, 0, config=cfg) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
+        evil = None
+        stop = threading.Event()
+        try:
+            q.wait_until_ready(10)
+            q.enqueue("first")
+            assert r.dequeue(timeout=5) == "first"
+            evil, ident = _feeder(r._reader)
+
+            def flood():  # (for 6 s at most: a reader that waits it out still returns)
+                end = time.monotonic() + 6
+                while not stop.is_set() and time.monotonic() < end:
+                    evil.send_multipart([ident, b"garbage" * 8])
+                    time.sleep(0.001)
+
+            t = threading.Thread(target=flood, daemon=True)
+            t.start()
+            t0 = time.monotonic()
+            with pytest.raises(mpx.QueueTimeout):
+                r.dequeue(timeout=0.5)
+            took = time.monotonic() - t0
+            stop.set()
+            t.join(5)
+            assert r._reader.drops.count > 10
+            assert took < 3.0, f"the dequeue took {took:.1f} s with a 0.5 s timeout"
+            q.enqueue("second")
+            assert r.dequeue(timeout=5) == "second"
+        finally:
+            stop.set()
+            if evil is not None:
+                evil.close(0)
+            r.close()
+
+
 def _chunk(key, token, seq, index, count, total, data, kind=None):
     from mpx.serde import K_BYTES
     header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_BYTES if kind is None else kind, token,

@@ -422,13 +422,14 @@ class ZmqReader(Reader):
                     raise Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was "
                                     "shut down") from None
             else:
-                if frame.more:  # a multipart message: no writer of ours sends one
+                if not frame.more:
+                    c = self._parse(frame)
+                    if c is not None:
+                        return c
+                else:  # a multipart message: no writer of ours sends one
                     self._sock.recv_multipart(copy=False)  # (the rest arrived with it)
                     self.drops.drop(self.endpoint, "malformed message (multipart)")
-                    continue
-                c = self._parse(frame)
-                if c is not None:
-                    return c
+                # (on to the deadline: a stream of forged frames holds no reader past it)
             self._watch_link()
             if self._lost_since is not None and \
                     time.monotonic() - self._lost_since > self._heartbeat_s:
