@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from _report import parse_args, timed_us
 from _step import make_step, pickled_size
-from bench_executor import CALL_TIMEOUT, ab_paired, serve_ab
+from bench_executor import CALL_TIMEOUT, ab_figures, ab_paired, serve_ab
 
 import mpx
 from mpx import serde
@@ -256,12 +256,9 @@ def main():
             blocks = 60 if args.quick else 150
             print(f"[4] A/B TP=2 vs {args.ab}, {blocks} blocks of 5 steps a side ...",
                   file=sys.stderr, flush=True)
-            got = run_ab(args.ab, 2, 5, warm, blocks)
-            pairs = sorted(statistics.median(x) / statistics.median(y)
-                           for x, y in zip(got["new"], got["old"]))
-            ab = (stats([us for b in got["new"] for us in b]),
-                  stats([us for b in got["old"] for us in b]), statistics.median(pairs))
-            raw["ab"] = {"rev": args.ab, "new": ab[0], "old": ab[1], "paired_ratios": pairs}
+            new, old, pairs = ab_figures(run_ab(args.ab, 2, 5, warm, blocks))
+            ab = (new, old, statistics.median(pairs))
+            raw["ab"] = {"rev": args.ab, "new": new, "old": old, "paired_ratios": pairs}
         print("[5] steps/s against the payload size, TP=2 ...", file=sys.stderr, flush=True)
         sweep: dict = {"mpx TP=2": [], "Pipe RPC TP=2": [], "one process": []}
         for sc in SCALES:

@@ -641,6 +641,15 @@ def ab_paired(rev, script, child_flag, child_args, blocks, timeout=120):
     return out
 
 
+def ab_figures(got):
+    """(stats of this tree's samples, stats of REV's, the blocks' paired ratios, sorted) of
+    what ab_paired returned."""
+    pairs = sorted(statistics.median(x) / statistics.median(y)
+                   for x, y in zip(got["new"], got["old"]))
+    return (stats([us for b in got["new"] for us in b]),
+            stats([us for b in got["old"] for us in b]), pairs)
+
+
 def bench_ab(rev, n, block, warm, blocks):
     """This tree's no-op round trips (us, a list a block) vs ``rev``'s, ``n`` workers."""
     return ab_paired(rev, __file__, "--noop-child", f"{n},{block},{warm}", blocks)
@@ -690,12 +699,8 @@ def section_d(rows, raw, quick, ab):
         for n in (1, 2):
             progress(f"[d] A/B blocking no-op vs {ab}, {n} worker(s), {blocks} blocks of "
                      f"{block} calls a side ...")
-            got = bench_ab(ab, n, block, warm, blocks)
-            pairs = sorted(statistics.median(x) / statistics.median(y)
-                           for x, y in zip(got["new"], got["old"]))
+            new, old, pairs = ab_figures(bench_ab(ab, n, block, warm, blocks))
             ratio = statistics.median(pairs)
-            new = stats([us for b in got["new"] for us in b])
-            old = stats([us for b in got["old"] for us in b])
             rows.append(row(f"no-op round trip, {n} worker{'s' if n > 1 else ''}, vs {ab}",
                             "us", new, old, ratio, f"<= 1.05x {ab}", ratio <= 1.05,
                             note="one child a side, taking turns; ratio = median of the "
