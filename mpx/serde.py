@@ -1,6 +1,9 @@
 """Objects to messages and back: ``encode(obj) -> (kind, parts)``, ``decode(kind, data)``.
 
-Pickle protocol 5 with out-of-band buffers, so numpy arrays, CPU tensors and large
+A small tuple of scalars (most calls and replies: ``(CALL, seq, "method", (1, 2.0),
+None, None)``, ``(seq, OK, None)``) is a ``K_SMALL`` message in a codec of its own
+(``mpx._buffers.small_encode``): tags and values, no pickle. Anything else is pickle
+protocol 5 with out-of-band buffers, so numpy arrays, CPU tensors and large
 ``bytes``, ``bytearray`` and ``memoryview`` objects (``OOB_MIN_BYTES`` and up), wherever
 they sit in the object, are copied straight from their memory into ring slots. The pickle
 itself is not joined either: the message is the pickler's chunks as they came. Callables
@@ -53,6 +56,7 @@ from mpx.layout import KIND_AS_BYTES
 K_PICKLE = 1 | KIND_AS_BYTES  # one in-band pickle
 K_PICKLE_OOB = 2              # prelude + pickle + out-of-band buffers (views of it stay writable)
 K_BYTES = 3 | KIND_AS_BYTES   # a raw bytes object
+K_SMALL = 4 | KIND_AS_BYTES   # a small tuple of scalars (calls and replies), not a pickle
 
 _ALIGN = 64
 _PAD = bytes(_ALIGN)
@@ -346,8 +350,10 @@ def _oob_message(sink: Any) -> tuple[int, tuple]:
 # concatenate; raises SerializationError. ``local_only``: every receiver is a process on
 # this node that maps shared memory, so ``mpx.share`` tensors travel by reference and CUDA
 # tensors as CUDA IPC handles; otherwise both are copied (CUDA ones through host memory).
-# Compiled: bytes as they are, or one pickle by this thread's kept pickler, in C.
-encode = _buffers.Encoder(_picklers, K_BYTES, K_PICKLE, _encode_refused, _oob_message).encode
+# Compiled: bytes as they are, a small tuple (most calls and replies) in the small codec
+# (``K_SMALL``), or one pickle by this thread's kept pickler, in C.
+encode = _buffers.Encoder(_picklers, K_BYTES, K_SMALL, K_PICKLE, _encode_refused,
+                          _oob_message).encode
 
 
 def _owned_bytes(view: memoryview) -> bytes:
@@ -361,6 +367,8 @@ def decode(kind: int, data) -> Any:
     try:
         if kind == K_PICKLE:
             return pickle.loads(data)
+        if kind == K_SMALL:
+            return _buffers.small_decode(data)
         if kind != K_PICKLE_OOB:
             raise ValueError(f"unknown message kind {kind}")
         mv = memoryview(data)
@@ -402,6 +410,7 @@ def _undecodable(e: Exception) -> DeserializationError:
 
 # ``decode`` of a message whose ``data`` may be lent: a read-only memoryview of a ring slot,
 # valid during the call only. What it returns owns its memory (an in-band pickle copies what
-# it builds out of its input). A plain pickle, the common message, is unpickled in C.
-decode_lent = _buffers.LentDecoder(K_PICKLE, pickle.loads, _decode_lent_other, _undecodable,
-                                   DeserializationError)
+# it builds out of its input). A plain pickle and a small message, the common ones, are
+# decoded in C.
+decode_lent = _buffers.LentDecoder(K_PICKLE, K_SMALL, pickle.loads, _decode_lent_other,
+                                   _undecodable, DeserializationError)

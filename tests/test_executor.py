@@ -271,3 +271,28 @@ def test_a_large_call_and_reply_leave_no_large_pickler_memo_behind(ex, impl):
     assert driver_left < 256 << 10, f"the driver holds {driver_left} bytes after the call"
     assert worker_left < 256 << 10, f"the worker holds {worker_left} bytes after the reply"
     assert e.collective_rpc("ident", args=(3,)) == [3]
+
+
+SMALL_CALLS = [  # every call and reply here is a small message (serde.K_SMALL), no pickle
+    (True, False, None, 0, -1, (1 << 63) - 1, -(1 << 63), 0.0, -0.0, 2.5, "ascii", b"\x00\xff"),
+    ((), (1, "a"), (2.0, b"b")),
+]
+PICKLED_CALLS = [  # near misses: pickled, and must come back just as they went
+    (1 << 63, "\u00e9", ("a" * 256,), (((1,),),), [1], {"k": 1}, bytearray(b"x")),
+    tuple(range(300)),
+]
+
+
+@pytest.mark.parametrize("args", SMALL_CALLS + PICKLED_CALLS)
+def test_small_messages_and_their_near_misses_arrive_exactly(ex, impl, args):
+    """The driver (compiled codec) and the workers (the ring implementation under test)
+    encode and decode each other's messages; values keep their types, bools, signed zeros
+    and all; what is not small is pickled."""
+    from mpx import serde
+    kind = serde.encode((0, 1, "ident", (args,), None, None))[0]
+    compiled = serde._buffers.IMPLEMENTATION == "cython"  # (the twin pickles them all)
+    assert (kind == serde.K_SMALL) == (compiled and args in SMALL_CALLS)
+    e = ex(n=2)
+    for back in e.collective_rpc("ident", args=(args,)):
+        assert repr(back) == repr(args)
+    assert e.collective_rpc(lambda w, x: repr(x), args=(args,)) == [repr(args)] * 2

@@ -111,10 +111,17 @@ def test_encoder_sends_bytes_as_they_are_pickles_once_and_hands_off_the_rest(buf
 
     refused: list = []
     oob: list = []
-    enc = buffers.Encoder(buffers.Picklers(make, {"OOB_MIN_BYTES": 1 << 10}), 1, 2,
+    enc = buffers.Encoder(buffers.Picklers(make, {"OOB_MIN_BYTES": 1 << 10}), 1, 4, 2,
                           lambda obj, local, e: refused.append((obj, local, e)) or (9, ()),
                           lambda sink: oob.append(list(sink.oob)) or (3, ("oob",)))
     assert enc.encode(b"raw") == (1, (b"raw",))
+    kind, parts = enc.encode((0, "call", None))
+    if buffers.IMPLEMENTATION == "cython":  # (the twin pickles: faster in Python)
+        assert (kind, parts) == (4, (buffers.small_encode((0, "call", None)),))
+    else:
+        assert kind == 2 and pickle.loads(b"".join(parts)) == (0, "call", None)
+    kind, parts = enc.encode((0, "call", [1]))  # a list: not small
+    assert kind == 2 and pickle.loads(b"".join(parts)) == (0, "call", [1])
     kind, parts = enc.encode({"a": 1}, True)
     assert kind == 2 and pickle.loads(b"".join(parts)) == {"a": 1}
     big = pickle.PickleBuffer(bytearray(4 << 10))
@@ -133,16 +140,94 @@ def test_lent_decoder_unpickles_in_c_and_names_what_failed(buffers):
         raise Refused("mine")
 
     others: list = []
-    decode = buffers.LentDecoder(7, pickle.loads, lambda k, d: others.append((k, d)) or "other",
+    decode = buffers.LentDecoder(7, 4, pickle.loads,
+                                 lambda k, d: others.append((k, d)) or "other",
                                  lambda e: ValueError(f"undecodable: {e}"), Refused)
     assert decode(7, memoryview(pickle.dumps({"a": 1}))) == {"a": 1}
+    assert decode(4, memoryview(buffers.small_encode((1, "x")))) == (1, "x")
     assert decode(3, b"raw") == "other" and others == [(3, b"raw")]
     with pytest.raises(ValueError, match="undecodable: ") as info:
         decode(7, b"not a pickle")
     assert isinstance(info.value.__cause__, pickle.UnpicklingError)
-    passing = buffers.LentDecoder(7, refuse, None, None, Refused)
+    with pytest.raises(ValueError, match="undecodable: .*truncated") as info:
+        decode(4, b"\x07\x02\x00")
+    passing = buffers.LentDecoder(7, 4, refuse, None, None, Refused)
     with pytest.raises(Refused, match="mine"):  # passthrough errors are not wrapped
         passing(7, b"")
+
+
+SMALL = [
+    (0, 5, "noop", (), None, None),  # a call
+    (5, 0, None),  # its reply
+    (True, False, 0, 1, -1, 1 << 62, -(1 << 63), (1 << 63) - 1, 0.0, -0.0, 1.5, float("inf"),
+     "", b"", b"\x00\xff" * 50),
+    ("a" * 250,), (b"\x00" * 250,),
+    ((), ((),), (1, (2.0, "x"))),
+]
+NOT_SMALL = [
+    (1 << 63,), (-(1 << 63) - 1,),  # past int64
+    ("\u00e9",), ("\ud800",), ("a" * 256,), (b"b" * 256,),  # not ASCII, too long
+    (((((1,),),),),),  # nested too deep
+    (1.0,) * 40,  # more than SMALL_MAX_BYTES encoded
+    tuple(range(256)),  # more items than a length byte counts
+    ([1],), ({},), (bytearray(b"x"),), (1 + 2j,),  # other types
+]
+
+
+class _MyInt(int):
+    pass
+
+
+class _MyStr(str):
+    pass
+
+
+class _MyTuple(tuple):
+    pass
+
+
+@pytest.mark.parametrize("obj", SMALL)
+def test_small_tuples_round_trip_exactly_in_both_twins(buffers, obj):
+    other = importlib.import_module("mpx._buffers_py")
+    data = buffers.small_encode(obj)
+    assert data is not None and data == other.small_encode(obj)  # one layout
+    for decode in (buffers.small_decode, other.small_decode):
+        for form in (data, memoryview(data), bytearray(data)):
+            back = decode(form)
+            assert back == obj and repr(back) == repr(obj)  # types, -0.0, bools kept
+    kind, parts = serde.encode(obj)
+    assert kind == (serde.K_SMALL if serde._buffers.IMPLEMENTATION == "cython" else K_PICKLE)
+    assert serde.decode(kind, _joined(parts)) == obj
+    assert serde.decode_lent(kind, memoryview(_joined(parts))) == obj
+
+
+@pytest.mark.parametrize("obj", NOT_SMALL + [(_MyInt(1),), (_MyStr("s"),), (_MyTuple(),), _MyTuple((1,)), [1],
+                          None, 1, "s"])
+def test_anything_else_is_pickled(buffers, obj):
+    assert buffers.small_encode(obj) is None
+    kind, parts = serde.encode(obj)
+    assert kind in (K_PICKLE, K_PICKLE_OOB)
+    back = serde.decode(kind, _joined(parts))
+    assert repr(back) == repr(obj) and type(back) is type(obj)
+
+
+def test_a_nan_keeps_its_bits(buffers):
+    nan = struct.unpack("<d", b"\x01\x00\x00\x00\x00\x00\xf8\x7f")[0]
+    back = buffers.small_decode(buffers.small_encode((nan,)))[0]
+    assert struct.pack("<d", back) == struct.pack("<d", nan)
+
+
+@pytest.mark.parametrize("data", [b"", b"\x00", b"\x07", b"\x07\x01", b"\x07\x01\x03\x00",
+                                  b"\x07\x00\x00", b"\x07\x01\x05\x05ab", b"\x07\x01\x08",
+                                  b"\x07\x01\x05\x01\xe9",
+                                  b"\x07\x01" * 4 + b"\x07\x00"])
+def test_malformed_small_messages_raise_value_error_and_deserialization_error(buffers, data):
+    with pytest.raises(ValueError):
+        buffers.small_decode(data)
+    with pytest.raises(DeserializationError, match="cannot unpickle"):
+        serde.decode(serde.K_SMALL, data)
+    with pytest.raises(DeserializationError):
+        serde.decode_lent(serde.K_SMALL, memoryview(data))
 
 
 def test_kept_picklers_per_thread_nested_and_remade(buffers):
