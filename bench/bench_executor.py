@@ -19,6 +19,8 @@ b. first call after 2 s idle (1 worker), vs the Pipe RPC loop's first call after
    the driver and the worker pinned to the same CPU and to different CPUs, and the
    4-worker case with the driver sharing its CPU with 1, 2 or no workers, since the
    placement the scheduler picks moves every side a lot: informational.)
+   With --ab REV, also the first call after 0.5 s idle of this tree vs REV's, paired
+   (see d.; one call a turn): informational.
    CPU of each idle worker over 3 s (psutil, ex.worker_pids).     target: < 2% of a core
    CPU of the driver (time.process_time, every driver thread) while it waits for a call
    that sleeps 3 s in the worker.                                 target: < 2% of a core
@@ -539,27 +541,32 @@ def bench_callback_rate(calls, in_flight, blocks=3):
 # After its block a side sleeps this long before it answers, so that its workers have
 # parked (they poll with sched_yield for yield_us, 1 ms) before the other side's block.
 AB_REST_S = 0.005
+AB_IDLE_MS = 500  # the first-call-after-idle A/B: as cold as after 2 s here, 4x the rounds
 
 
-def serve_ab(call, block, warm):
+def serve_ab(call, block, warm, idle_s=0.0):
     """One side of a paired A/B (see ab_paired), in its child process: once ``call`` is
     warm, print this mpx's path as JSON, then, for each "go" line on stdin, the us of
-    ``block`` calls; return at end of input."""
+    ``block`` calls (after ``idle_s`` asleep); return at end of input."""
     settle([call], SETTLE_S, min_rounds=warm)
     print(json.dumps({"mpx": mpx.__file__}), flush=True)
     for line in sys.stdin:
         if line.strip() != "go":
             break
+        if idle_s:
+            time.sleep(idle_s)
         us = timed_us(call, block)
         time.sleep(AB_REST_S)
         print(json.dumps({"us": us}), flush=True)
 
 
-def _noop_child(n, block, warm):
-    """--noop-child: this tree's (or PYTHONPATH's) side of the no-op A/B."""
+def _noop_child(n, block, warm, idle_ms=0):
+    """--noop-child: this tree's (or PYTHONPATH's) side of the no-op A/B (each block after
+    ``idle_ms`` asleep)."""
     ex = mpx.Executor(BenchWorker, world_size=n, start_method="spawn")
     try:
-        serve_ab(lambda: ex.collective_rpc("noop", timeout=CALL_TIMEOUT), block, warm)
+        serve_ab(lambda: ex.collective_rpc("noop", timeout=CALL_TIMEOUT), block, warm,
+                 idle_ms / 1e3)
     finally:
         ex.shutdown()
 
@@ -650,9 +657,10 @@ def ab_figures(got):
             stats([us for b in got["old"] for us in b]), pairs)
 
 
-def bench_ab(rev, n, block, warm, blocks):
-    """This tree's no-op round trips (us, a list a block) vs ``rev``'s, ``n`` workers."""
-    return ab_paired(rev, __file__, "--noop-child", f"{n},{block},{warm}", blocks)
+def bench_ab(rev, n, block, warm, blocks, idle_ms=0):
+    """This tree's no-op round trips (us, a list a block) vs ``rev``'s, ``n`` workers, each
+    block after ``idle_ms`` asleep."""
+    return ab_paired(rev, __file__, "--noop-child", f"{n},{block},{warm},{idle_ms}", blocks)
 
 
 def section_d(rows, raw, quick, ab):
@@ -786,6 +794,19 @@ def main():
                                   "the other CPU took twice as long in scratch runs)")))
             rows.append(row("  same loop on bare MessageQueues (no Executor)", "us", q, b,
                             q["median"] / b["median"], "info", None))
+            if args.ab:
+                rounds = 30 if quick else 60
+                progress(f"[b] A/B first call after {AB_IDLE_MS} ms idle vs {args.ab}, "
+                         f"{rounds} rounds a side ...")
+                new, old, pairs = ab_figures(bench_ab(args.ab, 1, 1, noop_warm, rounds,
+                                                      AB_IDLE_MS))
+                rows.append(row(f"  first call after {AB_IDLE_MS} ms idle, vs {args.ab}", "us",
+                                new, old, statistics.median(pairs), "info", None,
+                                note="one child a side, taking turns; ratio = median of the "
+                                     "rounds' paired ratios (quartiles "
+                                     f"{pairs[len(pairs) // 4]:.3f}-"
+                                     f"{pairs[3 * len(pairs) // 4]:.3f}x)"))
+                raw["ab_idle"] = {"new": new, "old": old, "rev": args.ab, "paired_ratios": pairs}
             raw["idle_wake_us"] = {"mpx": mpx_us, "pipe": pipe_us, "bare_queue": mq_us,
                                    "cold_python_us": cold, "hot_python_us": hot,
                                    "rounds_on_the_drivers_cpu": together}
