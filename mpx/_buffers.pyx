@@ -19,7 +19,7 @@ from cpython.long cimport PyLong_FromLongLong
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM, PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.string cimport memcpy
-from libc.stdint cimport uint64_t, int64_t
+from libc.stdint cimport uint64_t
 
 cdef extern from "Python.h":
     PyObject* PyThreadState_GetDict()
@@ -304,7 +304,7 @@ cdef class LentDecoder:
     def __call__(self, int kind, data):
         try:
             if kind == self.small_kind:
-                return small_decode(data)
+                return _small_decode(data)
             if kind != self.pickle_kind:
                 return self.other(kind, data)
             return self.loads(data)
@@ -441,6 +441,10 @@ cdef object _small_get(const unsigned char* p, Py_ssize_t end, Py_ssize_t* pos, 
 def small_decode(data):
     """The tuple a ``small_encode`` message holds (``data``: any contiguous buffer).
     Raises ValueError for a malformed one."""
+    return _small_decode(data)
+
+
+cdef object _small_decode(data):
     cdef Py_buffer view
     cdef Py_ssize_t pos = 0
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
