@@ -194,7 +194,6 @@ class LentDecoder:
             raise self.undecodable(e) from e
 
 
-
 def _small_put(o: Any, out: bytearray, depth: int) -> bool:
     if len(out) + 10 > SMALL_MAX_BYTES:
         return False

@@ -201,8 +201,8 @@ def test_small_tuples_round_trip_exactly_in_both_twins(buffers, obj):
     assert serde.decode_lent(kind, memoryview(_joined(parts))) == obj
 
 
-@pytest.mark.parametrize("obj", NOT_SMALL + [(_MyInt(1),), (_MyStr("s"),), (_MyTuple(),), _MyTuple((1,)), [1],
-                          None, 1, "s"])
+@pytest.mark.parametrize("obj", NOT_SMALL + [(_MyInt(1),), (_MyStr("s"),), (_MyTuple(),),
+                                             _MyTuple((1,)), [1], None, 1, "s"])
 def test_anything_else_is_pickled(buffers, obj):
     assert buffers.small_encode(obj) is None
     kind, parts = serde.encode(obj)
