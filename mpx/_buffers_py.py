@@ -137,14 +137,13 @@ class Picklers:
 
 
 class Encoder:
-    """See ``mpx._buffers.Encoder``."""
+    """See ``mpx._buffers.Encoder``; ``small_kind`` goes unused here (see ``encode``)."""
 
     def __init__(self, picklers: Picklers, bytes_kind: int, small_kind: int, pickle_kind: int,
                  refused: Callable[[Any, bool, Exception], tuple[int, tuple]],
                  oob: Callable[[Sink], tuple[int, tuple]]) -> None:
         self.picklers = picklers
         self.bytes_kind = bytes_kind
-        self.small_kind = small_kind
         self.pickle_kind = pickle_kind
         self.refused = refused
         self.oob = oob
