@@ -20,6 +20,7 @@ cdef extern from "_ring_sync.h" nogil:
     void mpx_close_fd(int fd)
     void mpx_set_flag(int* p)
     int mpx_get_flag(int* p)
+    int mpx_take_flag(int* p)
 
 
 cdef class _RingEnd:
@@ -32,7 +33,8 @@ cdef class _RingEnd:
     cdef uint64_t stride
     cdef uint64_t n_readers
     cdef uint64_t seq                # writer: next slot to publish; reader: next to read
-    cdef int interrupted
+    cdef int interrupted             # set by interrupt(): sticky
+    cdef int nudged                  # set by nudge(): taken by the wait it ends
     cdef bint resting                # its last wait ran out its slice: the next parks at once
     cdef int64_t spin_ns
     cdef int64_t yield_ns
@@ -51,9 +53,11 @@ cdef class _RingEnd:
     cdef inline int _live(self) except -1
     cdef bint _ready(self) noexcept nogil
     cdef int _terminal(self) noexcept nogil
-    cdef int _wait(self, int64_t deadline, int64_t slice_ns) noexcept nogil
+    cdef int _wait(self, int64_t deadline, int64_t slice_end) noexcept nogil
+    cdef int _not_waiting(self) noexcept nogil
     cdef int _park(self, int64_t deadline, int64_t slice_end) noexcept nogil
-    cdef int _await(self, int64_t deadline, int64_t slice_ns) except? -9
+    cdef int _await(self, int64_t deadline, int64_t slice_end) except? -9
+    cdef void _wake_own(self) noexcept nogil
     cdef void _close_fds(self) noexcept
 
 
@@ -82,5 +86,6 @@ cdef class RingReader(_RingEnd):
     cdef uint64_t dest_total
 
     cdef void _ack(self) noexcept nogil
+    cdef tuple _read(self, int64_t deadline_ns, int64_t slice_end)
     cdef tuple _read_with(self, consume, uint64_t in_place_min, int64_t deadline_ns,
                           int64_t slice_ns)

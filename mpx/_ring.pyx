@@ -4,7 +4,9 @@
 Mechanism only: no pickling, logging or policy. ``mpx/_ring_py.py`` is its pure-Python twin
 with the same layout (``mpx/_ring_layout.pxi``, mirrored by ``mpx/layout.py``) and
 behaviour. Wait results are the status codes of ``mpx.layout`` (OK, TIMEOUT, INTERRUPTED,
-PEER_GONE, SHUTDOWN, SLICE).
+PEER_GONE, SHUTDOWN, SLICE, NUDGED). A reader's read that stops before a message is whole
+(any status but OK, or a signal handler's exception) keeps what it took of it: the next
+read goes on with it.
 
 A message's kind is opaque to the ring but for ``KIND_AS_BYTES``: a message whose kind has
 that bit is delivered as ``bytes``, any other as a ``bytearray``.
@@ -60,6 +62,11 @@ cdef int _propagate() except -1:
     return -1  # the exception a signal handler raised is already set
 
 
+cdef inline int64_t _slice_end(int64_t slice_ns) noexcept nogil:
+    """When a slice of ``slice_ns`` from now ends (-1: no slice)."""
+    return mpx_now_ns() + slice_ns if slice_ns >= 0 else -1
+
+
 cdef class _RingEnd:
     """What the writer and reader ends of a ring segment share: the mapped segment, its
     geometry, and the one wait both use (spin, then ``sched_yield``, then a futex park).
@@ -105,6 +112,7 @@ cdef class _RingEnd:
         self.yield_ns = yield_ns
         self.poll_ns = poll_ns
         self.interrupted = 0
+        self.nudged = 0
         self.resting = False
         n = <int>self.n_readers if writer else 1
         self.pidfds = <int*>malloc(sizeof(int) * (n + 1))
@@ -156,20 +164,22 @@ cdef class _RingEnd:
         """Why to stop waiting although not _ready(), or NOT_TERMINAL."""
         return NOT_TERMINAL
 
-    cdef int _wait(self, int64_t deadline, int64_t slice_ns) noexcept nogil:
+    cdef int _wait(self, int64_t deadline, int64_t slice_end) noexcept nogil:
         """Wait until _ready(), _terminal() says why not, ``deadline`` (-1: none) passes,
-        or ``slice_ns`` (-1: none) pass without it (SLICE; the next wait then parks at once).
-        A park that a signal interrupted returns SLICE too; SIGNALLED if a handler raised.
-        A park that the peer ends with nothing to take (a wake ahead of the data) spins
-        and yields again before it parks again.
+        ``slice_end`` (-1: none) passes (SLICE; after a park the next wait then parks at
+        once), or nudge() (NUDGED). A park that a signal interrupted returns SLICE too;
+        SIGNALLED if a handler raised. A park that the peer ends with nothing to take (a
+        wake ahead of the data) spins and yields again before it parks again. A deadline
+        already past waits for nothing (and leaves a nudge for a wait).
 
         No wake-up is lost: the end announces it is parked and then re-checks, and the peer
         publishes and then looks for parked ends (with a full fence on each side)."""
-        cdef int64_t t0, now, slice_end
+        cdef int64_t t0, now
         cdef int k, st
         t0 = mpx_now_ns()
         now = t0
-        slice_end = t0 + slice_ns if slice_ns >= 0 else -1
+        if deadline >= 0 and now >= deadline:
+            return self._not_waiting()
         if self.resting:
             self.resting = False
             t0 -= self.spin_ns + self.yield_ns
@@ -179,6 +189,8 @@ cdef class _RingEnd:
                     if self._ready():
                         return OK
                     mpx_relax()
+                if mpx_take_flag(&self.nudged):
+                    return NUDGED
                 now = mpx_now_ns()
             while now - t0 < self.spin_ns + self.yield_ns:
                 mpx_yield()
@@ -186,18 +198,27 @@ cdef class _RingEnd:
                     return OK
                 if mpx_get_flag(&self.interrupted):
                     return INTERRUPTED
+                if mpx_take_flag(&self.nudged):
+                    return NUDGED
                 now = mpx_now_ns()
                 if deadline >= 0 and now >= deadline:
                     return TIMEOUT
+                if slice_end >= 0 and now >= slice_end:
+                    return SLICE
             st = self._park(deadline, slice_end)
             if st != WOKEN:
                 return st
             now = mpx_now_ns()
             t0 = now
 
+    cdef int _not_waiting(self) noexcept nogil:
+        """Why a wait whose deadline has passed stops at once: _terminal(), or TIMEOUT."""
+        cdef int st = self._terminal()
+        return TIMEOUT if st == NOT_TERMINAL else st
+
     cdef int _park(self, int64_t deadline, int64_t slice_end) noexcept nogil:
         """_wait()'s last stage: park on the futex (waking every poll_ns) until _ready(),
-        _terminal(), the deadline, the slice's end, a signal, or WOKEN."""
+        _terminal(), a nudge, the deadline, the slice's end, a signal, or WOKEN."""
         cdef int64_t now, until
         cdef int st, signalled
         cdef uint32_t v
@@ -207,6 +228,8 @@ cdef class _RingEnd:
             st = self._terminal()
             if st != NOT_TERMINAL:
                 return st
+            if mpx_take_flag(&self.nudged):
+                return NUDGED
             now = mpx_now_ns()
             if deadline >= 0 and now >= deadline:
                 return TIMEOUT
@@ -226,25 +249,27 @@ cdef class _RingEnd:
                 return OK
             signalled = 0
             if (self.gate == NULL or mpx_load32(self.gate) == 0) and \
-                    not mpx_get_flag(&self.interrupted):
+                    not mpx_get_flag(&self.interrupted) and not mpx_get_flag(&self.nudged):
                 signalled = mpx_futex_wait(self.futex, v, until - now)
             mpx_store32(self.parked, 0)
             if self._ready():
                 return OK
+            if mpx_take_flag(&self.nudged):
+                return NUDGED
             if signalled:
                 return SLICE
             if mpx_load32(self.futex) != v and self._terminal() == NOT_TERMINAL and \
                     not mpx_get_flag(&self.interrupted):
                 return WOKEN
 
-    cdef int _await(self, int64_t deadline, int64_t slice_ns) except? -9:
+    cdef int _await(self, int64_t deadline, int64_t slice_end) except? -9:
         """_wait() without the GIL, unless already _ready(); a signal handler's exception
         propagates."""
         cdef int st
         if self._ready():
             return OK
         with nogil:
-            st = self._wait(deadline, slice_ns)
+            st = self._wait(deadline, slice_end)
         if st == SIGNALLED:
             _propagate()
         return st
@@ -255,6 +280,10 @@ cdef class _RingEnd:
         """Wake this process's waiters on this end: they return INTERRUPTED (sticky)."""
         self._live()
         mpx_set_flag(&self.interrupted)
+        self._wake_own()
+
+    cdef void _wake_own(self) noexcept nogil:
+        """Wake the ends parked on this end's futex word, to look at their flags."""
         mpx_bump32(self.futex)
         mpx_futex_wake(self.futex)
 
@@ -565,6 +594,15 @@ cdef class RingReader(_RingEnd):
         mpx_bump32(self._u32(OFF_SPACE_FUTEX))
         mpx_futex_wake(self._u32(OFF_SPACE_FUTEX))
 
+    def nudge(self):
+        """End the wait of this process's read on this end, now or, if none waits, the
+        next read's that would wait: it returns NUDGED, having consumed nothing (a read in
+        the middle of a message keeps it). Once: the wait it ends takes it. From any
+        thread; the other readers parked on the ring wake too, and park again."""
+        self._live()
+        mpx_set_flag(&self.nudged)
+        self._wake_own()
+
     cdef bint _ready(self) noexcept nogil:
         return mpx_load64(self.write_seq) > self.seq
 
@@ -602,8 +640,9 @@ cdef class RingReader(_RingEnd):
         cdef char* slot
         cdef int st
         cdef uint32_t flags
+        cdef int64_t slice_end = _slice_end(slice_ns)
         while True:
-            st = self._await(deadline_ns, slice_ns)
+            st = self._await(deadline_ns, slice_end)
             if st != OK:
                 return (st, 0, 0)
             slot = self._slot(self.seq)
@@ -628,10 +667,15 @@ cdef class RingReader(_RingEnd):
         """Receive the next message: ``(status, kind, data)``.
 
         ``data`` is owned by the caller (bytes if ``kind`` has KIND_AS_BYTES, else a
-        bytearray) and never aliases the ring. With ``slice_ns >= 0`` a wait that sees no
-        data for that long returns SLICE, and so does a park that a signal interrupted (so
-        Python can run its handler); calling again resumes, also in the middle of a message.
+        bytearray) and never aliases the ring. With ``slice_ns >= 0`` a wait still
+        unfinished ``slice_ns`` after the call returns SLICE, and so does a park that a
+        signal interrupted (so Python can run its handler). The deadline, the slice, a
+        nudge and an interrupt end the wait for each slot of a message too: calling again
+        resumes the message.
         """
+        return self._read(deadline_ns, _slice_end(slice_ns))
+
+    cdef tuple _read(self, int64_t deadline_ns, int64_t slice_end):
         self._live()
         cdef char* slot
         cdef uint64_t length, total
@@ -639,7 +683,7 @@ cdef class RingReader(_RingEnd):
         cdef int st
         cdef object d
         while True:
-            st = self._await(deadline_ns, slice_ns)
+            st = self._await(deadline_ns, slice_end)
             if st != OK:
                 if st == SHUTDOWN or st == PEER_GONE:
                     self.dest = None
@@ -695,9 +739,10 @@ cdef class RingReader(_RingEnd):
         cdef int st
         cdef object view, out
         cdef char* ptr
+        cdef int64_t slice_end = _slice_end(slice_ns)
         if self.dest is None:  # (not in the middle of a message that spans slots)
             while True:
-                st = self._await(deadline_ns, slice_ns)
+                st = self._await(deadline_ns, slice_end)
                 if st != OK:
                     return (st, 0, None)
                 slot = self._slot(self.seq)
@@ -732,20 +777,21 @@ cdef class RingReader(_RingEnd):
                         raise RuntimeError("read_with: consume kept a view of the ring slot") \
                             from None
                 return (OK, kind, out)
-        st, kind, out = self.read(deadline_ns, slice_ns)
+        st, kind, out = self._read(deadline_ns, slice_end)
         if st != OK:
             return (st, kind, out)
         return (OK, kind, consume(kind, out))
 
     def read_ready(self):
-        """Every message whose first slot is published now, without waiting for more:
+        """Every message published whole now, without waiting for anything:
         ``(status, [(kind, data), ...])``. The status is OK, or why reading stopped
-        (SHUTDOWN, PEER_GONE, INTERRUPTED) after the messages in the list. A message whose
-        later slots are still being written is waited for, as read() does, but for a
-        skipped (aborted) one at the end, nothing is. One call for a batch of replies."""
+        (SHUTDOWN, PEER_GONE, INTERRUPTED) after the messages in the list. Of a message
+        whose later slots are still being written, the slots published are taken and kept:
+        the next read goes on with it. Leaves a nudge for a wait. One call for a batch of
+        replies."""
         cdef list out = []
-        while mpx_load64(self.write_seq) > self.seq or self.dest is not None:
-            st, kind, data = self.read(mpx_now_ns() if self.dest is None else -1, -1)
+        while mpx_load64(self.write_seq) > self.seq:
+            st, kind, data = self._read(0, -1)  # (a deadline past: no wait, for any slot)
             if st != OK:
                 return (OK if st == TIMEOUT else st, out)
             out.append((kind, data))
@@ -756,27 +802,30 @@ cdef class LockedRead:
     """A shared-memory transport end's hot read: ``read_into``, which the end binds in
     place of its own (the same signature), is ``ring.read_with`` holding the end's
     ``lock`` (under which the end's close() releases the ring), in one slice of
-    ``warn_ns`` if the caller warns of long waits. A wait with a cancel event, and any
-    status but OK (which consumed nothing), goes to ``slow()``: a weakref.WeakMethod of
-    the end's own ``read_into``, which waits in slices, warns, and turns statuses into
-    exceptions (weak: the end holds this, and is freed when dropped); it is told when the
-    wait began."""
+    ``warn_ns`` if the caller warns of long waits. A status but OK and SLICE raises
+    ``error()(status)``, made under the lock. A wait with a cancel event, the end of a
+    slice and a released ring go to ``slow()``: the end's own ``read_into``, which waits
+    in slices, warns, and says the end is closed; it is told when the wait began. Both
+    are weakref.WeakMethods of the end (weak: the end holds this, and is freed when
+    dropped)."""
 
     cdef RingReader ring
-    cdef object acquire, release, slow
+    cdef object acquire, release, error, slow
     cdef uint64_t in_place_min
     cdef int64_t warn_ns
 
-    def __init__(self, RingReader ring, lock, uint64_t in_place_min, int64_t warn_ns, slow):
+    def __init__(self, RingReader ring, lock, uint64_t in_place_min, int64_t warn_ns, error,
+                 slow):
         self.ring = ring
         self.acquire = lock.acquire
         self.release = lock.release
         self.in_place_min = in_place_min
         self.warn_ns = warn_ns
+        self.error = error
         self.slow = slow
 
     def read_into(self, int64_t deadline_ns, cancel, bint warn, decode, in_place_min=None):
-        cdef int st = TIMEOUT
+        cdef int st = SLICE
         cdef object got = None
         cdef int64_t started
         if cancel is not None or in_place_min is not None:
@@ -788,10 +837,14 @@ cdef class LockedRead:
             if self.ring.has_buf:
                 st, _, got = self.ring._read_with(decode, self.in_place_min, deadline_ns,
                                                   self.warn_ns if warn else -1)
+                if st != OK and st != SLICE:
+                    got = self.error()(st)
         finally:
             self.release()
         if st == OK:
             return got
+        if st != SLICE:
+            raise got
         return self.slow()(deadline_ns, cancel, warn, decode, self.in_place_min, started)
 
 

@@ -52,3 +52,4 @@ cdef enum:
     PEER_GONE = 3
     SHUTDOWN = 4
     SLICE = 5
+    NUDGED = 6

@@ -58,6 +58,11 @@ def _pidfd_exited(fd: int) -> bool:
     return bool(r)
 
 
+def _slice_end(slice_ns: int) -> int:
+    """When a slice of ``slice_ns`` from now ends (-1: no slice)."""
+    return time.monotonic_ns() + slice_ns if slice_ns >= 0 else -1
+
+
 class _RingEnd:
     """See ``mpx._ring._RingEnd``."""
 
@@ -89,6 +94,7 @@ class _RingEnd:
             raise ValueError("ring buffer is smaller than its header's geometry")
         self.spin_ns, self.yield_ns, self.poll_ns = spin_ns, yield_ns, poll_ns
         self._interrupted = False
+        self._nudged = False  # set by nudge(); taken (under the GIL) by the wait it ends
         self._resting = False
         self.seq = 0
 
@@ -152,13 +158,20 @@ class _RingEnd:
     def _terminal(self) -> int | None:
         raise NotImplementedError
 
-    def _wait(self, deadline: int, slice_ns: int) -> int:
+    def _take_nudge(self) -> bool:
+        if not self._nudged:
+            return False
+        self._nudged = False  # (a nudge that comes in between is merged into this one)
+        return True
+
+    def _wait(self, deadline: int, slice_end: int) -> int:
         """See ``mpx._ring._RingEnd._wait`` (Python runs signal handlers between bytecodes,
-        so there is no SIGNALLED here)."""
+        so there is no SIGNALLED here; the spin is a yield loop)."""
         if self._ready():
             return layout.OK
         t0 = now = time.monotonic_ns()
-        slice_end = t0 + slice_ns if slice_ns >= 0 else -1
+        if 0 <= deadline <= now:
+            return self._not_waiting()
         if self._resting:
             self._resting = False
             t0 -= self.spin_ns + self.yield_ns
@@ -169,13 +182,22 @@ class _RingEnd:
                     return layout.OK
                 if self._interrupted:
                     return layout.INTERRUPTED
+                if self._take_nudge():
+                    return layout.NUDGED
                 now = time.monotonic_ns()
                 if 0 <= deadline <= now:
                     return layout.TIMEOUT
+                if 0 <= slice_end <= now:
+                    return layout.SLICE
             st = self._park(deadline, slice_end)
             if st != _WOKEN:
                 return st
             t0 = now = time.monotonic_ns()
+
+    def _not_waiting(self) -> int:
+        """See ``mpx._ring._RingEnd._not_waiting``."""
+        st = self._terminal()
+        return layout.TIMEOUT if st is None else st
 
     def _park(self, deadline: int, slice_end: int) -> int:
         """See ``mpx._ring._RingEnd._park``."""
@@ -183,6 +205,8 @@ class _RingEnd:
             st = self._terminal()
             if st is not None:
                 return st
+            if self._take_nudge():
+                return layout.NUDGED
             now = time.monotonic_ns()
             if 0 <= deadline <= now:
                 return layout.TIMEOUT
@@ -201,11 +225,14 @@ class _RingEnd:
                 self._set32(self._parked, 0)
                 return layout.OK
             signalled = False
-            if (self._gate is None or self._w32(self._gate) == 0) and not self._interrupted:
+            if (self._gate is None or self._w32(self._gate) == 0) and not self._interrupted \
+                    and not self._nudged:
                 signalled = self._futex_wait(self._futex, v, until - now)
             self._set32(self._parked, 0)
             if self._ready():
                 return layout.OK
+            if self._take_nudge():
+                return layout.NUDGED
             if signalled:
                 return layout.SLICE
             if self._w32(self._futex) != v and self._terminal() is None and \
@@ -218,6 +245,10 @@ class _RingEnd:
         """Wake this process's waiters on this end: they return INTERRUPTED (sticky)."""
         self._live()
         self._interrupted = True
+        self._wake_own()
+
+    def _wake_own(self) -> None:
+        """See ``mpx._ring._RingEnd._wake_own``."""
         self._bump32(self._futex)
         self._futex_wake(self._futex)
 
@@ -458,6 +489,12 @@ class RingReader(_RingEnd):
         self._bump32(layout.OFF_SPACE_FUTEX)
         self._futex_wake(layout.OFF_SPACE_FUTEX)
 
+    def nudge(self) -> None:
+        """See ``mpx._ring.RingReader.nudge``."""
+        self._live()
+        self._nudged = True
+        self._wake_own()
+
     def _ready(self) -> bool:
         return self._q[layout.OFF_WRITE_SEQ >> 3] > self.seq
 
@@ -487,8 +524,9 @@ class RingReader(_RingEnd):
         if self._dest is not None:
             raise ValueError("next_slot() in the middle of a multi-slot message")
         q = self._q
+        slice_end = _slice_end(slice_ns)
         while True:
-            st = self._wait(deadline_ns, slice_ns)
+            st = self._wait(deadline_ns, slice_end)
             if st != layout.OK:
                 return (st, 0, 0)
             s = self._slot(self.seq)
@@ -513,9 +551,10 @@ class RingReader(_RingEnd):
         """See ``mpx._ring.RingReader.read_with``."""
         self._live()
         q, i32 = self._q, self._i
+        slice_end = -1 if slice_ns < 0 else time.monotonic_ns() + slice_ns  # (hot: inline)
         if self._dest is None:
             while True:
-                st = self._wait(deadline_ns, slice_ns)
+                st = self._wait(deadline_ns, slice_end)
                 if st != layout.OK:
                     return (st, 0, None)
                 s = self._slot(self.seq)
@@ -542,7 +581,7 @@ class RingReader(_RingEnd):
                         raise RuntimeError("read_with: consume kept a view of the ring "
                                            "slot") from None
                 return (layout.OK, kind, out)
-        st, kind, out = self.read(deadline_ns, slice_ns)
+        st, kind, out = self._read(deadline_ns, slice_end)
         if st != layout.OK:
             return (st, kind, out)
         return (layout.OK, kind, consume(kind, out))
@@ -550,8 +589,8 @@ class RingReader(_RingEnd):
     def read_ready(self):
         """See ``mpx._ring.RingReader.read_ready``."""
         out = []
-        while self._q[layout.OFF_WRITE_SEQ >> 3] > self.seq or self._dest is not None:
-            st, kind, data = self.read(time.monotonic_ns() if self._dest is None else -1, -1)
+        while self._q[layout.OFF_WRITE_SEQ >> 3] > self.seq:
+            st, kind, data = self._read(0, -1)  # (a deadline past: no wait, for any slot)
             if st != layout.OK:
                 return (layout.OK if st == layout.TIMEOUT else st, out)
             out.append((kind, data))
@@ -559,10 +598,13 @@ class RingReader(_RingEnd):
 
     def read(self, deadline_ns: int = -1, slice_ns: int = -1):
         """See ``mpx._ring.RingReader.read``."""
+        return self._read(deadline_ns, _slice_end(slice_ns))
+
+    def _read(self, deadline_ns: int, slice_end: int):
         self._live()
         q, i32, mv = self._q, self._i, self._mv
         while True:
-            st = self._wait(deadline_ns, slice_ns)
+            st = self._wait(deadline_ns, slice_end)
             if st != layout.OK:
                 if st in (layout.SHUTDOWN, layout.PEER_GONE):
                     self._dest = None
@@ -608,9 +650,10 @@ class LockedRead:
     """See ``mpx._ring.LockedRead``."""
 
     def __init__(self, ring: RingReader, lock: Any, in_place_min: int, warn_ns: int,
+                 error: Callable[[], Callable[[int], BaseException]],
                  slow: Callable[[], Callable[..., Any]]) -> None:
         self.ring, self.lock, self.in_place_min = ring, lock, in_place_min
-        self.warn_ns, self.slow = warn_ns, slow
+        self.warn_ns, self.error, self.slow = warn_ns, error, slow
 
     def read_into(self, deadline_ns: int, cancel: Any, warn: bool,
                   decode: Callable[[int, Any], Any], in_place_min: int | None = None) -> Any:
@@ -619,13 +662,17 @@ class LockedRead:
             return self.slow()(deadline_ns, cancel, warn, decode,
                                self.in_place_min if in_place_min is None else in_place_min)
         started = time.monotonic_ns() if warn else -1
-        st, got = layout.TIMEOUT, None
+        st, got = layout.SLICE, None
         with self.lock:
             if not self.ring._released:
                 st, _, got = self.ring.read_with(decode, self.in_place_min, deadline_ns,
                                                  self.warn_ns if warn else -1)
+                if st not in (layout.OK, layout.SLICE):
+                    got = self.error()(st)
         if st == layout.OK:
             return got
+        if st != layout.SLICE:
+            raise got
         return self.slow()(deadline_ns, cancel, warn, decode, self.in_place_min, started)
 
 

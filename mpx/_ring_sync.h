@@ -20,6 +20,11 @@
 
 static inline void mpx_set_flag(int *p) { __atomic_store_n(p, 1, __ATOMIC_SEQ_CST); }
 static inline int mpx_get_flag(int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+/* Clear *p; 1 if it was set (one taker wins). The plain load first keeps the common
+ * unset case free of a locked instruction. */
+static inline int mpx_take_flag(int *p) {
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE) && __atomic_exchange_n(p, 0, __ATOMIC_ACQ_REL);
+}
 static inline uint64_t mpx_load64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void mpx_store64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 static inline uint32_t mpx_load32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }

@@ -36,6 +36,13 @@ class QueueTimeout(MpxError, TimeoutError):
     """A queue operation did not complete before its deadline."""
 
 
+class WaitNudged(QueueTimeout):
+    """A reader's wait was ended early by ``nudge()`` (from another thread of its process):
+    nothing was consumed, and a message it was in the middle of stays for the next read.
+    A QueueTimeout, so that a loop that recomputes its deadline after a timeout (the
+    driver's reply reader, when a new call has an earlier deadline) needs no other case."""
+
+
 class PeerDiedError(MpxError, RuntimeError):
     """The process on the other side of a queue died or closed it.
 
@@ -117,6 +124,15 @@ class WorkerStalledError(RPCTimeoutError):
     def __init__(self, message: str, ranks: list[int], stalls: dict[int, dict]) -> None:
         super().__init__(message, ranks)
         self.stalls = stalls
+
+
+class ReplyLostError(MpxError, RuntimeError):
+    """A call's reply from ``rank`` was read and lost: an interrupt (Ctrl-C) came between
+    the driver's read and its record. That call fails; the executor goes on."""
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
 
 
 class ExecutorFailed(MpxError, RuntimeError):

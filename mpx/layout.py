@@ -83,7 +83,8 @@ TIMEOUT = 1
 INTERRUPTED = 2
 PEER_GONE = 3      # writer: reader `gone_index` died or closed; reader: the writer did
 SHUTDOWN = 4       # the writer called shutdown() and nothing unread remains
-SLICE = 5          # a reader waited `slice_ns` without data; call again to resume
+SLICE = 5          # a reader's slice of `slice_ns` ended (or a signal came); call again to resume
+NUDGED = 6         # a reader's wait was ended by nudge() (nothing consumed); call again to resume
 
 _HEAD = struct.Struct("<QIIQQQQQQ")
 

@@ -6,7 +6,10 @@ A message is ``(kind, pieces)``: a kind the transport carries untouched (it look
 ``layout.KIND_AS_BYTES``, which says whether the reader gets ``bytes`` or a writable
 ``bytearray``) and buffers to concatenate. Deadlines are absolute ``time.monotonic_ns()``
 values, ``-1`` for none. Every wait ends with QueueTimeout at its deadline, Cancelled on
-``shutdown()`` or a cancel event, or PeerDiedError when the other side is gone.
+``shutdown()`` or a cancel event, or PeerDiedError when the other side is gone; a reader's
+wait also ends with WaitNudged (a QueueTimeout) on ``nudge()``. None of these, nor a signal
+handler's exception, consumes part of a message: a reader keeps what it received of one,
+and its next read goes on with it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
 from mpx.config import Config
-from mpx.errors import Cancelled, RoleError
+from mpx.errors import Cancelled, QueueTimeout, RoleError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,12 +168,28 @@ class Reader(Endpoint):
         kind, data = self.read(deadline_ns, cancel, warn)
         return decode(kind, data)
 
+    @abc.abstractmethod
+    def nudge(self) -> None:
+        """End the wait of this end's read in progress (called from another thread of this
+        process), or, if none waits now, of the next read that would wait: that read
+        raises WaitNudged at once, having consumed nothing. A nudge is never lost and ends
+        one wait; nudges before that wait ends count as one. A read that finds a message
+        waiting returns it and leaves the nudge for a later wait."""
+
     def read_ready(self) -> list[tuple[int, Any]]:
-        """Every message already waiting, as ``(kind, data)`` pairs, without waiting for
-        the next; raises as read() does once nothing before the error is left."""
-        out = []
+        """Every message already whole, as ``(kind, data)`` pairs, without waiting for
+        anything (a message whose rest is still coming is kept for the next read); raises
+        as read() does once nothing before the error is left."""
+        out: list = []
         while self.poll():
-            out.append(self.read(-1, None, False))
+            try:
+                out.append(self.read(0, None, False))  # (a deadline past: no waiting)
+            except QueueTimeout:
+                break
+            except Exception:
+                if not out:
+                    raise
+                break  # (the error recurs at the next read)
         return out
 
     def read_stream(self, deadline_ns: int,

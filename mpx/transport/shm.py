@@ -22,7 +22,14 @@ from mpx import _debug, layout, shm
 from mpx._impl import ring_module
 from mpx._procinfo import pid_alive
 from mpx.config import Config
-from mpx.errors import Cancelled, HandleError, PeerDiedError, QueueClosedError, QueueTimeout
+from mpx.errors import (
+    Cancelled,
+    HandleError,
+    PeerDiedError,
+    QueueClosedError,
+    QueueTimeout,
+    WaitNudged,
+)
 from mpx.transport.base import Reader, Writer
 
 logger = logging.getLogger("mpx")
@@ -253,7 +260,7 @@ class ShmReader(Reader):
         # read_into() compiled, but for a wait with a cancel event
         self.read_into = ring_module().LockedRead(  # type: ignore[method-assign]
             self._ring, self._lock, IN_PLACE_MIN_BYTES, WAIT_WARNING_NS,
-            weakref.WeakMethod(self.read_into)).read_into
+            weakref.WeakMethod(self._read_error), weakref.WeakMethod(self.read_into)).read_into
         _debug.inc("rings")
         if self._ring.all_attached():
             shm.unlink(name)
@@ -369,6 +376,8 @@ class ShmReader(Reader):
                 raise self._read_error(st)
 
     def read_ready(self) -> list[tuple[int, Any]]:
+        # (of a message still being written, the ring keeps what was published: the next
+        # read goes on with it)
         self._lock.acquire()  # (not `with`: an event loop's every reading step)
         try:
             if self._closed:
@@ -390,6 +399,8 @@ class ShmReader(Reader):
             return Cancelled(f"the writer (pid {self.writer_pid}) shut the queue down")
         if st == layout.PEER_GONE:
             return self._gone()
+        if st == layout.NUDGED:
+            return WaitNudged(f"dequeue on reader rank {self.rank}: its wait was nudged")
         return RuntimeError(f"unexpected ring status {st}")
 
     @contextlib.contextmanager
@@ -420,6 +431,13 @@ class ShmReader(Reader):
             finally:
                 _release_view(mv)
                 self._ring.release_slot()
+
+    def nudge(self) -> None:
+        # the ring's futex is bumped and woken: a parked read returns in microseconds
+        try:
+            self._ring.nudge()
+        except ValueError:  # close() in another thread released the ring meanwhile
+            pass
 
     def _wake(self) -> None:
         """Wake this process's dequeue (Cancelled once nothing already published is left

@@ -42,6 +42,7 @@ from mpx.errors import (
     PeerDiedError,
     QueueClosedError,
     QueueTimeout,
+    WaitNudged,
 )
 from mpx.transport.base import Reader, Writer
 
@@ -274,6 +275,16 @@ class _Chunk:
     data: memoryview
 
 
+class _Partial:
+    """A message being gathered: its first chunk, the assembler, and the index of the
+    chunk it needs next (0: the first one is still to be added)."""
+
+    def __init__(self, first: _Chunk, assembler: Any) -> None:
+        self.first = first
+        self.out = assembler(first.total, bool(first.kind & layout.KIND_AS_BYTES))
+        self.next = 0
+
+
 class ZmqReader(Reader):
     """Remote reader ``rank``: a DEALER connected to the writer's ROUTER."""
 
@@ -301,6 +312,10 @@ class ZmqReader(Reader):
         self._seq = 0          # the lowest sequence number a new message may have
         self._assembler = buffers_module().Assembler
         self._stash: _Chunk | None = None  # a chunk read ahead: the start of a message
+        # a message that a read left part way (a timeout, a cancel, a nudge, a signal):
+        # the next read goes on with it
+        self._partial: _Partial | None = None
+        self._nudged = False  # set by nudge(); taken by the wait it ends
         self._connected = False
         self._lost_since: float | None = time.monotonic()
         self.drops = _DropLog(f"queue reader rank {rank}")
@@ -342,30 +357,51 @@ class ZmqReader(Reader):
     def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool):
         with self._lock:
             while True:
-                first = self._next_start(deadline_ns, cancel)
-                out = self._assembler(first.total, bool(first.kind & layout.KIND_AS_BYTES))
-                try:
-                    for piece in self._pieces(first, deadline_ns, cancel, locked=True):
-                        out.add(piece)
-                except MessageAbortedError:
-                    continue
-                except ValueError as e:  # more bytes than the header says
-                    self.drops.drop(self.endpoint, f"message {first.seq}: {e}")
-                    continue
-                if not out.complete:
-                    self.drops.drop(self.endpoint,
-                                    f"message {first.seq} is shorter than its header says")
-                    continue
-                return first.kind, out.result()
+                if self._partial is None:
+                    self._partial = _Partial(self._next_start(deadline_ns, cancel),
+                                             self._assembler)
+                part = self._partial
+                whole = self._gather(part, deadline_ns, cancel)  # (raises: part stays)
+                self._partial = None
+                if whole:
+                    return part.first.kind, part.out.result()
+
+    def _gather(self, part: _Partial, deadline_ns: int, cancel: threading.Event | None) -> bool:
+        """Add ``part``'s missing chunks to it as they arrive: True once it is whole, False
+        if it is discarded (the writer gave up on it, or its sizes do not add up; the drop
+        is counted). A wait's exception propagates, leaving ``part`` as far as it got."""
+        first = part.first
+        while part.next < first.count:
+            c = first if part.next == 0 else self._next_chunk(deadline_ns, cancel)
+            if c.index == 0 and c.seq > first.seq:  # the writer gave up on this one
+                self._stash = c
+                return False
+            if c.seq != first.seq or c.index != part.next:
+                self.drops.drop(self.endpoint, f"chunk {c.index} of message {c.seq} out of "
+                                "order (replayed?)")
+                continue
+            try:
+                part.out.add(c.data)
+            except ValueError as e:  # more bytes than the header says
+                self.drops.drop(self.endpoint, f"message {first.seq}: {e}")
+                return False
+            part.next += 1
+        if not part.out.complete:
+            self.drops.drop(self.endpoint, f"message {first.seq} is shorter than its header says")
+            return False
+        return True
 
     def read_stream(self, deadline_ns: int, cancel: threading.Event | None):
         """``(kind, total, pieces)`` of the next message without gathering it: ``pieces``
         yields each checked chunk as it arrives (a relay writes them on at once). It raises
         MessageAbortedError if the writer gave up on the message part way; one consumer
-        only."""
+        only. A message that a read() left part way comes whole, as one piece."""
         with self._lock:
-            first = self._next_start(deadline_ns, cancel)
-        return first.kind, first.total, self._pieces(first, deadline_ns, cancel, locked=False)
+            if self._partial is None:
+                first = self._next_start(deadline_ns, cancel)
+                return first.kind, first.total, self._pieces(first, deadline_ns, cancel)
+        kind, data = self.read(deadline_ns, cancel, False)
+        return kind, memoryview(data).nbytes, (data,)
 
     def _next_start(self, deadline_ns: int, cancel: threading.Event | None) -> _Chunk:
         """The first chunk of the next message; stray continuations are dropped."""
@@ -382,16 +418,12 @@ class ZmqReader(Reader):
                 self._seq = c.seq + 1
                 return c
 
-    def _pieces(self, first: _Chunk, deadline_ns: int, cancel: threading.Event | None,
-                locked: bool):
+    def _pieces(self, first: _Chunk, deadline_ns: int, cancel: threading.Event | None):
         yield first.data
         for index in range(1, first.count):
             while True:
-                if locked:
+                with self._lock:
                     c = self._next_chunk(deadline_ns, cancel)
-                else:
-                    with self._lock:
-                        c = self._next_chunk(deadline_ns, cancel)
                 if c.index == 0 and c.seq > first.seq:  # the writer gave up on this one
                     self._stash = c
                     raise MessageAbortedError(f"the writer gave up on message {first.seq} part way")
@@ -402,9 +434,11 @@ class ZmqReader(Reader):
             yield c.data
 
     def _next_chunk(self, deadline_ns: int, cancel: threading.Event | None) -> _Chunk:
-        """The next authentic chunk, waiting with every exit: shutdown, ``cancel``, the
-        writer lost for longer than the heartbeat timeout, the deadline. As on a ring, a
-        reader shut down still gets what has already arrived, then Cancelled."""
+        """The next authentic chunk, waiting with every exit: shutdown, ``cancel``, a
+        nudge (WaitNudged), the writer lost for longer than the heartbeat timeout, the
+        deadline. As on a ring, a reader shut down still gets what has already arrived,
+        then Cancelled; a deadline already past takes only what has arrived, and leaves a
+        nudge for a wait."""
         stashed = self._stash
         if stashed is not None:
             self._stash = None
@@ -415,12 +449,18 @@ class ZmqReader(Reader):
             shut = self._shut
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
-            try:  # blocks up to RCVTIMEO = _POLL_MS; after shutdown, takes what has arrived
-                frame = self._sock.recv(_NOBLOCK if shut else 0, copy=False)
+            waits = not shut and (deadline_ns < 0 or time.monotonic_ns() < deadline_ns)
+            try:  # blocks up to RCVTIMEO = _POLL_MS, but for a reader that must not wait
+                frame = self._sock.recv(0 if waits and not self._nudged else _NOBLOCK,
+                                        copy=False)
             except zmq.Again:
                 if shut:
                     raise Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was "
                                     "shut down") from None
+                if waits and self._nudged:
+                    self._nudged = False  # (a nudge that comes in between is merged in)
+                    raise WaitNudged(f"dequeue on remote reader rank {self.rank}: its wait "
+                                     "was nudged") from None
             else:
                 if not frame.more:
                     c = self._parse(frame)
@@ -454,6 +494,10 @@ class ZmqReader(Reader):
             self.drops.drop(self.endpoint, "message of another queue or version")
             return None
         return _Chunk(kind, seq, index, count, total, body[_HEADER.size:])
+
+    def nudge(self) -> None:
+        # a waiting read looks at it every receive timeout (_POLL_MS)
+        self._nudged = True
 
     def _wake(self) -> None:
         """Nothing to do: a waiting dequeue polls ``_shut`` every receive timeout."""
