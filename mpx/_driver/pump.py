@@ -1,0 +1,391 @@
+"""The reply pump: whoever reads replies reads them through it, holding the *baton*.
+
+Rules (see mpx/_driver/calls.py for the whole model):
+
+- One thread at a time holds the baton and reads. While it holds it, it only reads and
+  records (mpx/_driver/registry.py); it runs no user code. Once it lets go (``_hand_over``)
+  it makes the outcomes of what it answered and sets their futures (``after_reading``).
+- A thread that waits for its call (a blocking ``collective_rpc``, ``future.result()``)
+  takes the baton when it is free and reads its replies itself: the hot path has no
+  hand-off. While another thread holds the baton, it sleeps on ``turn`` until its call is
+  done, its deadline passes, or the baton is free.
+- The background reader takes the baton only while non-blocking calls are outstanding and
+  no thread waits and no event loop holds the lease; it gives way at once (its read is
+  nudged) when a thread starts to wait.
+- A reader waits no longer than the earliest deadline it knows. It publishes that limit
+  (``reading_until``) before it computes it; a sender whose new call has an earlier
+  deadline nudges the reading ends, and the wait ends (WaitNudged) to be computed again.
+- An interrupt (any BaseException) that escapes a read leaves the registry repaired
+  (``repair``) and the baton released.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mpx import _debug, serde, wire
+from mpx._driver.registry import Call, CallRegistry
+from mpx.errors import Cancelled, DeserializationError, ExecutorFailed, PeerDiedError, QueueTimeout
+from mpx.queue import MessageQueue
+
+logger = logging.getLogger("mpx")
+
+_ALL_OK = 1  # Call.gather's and Call.add's ALL_OK (mpx._future_core)
+
+# How long the background reader leaves the reading to an event loop (renewed at each of
+# the loop's reading steps): a loop whose thread is blocked elsewhere holds the replies of
+# other threads' futures up no longer than this.
+LOOP_LEASE_S = 0.005
+# reading_until while a reader computes its limit: any sender with a deadline nudges.
+_COMPUTING = -1.0
+# While calls wait in the sender's queue (the broadcast ring is full), a reader waiting on
+# one rank looks at every rank this often: a worker blocked on its full response ring
+# takes no calls, so its replies must be read for the ring to make room.
+QUEUED_SLICE_S = 0.005
+
+
+def _undecodable(e: DeserializationError) -> list:
+    """The ERR payload that stands for a reply the driver could not unpickle (a list: a
+    reply is a tuple)."""
+    return ["DeserializationError", f"the driver could not unpickle the result: {e}", ""]
+
+
+def until_ns(until: float | None) -> int:
+    """A time.monotonic() deadline as the transport ends take it (-1: none)."""
+    return -1 if until is None else int(until * 1e9)
+
+
+class ReplyPump(CallRegistry):
+    """Reads replies into the registry (see the module docstring)."""
+
+    def __init__(self, n_ranks: int, *args: Any) -> None:
+        super().__init__(n_ranks, *args)
+        self.resp: list[MessageQueue] = []
+        self.baton = threading.Lock()        # held by the one thread that reads replies
+        self.reader_ident: int | None = None  # the baton holder
+        self.reading_until: float | None = None  # the holder's read limit (see above)
+        self._background: threading.Thread | None = None
+        self._background_reads = False       # the background reader holds the baton
+        self._background_idle = False        # it sleeps on `turn` with no time limit
+        # until when the background reader leaves the reading to event loops, which read
+        # in their own thread while their awaited futures' replies keep coming (futures.py)
+        self.loops_until = 0.0
+        self._reads: list[Callable[..., Any]] = []
+        self._nudges: list[Callable[[], None]] = []
+        # the sender's queue (sender.py): while calls wait in it, waits are sliced
+        self._outbox: collections.deque[tuple[Call, int, tuple]] = collections.deque()
+
+    def attach_replies(self, resp: list[MessageQueue]) -> None:
+        self.resp = resp
+        ends = [q.reading_end() for q in resp]
+        self._reads = [end.read_into for end in ends]  # each rank's reply reader
+        self._nudges = [end.nudge for end in ends]
+
+    def nudge_reader(self) -> None:
+        """End the wait of the thread that reads replies now (or its next wait), so that it
+        looks at the deadlines and at who waits again."""
+        for nudge in self._nudges:
+            nudge()
+
+    def _deadline_added(self, deadline: float) -> None:
+        """A call with ``deadline`` was registered: shorten the reader's wait if it would
+        outlast it."""
+        if self.baton.locked():
+            until = self.reading_until
+            if until is None or until == _COMPUTING or deadline < until:
+                self.nudge_reader()
+
+    # ------------------------------------------------------------------ waiting
+
+    def wait(self, call: Call, timeout: float | None = None) -> None:
+        """Return once ``call`` is done: read replies while no other thread does, else
+        sleep until the call is done or the baton is free. ``TimeoutError`` when
+        ``timeout`` passes first (the call goes on); a call past its deadline fails with
+        RPCTimeoutError (or WorkerStalledError)."""
+        wait_until = None if timeout is None else time.monotonic() + timeout
+        while not call.done:
+            if call.seq not in self.pending:  # answered: its outcome is being made
+                self.finish_answered()
+                if not call.done:
+                    self._wait_turn(call, wait_until)
+                continue
+            if not self.stopping and self.baton.acquire(False):
+                self.reader_ident = threading.get_ident()
+                try:
+                    self._read_until(call, wait_until)
+                finally:
+                    self._hand_over()
+                continue
+            self._wait_turn(call, wait_until)
+
+    def _wait_turn(self, call: Call, wait_until: float | None) -> None:
+        with self.turn:
+            self.waiting += 1
+            if self._background_reads:
+                self.nudge_reader()  # the background reader hands the baton over
+            try:
+                while not call.done and (self.stopping or self.baton.locked() or
+                                         call.seq not in self.pending):
+                    limit = wait_until if call.deadline is None or wait_until is not None \
+                        and wait_until < call.deadline else call.deadline
+                    left = None if limit is None else limit - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    self.turn.wait(left)
+            finally:
+                self.waiting -= 1
+                if not self.waiting and self.outstanding:
+                    self.turn.notify_all()  # the background reader may read again
+        if not call.done:
+            self._check_time(call, wait_until)
+
+    def _hand_over(self) -> None:
+        """Release the baton, wake the threads that wait for it (the background reader
+        too), then do what reading left to do (after_reading)."""
+        self.reader_ident = None
+        self.baton.release()
+        try:
+            if self.waiting:
+                with self.turn:
+                    self.turn.notify_all()
+            elif self.outstanding:
+                self._wake_background_reader()
+        finally:
+            if self._answered or self._completed:
+                self.after_reading()
+
+    @staticmethod
+    def _queued_slice(until: float | None) -> float:
+        """``until``, or sooner: QUEUED_SLICE_S from now (calls are queued)."""
+        soon = time.monotonic() + QUEUED_SLICE_S
+        return soon if until is None or soon < until else until
+
+    def _check_time(self, call: Call, wait_until: float | None) -> None:
+        """Fail ``call`` if its deadline passed; TimeoutError if the wait's did."""
+        now = time.monotonic()
+        if call.deadline is not None and now >= call.deadline:
+            self._expire(call, now)
+        elif wait_until is not None and now >= wait_until:
+            raise TimeoutError(f"result() timed out; call {call.method!r} is still running")
+
+    # ------------------------------------------------------------------ reading (baton held)
+
+    def _read_until(self, call: Call, wait_until: float | None) -> None:
+        try:
+            while not call.done and not self.stopping and call.seq in self.pending:
+                self.reading_until = _COMPUTING
+                if not self.with_deadline:
+                    until = wait_until
+                elif len(self.pending) == 1:  # this call alone: its own deadline (hot)
+                    d = call.deadline
+                    until = wait_until if d is None or wait_until is not None and \
+                        wait_until < d else d
+                else:
+                    until = self._read_limit(wait_until)
+                if self._outbox:
+                    until = self._queued_slice(until)
+                self.reading_until = until
+                try:
+                    if self.stalls.reports:  # (their bookkeeping is _record's, reply by reply)
+                        self._read_one(call.first_missing(), until)
+                    else:
+                        self._gather(call, until)
+                except QueueTimeout:  # (WaitNudged too: a new deadline, look again)
+                    self._read_available()  # the stall reports of the other ranks
+                    self._expire_due()
+                    if not call.done and call.seq in self.pending:
+                        self._check_time(call, wait_until)
+                except PeerDiedError as e:
+                    self._peer_gone(e)
+                except Cancelled:
+                    return  # fail() or close() is under way: they settle the call
+        except BaseException:
+            self.repair()
+            raise
+
+    def _gather(self, call: Call, until: float | None) -> None:
+        """Read ``call``'s replies in rank order until it is answered or a reply needs
+        _record (a stall report, an older call's reply): what _read_one does reply by
+        reply, in one compiled loop (Call.gather)."""
+        try:
+            answered, rank, reply = call.gather(self._reads, self.next_reply, until_ns(until),
+                                                serde.decode_lent)
+        except DeserializationError as e:
+            rank = call.first_missing()
+            self._record(rank, self.next_reply[rank], wire.ERR, _undecodable(e))
+        except PeerDiedError as e:
+            e.rank = call.first_missing()
+            raise
+        else:
+            if answered == _ALL_OK:
+                self._settle(call, call.ok_value())
+            elif answered:
+                self._answer(call)
+            else:
+                seq, status, payload = reply
+                self._record(rank, seq, status, payload)
+
+    def _read_one(self, rank: int, until: float | None) -> None:
+        """Read and record rank's next reply, waiting until monotonic ``until`` at most."""
+        try:
+            seq, status, payload = self._reads[rank](until_ns(until), None, False,
+                                                     serde.decode_lent)
+        except DeserializationError as e:
+            seq, status, payload = self.next_reply[rank], wire.ERR, _undecodable(e)
+        except PeerDiedError as e:
+            e.rank = rank
+            raise
+        self._record(rank, seq, status, payload)
+
+    def _read_available(self) -> int:
+        """Read every reply that is already there, a batch per rank; how many."""
+        got = 0
+        try:
+            for rank, q in enumerate(self.resp):
+                replies = q.dequeue_ready(_undecodable)
+                if replies:
+                    self._record_batch(rank, replies)
+                    got += len(replies)
+        except PeerDiedError as e:
+            e.rank = rank
+            self._peer_gone(e)
+        except Cancelled:
+            pass
+        return got
+
+    def _peer_gone(self, e: PeerDiedError) -> None:
+        with self.lock:
+            self.stopping = True  # until the monitor fails the group, nobody reads
+        assert e.rank is not None
+        self.on_peer_gone(e.rank, e)
+
+    # ------------------------------------------------------------------ other readers
+
+    def _take_baton(self, timeout: float) -> bool:
+        if self.reader_ident == threading.get_ident():
+            return False
+        if not self.baton.acquire(timeout=timeout):
+            return False
+        self.reader_ident = threading.get_ident()
+        return True
+
+    def read_available(self, timeout: float) -> None:
+        """Read the replies already there (stall reports among them), unless another
+        thread holds the baton for ``timeout`` seconds: it reads them then."""
+        if self._take_baton(timeout):
+            try:
+                self._read_available()
+            except BaseException:
+                self.repair()
+                raise
+            finally:
+                self._hand_over()
+
+    def read_ready(self) -> int | None:
+        """Read the replies already there, unless another thread holds the baton (None):
+        how many were read. An event loop's reader calls this in the loop's thread."""
+        if self.stopping or not self.baton.acquire(False):
+            return None
+        self.reader_ident = threading.get_ident()
+        try:
+            return self._read_available()
+        except BaseException:
+            self.repair()
+            raise
+        finally:
+            self._hand_over()
+
+    def lease_to_loop(self) -> None:
+        """An event loop reads the replies of its awaited futures (or will, at its next
+        iteration): the background reader hands the baton over after the reply it is
+        reading, and leaves the reading to the loop for LOOP_LEASE_S."""
+        self.loops_until = time.monotonic() + LOOP_LEASE_S
+        if self._background_reads:
+            self.nudge_reader()
+
+    def wake_background(self) -> None:
+        """The event loop found no reply: the background reader waits for the next."""
+        self.loops_until = 0.0
+        self._wake_background_reader()
+
+    # ------------------------------------------------------------------ the background reader
+
+    def _start_background(self) -> None:
+        """Make sure the background reader runs while futures are outstanding."""
+        if self._background is None:
+            with self.lock:
+                if self._background is None and not self.closed:
+                    self._background = threading.Thread(
+                        target=_debug.counted_thread(self._read_in_background),
+                        name="mpx-reply-reader", daemon=True)
+                    self._background.start()
+                    return
+        self._wake_background_reader()
+
+    def _wake_background_reader(self) -> None:
+        """Wake the background reader if it may read now, or if it sleeps with no limit
+        (it then looks again: a loop's lease it did not know of may have begun)."""
+        if self._background_idle or self._background_may_read() and not self.baton.locked():
+            with self.turn:
+                self.turn.notify_all()
+
+    def _background_may_read(self) -> bool:
+        return bool(self.outstanding and self.pending and not self.waiting and
+                    not self.stopping and (not self.loops_until or time.monotonic() >= self.loops_until))
+
+    def _read_in_background(self) -> None:
+        while True:
+            with self.turn:
+                while not (self._background_may_read() and not self.baton.locked()):
+                    if self.closed:
+                        return
+                    lease = self.loops_until - time.monotonic()
+                    self._background_idle = lease <= 0
+                    self.turn.wait(lease if lease > 0 else None)
+                self._background_idle = False
+            if not self._take_baton(0):
+                continue
+            self._background_reads = True
+            broken: Exception | None = None
+            try:
+                self._read_some()
+            except Exception as e:  # a broken queue: fail rather than leave futures hanging
+                logger.exception("mpx: the background reply reader failed")
+                broken = e
+            except BaseException:  # an interrupt: its call failed with it; read on
+                self.repair()
+            finally:
+                self._background_reads = False
+                self._hand_over()
+            if broken is not None:
+                self.fail(ExecutorFailed(f"reading replies failed: {broken!r}"))  # type: ignore
+                return
+
+    def _read_some(self) -> None:
+        """One turn of the background reader, baton held: wait for the oldest call's next
+        reply (to the earliest deadline), then take what came meanwhile."""
+        self.reading_until = _COMPUTING
+        oldest = next(iter(list(self.pending.values())), None)
+        if oldest is None or not self._background_may_read():
+            return
+        rank = oldest.first_missing()
+        oldest = None  # a parked reader keeps no call (nor its future) alive
+        until = self._read_limit(None)
+        if self._outbox:
+            until = self._queued_slice(until)
+        self.reading_until = until
+        try:
+            self._read_one(rank, until)
+            self._read_available()  # those that came meanwhile, in one batch
+        except QueueTimeout:  # (WaitNudged too: someone waits, or a new deadline)
+            self._read_available()
+            self._expire_due()
+        except PeerDiedError as e:
+            self._peer_gone(e)
+        except Cancelled:
+            pass

@@ -1,0 +1,321 @@
+"""The registry of one executor's calls: every call in flight by sequence number, what
+each rank has answered, and how each call ends (settled with its outcome, or expired).
+
+Rules (see mpx/_driver/calls.py for the whole model):
+
+- Every change to the registry's fields holds ``lock``. It is held for dict and counter
+  updates only: never while reading or writing a queue, never while user code runs.
+- A call moves ``pending`` -> (``answered``, when every rank replied but its outcome needs
+  user code: an aggregator, or an error to build) -> done. A done call's future is set by
+  ``complete_futures`` outside every lock; its done callbacks run on the callback thread.
+- The counters (``outstanding``, ``with_deadline``) are derived from ``pending`` and can be
+  rebuilt from it (``repair``), which an interrupt arriving mid-update relies on.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mpx._driver.callbacks import CallbackThread
+from mpx._driver.futures import complete_each
+from mpx._driver.stalls import StallDiagnosis
+from mpx._impl import future_core_module
+from mpx.errors import (
+    ExecutorFailed,
+    PeerDiedError,
+    ReplyLostError,
+    RPCError,
+    RPCTimeoutError,
+    WorkerStalledError,
+)
+from mpx.wire import OK, STALL
+
+_core = future_core_module()
+if TYPE_CHECKING:
+    from mpx._future_core import Call
+else:
+    # one call in flight: its replies so far and, once done, its outcome (C fields when
+    # the extension is built)
+    Call = _core.Call
+_ALL_OK = _core.ALL_OK
+_record_each, _settle_ok = _core.record_each, _core.settle_ok
+
+
+def _min(*limits: float | None) -> float | None:
+    present = [t for t in limits if t is not None]
+    return min(present) if present else None
+
+
+class CallRegistry:
+    """The calls in flight and their bookkeeping (see the module docstring)."""
+
+    def __init__(self, n_ranks: int, stalls: StallDiagnosis,
+                 on_peer_gone: Callable[[int, PeerDiedError], None]) -> None:
+        self.n_ranks = n_ranks
+        self.stalls = stalls
+        self.on_peer_gone = on_peer_gone
+        self.lock = threading.Lock()        # pending, the counters and the end state
+        self.turn = threading.Condition(threading.Lock())  # a call done, or the baton free
+        self.waiting = 0                    # threads sleeping on `turn` for their call
+        self.pending: dict[int, Call] = {}  # by seq, oldest first: sent or queued to send
+        self.next_seq = 0
+        self.next_reply = [0] * n_ranks     # per rank: the seq its next reply answers
+        self.outstanding = 0                # pending non-blocking calls
+        self.with_deadline = 0              # pending calls with a deadline
+        self.failure: ExecutorFailed | None = None
+        self.stopping = False  # a failure or shutdown is under way: nobody takes the baton
+        self.closed = False
+        self._completed: collections.deque[Call] = collections.deque()  # futures to set
+        self._answered: collections.deque[Call] = collections.deque()   # outcomes to make
+        self.callbacks = CallbackThread()
+
+    # ------------------------------------------------------------------ registering
+
+    def check_usable(self) -> None:
+        """Raise the failure, or ExecutorFailed after shutdown."""
+        if self.failure is not None:
+            raise self.failure
+        if self.closed or self.stopping:
+            raise ExecutorFailed("the executor was shut down")
+
+    def _register(self, call: Call) -> None:
+        self.lock.acquire()  # (the hot locks are taken with acquire/release: half of `with`)
+        try:
+            if self.failure is not None or self.closed or self.stopping:
+                self.check_usable()
+            self.pending[call.seq] = call
+            if call.deadline is not None:
+                self.with_deadline += 1
+            if call.future is not None:
+                self.outstanding += 1
+        finally:
+            self.lock.release()
+
+    def _forget(self, call: Call) -> None:
+        """Unregister a call that was never sent."""
+        with self.lock:
+            if call.done or self.pending.pop(call.seq, None) is None:
+                return
+            call.done = True
+            self.with_deadline -= call.deadline is not None
+            self.outstanding -= call.future is not None
+
+    def repair(self) -> None:
+        """Make the registry consistent again after an interrupt (KeyboardInterrupt,
+        SystemExit...) cut an update short: done calls leave ``pending``, calls every rank
+        answered move on to ``answered``, and the counters are counted again."""
+        with self.lock:
+            for seq, call in list(self.pending.items()):
+                if call.done:
+                    del self.pending[seq]
+                elif not call.missing():
+                    del self.pending[seq]
+                    if call not in self._answered:
+                        self._answered.append(call)
+            self.with_deadline = sum(c.deadline is not None for c in self.pending.values()) + \
+                sum(c.deadline is not None for c in self._answered if not c.done)
+            self.outstanding = sum(c.future is not None for c in self.pending.values()) + \
+                sum(c.future is not None for c in self._answered if not c.done)
+        self._notify_waiters()
+
+    # ------------------------------------------------------------------ recording replies
+
+    def _record(self, rank: int, seq: int, status: int, payload: Any) -> None:
+        """Record one reply of ``rank`` (the thread holding the baton)."""
+        if status == STALL:
+            self.stalls.report(rank, payload, self.next_reply[rank])
+            return
+        if self.stalls.reports:
+            self.stalls.answered(rank, seq)
+        if seq != self.next_reply[rank]:
+            self._replies_lost(rank, seq)
+        self.next_reply[rank] = seq + 1
+        call = self.pending.get(seq)
+        if call is None:
+            return  # the reply of a call that already timed out
+        answered = call.add(rank, status == OK, payload)
+        if answered == _ALL_OK:
+            self._settle(call, call.ok_value())
+        elif answered:
+            self._answer(call)
+
+    def _record_batch(self, rank: int, replies: list) -> None:
+        """_record each of ``rank``'s ``replies`` in order; the replies of calls, while no
+        stall is reported, in compiled loops (record_each, settle_ok)."""
+        start, n = 0, len(replies)
+        first = replies[0]
+        if type(first) is tuple and first[1] != STALL and first[0] != self.next_reply[rank]:
+            self._replies_lost(rank, first[0])
+        while start < n:
+            if self.stalls.reports:  # (their bookkeeping is _record's, reply by reply)
+                stop = start
+            else:
+                answered: list[Call] = []
+                stop = _record_each(replies, start, rank, self.next_reply, self.pending,
+                                    answered)
+                if answered:
+                    self._settle_answered(answered)
+            if stop == n:
+                return
+            reply = replies[stop]
+            if type(reply) is tuple:
+                self._record(rank, *reply)
+            else:
+                self._record(rank, self.next_reply[rank], 2, reply)  # wire.ERR
+            start = stop + 1
+
+    def _settle_answered(self, calls: list[Call]) -> None:
+        """Settle, in order, calls that every rank answered (as _record would)."""
+        i, n = 0, len(calls)
+        while i < n:
+            self.lock.acquire()
+            try:
+                i, with_deadline, futures = _settle_ok(calls, i, self.pending, self._completed)
+                self.with_deadline -= with_deadline
+                self.outstanding -= futures
+            finally:
+                self.lock.release()
+            if i < n:
+                self._answer(calls[i])
+                i += 1
+        if self.waiting:
+            self._notify_waiters()
+
+    def _replies_lost(self, rank: int, seq: int) -> None:
+        """``rank`` answered ``seq`` while older calls still miss its reply: every rank
+        answers every call in order, so those replies were read and lost (an interrupt
+        came between the read and the record). Those calls fail; the others go on."""
+        for lost in range(self.next_reply[rank], seq):
+            call = self.pending.get(lost)
+            if call is not None and rank in call.missing():
+                self._settle(call, error=ReplyLostError(
+                    f"collective_rpc {call.method!r}: the reply of rank {rank} was lost "
+                    "(an interrupt came while the driver read it)", rank=rank))
+
+    def _answer(self, call: Call) -> None:
+        """Every rank answered ``call``, but its outcome needs user code (an aggregator) or
+        an error to build: it leaves ``pending`` for ``answered``, which ``finish_answered``
+        ends outside the baton."""
+        with self.lock:
+            if self.pending.pop(call.seq, None) is not None:
+                self._answered.append(call)
+
+    # ------------------------------------------------------------------ settling
+
+    def finish_answered(self) -> None:
+        """Make the outcome of every answered call (aggregators run here, in this thread,
+        outside every lock) and settle it. Whatever an aggregator raises, an interrupt
+        (KeyboardInterrupt, SystemExit) too, is its own call's error: that call's caller
+        gets it, and no other call is touched."""
+        answered = self._answered
+        while answered:
+            try:
+                call = answered.popleft()
+            except IndexError:
+                return  # another thread took the last one
+            self._finish(call)
+
+    def _finish(self, call: Call) -> None:
+        if call.errors:
+            ranks = sorted(call.errors)
+            etype, msg, tb = call.errors[ranks[0]]
+            self._settle(call, error=RPCError(ranks, etype, msg, tb, method=call.method))
+        elif call.reply_rank is not None:
+            self._settle(call, call.results[call.reply_rank])
+        elif call.aggregator is None:
+            self._settle(call, [call.results[r] for r in range(call.n_ranks)])
+        else:
+            try:
+                value = call.aggregator([call.results[r] for r in range(call.n_ranks)])
+            except BaseException as e:  # (KeyboardInterrupt too: its caller gets it)
+                self._settle(call, error=e)
+            else:
+                self._settle(call, value)
+
+    def _settle(self, call: Call, value: Any = None, error: BaseException | None = None) -> None:
+        self.lock.acquire()
+        try:
+            if call.done:
+                return
+            self.pending.pop(call.seq, None)
+            if call.deadline is not None:
+                self.with_deadline -= 1
+            call.value, call.error = value, error
+            if call.future is not None:
+                self.outstanding -= 1
+                self._completed.append(call)
+            call.done = True
+        finally:
+            self.lock.release()
+        if self.waiting:
+            self._notify_waiters()
+
+    def _notify_waiters(self) -> None:
+        with self.turn:
+            self.turn.notify_all()
+
+    def complete_futures(self) -> None:
+        """Set the futures of the settled calls, in order, and wake the event loops that
+        await them (outside every lock); their done callbacks go to the callback thread."""
+        due: list = []
+        try:
+            complete_each(self._completed, due)
+        finally:
+            if due:
+                self.callbacks.run_soon(due)
+
+    def after_reading(self) -> None:
+        """What a thread does once it has let go of the baton: the outcomes of the calls it
+        answered (aggregators), then their futures."""
+        try:
+            if self._answered:
+                self.finish_answered()
+        finally:
+            if self._completed:
+                self.complete_futures()
+
+    # ------------------------------------------------------------------ expiring
+
+    def _expire_due(self) -> None:
+        if not self.with_deadline:
+            return
+        now = time.monotonic()
+        for call in list(self.pending.values()):
+            if call.deadline is not None and now >= call.deadline:
+                self._expire(call, now)
+
+    def _expire(self, call: Call, now: float) -> None:
+        missing = call.missing()
+        if self._is_queued(call):
+            message = (f"collective_rpc {call.method!r} timed out before every worker could "
+                       f"take the call (after {now - call.started:.1f} s, still queued in "
+                       "the driver: the broadcast ring stayed full)")
+            self._settle(call, error=RPCTimeoutError(message, missing))
+            return
+        text, stalled = self.stalls.describe_missing(missing, call.started)
+        message = (f"collective_rpc {call.method!r} timed out after {now - call.started:.1f} s; "
+                   f"ranks {missing} have not answered: {text}")
+        self._settle(call, error=WorkerStalledError(message, missing, stalled) if stalled else
+                     RPCTimeoutError(message, missing))
+
+    def _is_queued(self, call: Call) -> bool:
+        """Whether ``call`` waits in the driver, unsent (the sender's)."""
+        return False
+
+    def _read_limit(self, wait_until: float | None) -> float | None:
+        """The earliest of ``wait_until`` and the pending deadlines."""
+        if not self.with_deadline:
+            return wait_until
+        return _min(wait_until, *[c.deadline for c in list(self.pending.values())
+                                  if c.deadline is not None])
+
+    def _settle_all(self, err: BaseException) -> None:
+        with self.lock:
+            calls = list(self.pending.values())
+        for call in calls:
+            self._settle(call, error=err)
+        self._notify_waiters()

@@ -1,0 +1,222 @@
+"""The sender: every call gets the next sequence number and goes out on the broadcast queue
+in that order, and no caller ever waits for ring room.
+
+Rules (see mpx/_driver/calls.py for the whole model):
+
+- ``order`` (a lock) is held to number, encode and register a call and then either to
+  write it, when nothing is queued before it and the ring has room for all of it now (a
+  write that cannot wait), or to queue it. It is never held while waiting.
+- Queued calls go out in order from the sender thread (``mpx-sender``, started on first
+  use), which waits for room with each call's deadline; only it writes while calls are
+  queued. A queued call whose deadline passes is settled with RPCTimeoutError and never
+  sent; at shutdown or failure the queue is settled with the table's error.
+- A blocking ``collective_rpc`` whose call was queued waits for its replies, reading them
+  meanwhile: the workers make room as their replies are read.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from mpx import _debug, serde, wire
+from mpx._driver.futures import RPCFuture
+from mpx._driver.pump import until_ns
+from mpx._driver.registry import Call
+from mpx.errors import Cancelled, ExecutorFailed, PeerDiedError, QueueTimeout, RPCTimeoutError
+from mpx.queue import MessageQueue
+
+if TYPE_CHECKING:
+    from mpx._driver.pump import ReplyPump
+
+    _Base = ReplyPump
+else:
+    _Base = object
+
+
+class PendingCalls(NamedTuple):
+    """What an executor has not finished, for admission control (``Executor.pending_calls``):
+    ``in_flight``, calls sent to the workers and not yet settled; ``queued``, calls waiting
+    in the driver for room in the broadcast ring, in order."""
+
+    in_flight: int
+    queued: int
+
+
+def _size(parts: tuple) -> int:
+    n = 0
+    for p in parts:
+        n += len(p) if type(p) is bytes else memoryview(p).nbytes
+    return n
+
+
+class Sending(_Base):
+    """The sending half of the call table (see the module docstring); a mixin of
+    CallTable over the reply pump."""
+
+    def attach_broadcast(self, broadcast: MessageQueue) -> None:
+        out = broadcast.writing_end()  # (enqueue's work without its frame)
+        self._out = out
+        self._write, self._has_room, self._local = out.write, out.has_room, out.shares_memory
+        # a message larger than the ring streams through it, waiting for the readers
+        # part way: only the sender thread writes such a one
+        cfg = broadcast.config
+        self._ring_bytes = cfg.max_chunks * cfg.max_chunk_bytes if any(
+            e.shares_memory for e in out.ends) else None
+        self.order = threading.Lock()
+        self._queued_cv = threading.Condition(self.order)
+        self._queued_seqs: set[int] = set()
+        self._sender: threading.Thread | None = None
+        self._sender_writes = False  # the sender thread is writing the outbox's head
+
+    def wake_workers(self) -> None:
+        """A call follows: workers asleep after idling start waking now (see
+        MessageQueue.wake_readers)."""
+        self._out.wake_readers()
+
+    def pending_calls(self) -> PendingCalls:
+        """Calls in flight and calls queued in the driver (see PendingCalls)."""
+        with self.lock:
+            queued = len(self._outbox)
+            return PendingCalls(len(self.pending) + len(self._answered) - queued, queued)
+
+    def send(self, method: Any, name: str, args: tuple, kwargs: dict | None,
+             reply_rank: int | None, aggregator: Callable | None, timeout: float | None,
+             non_block: bool) -> Call:
+        """Number, register and send (or queue) one call; ``name`` is the method's for
+        messages. Never waits for ring room."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.order.acquire()
+        try:
+            self.check_usable()
+            seq = self.next_seq
+            call = Call(seq, name, self.n_ranks, reply_rank, aggregator, deadline)
+            if non_block:
+                call.future = RPCFuture(self, call)
+            try:
+                self._out.wake_readers()  # (again: those that parked since, while it pickles)
+                kind, parts = serde.encode(wire.call(seq, method, args, kwargs, reply_rank),
+                                           self._local)
+            except BaseException as e:
+                raise self._send_error(e, name) from e
+            self.next_seq = seq + 1
+            self._register(call)
+            if not self._outbox and self._has_room(parts) and self._fits(parts):
+                try:  # (room for all of it on the ring: it cannot wait there)
+                    self._write(kind, parts, until_ns(deadline))
+                except BaseException as e:
+                    self._forget(call)
+                    raise self._send_error(e, name) from e
+            else:
+                self._queue(call, kind, parts)
+        finally:
+            self.order.release()
+        if deadline is not None:
+            self._deadline_added(deadline)
+        if self._completed or self._answered:
+            self.after_reading()
+        # (first the cheap look at an event loop's lease: it reads for these futures, the
+        # common case)
+        if non_block and (self._background is None or self._background_idle or
+                          not self.baton.locked() and time.monotonic() >= self.loops_until
+                          and self._background_may_read()):
+            self._start_background()
+        return call
+
+    def _fits(self, parts: tuple) -> bool:
+        """Whether the message of ``parts`` fits the ring whole (or there is no ring)."""
+        cap = self._ring_bytes
+        if cap is None:
+            return True
+        if len(parts) == 1 and type(parts[0]) is bytes:  # (most calls: one small piece)
+            return len(parts[0]) <= cap
+        return _size(parts) <= cap
+
+    def _send_error(self, e: BaseException, name: str) -> BaseException:
+        if isinstance(e, QueueTimeout):
+            return RPCTimeoutError(f"collective_rpc {name!r} timed out before every worker "
+                                   f"could take the call: {e}", list(range(self.n_ranks)))
+        if isinstance(e, PeerDiedError) and e.rank is not None:
+            self.on_peer_gone(e.rank, e)  # the monitor may not have seen it yet
+        if isinstance(e, (PeerDiedError, Cancelled)):
+            if self.failure is not None:
+                return self.failure
+            return ExecutorFailed(f"collective_rpc {name!r} could not be sent: {e}")
+        return e
+
+    # ------------------------------------------------------------------ the queue
+
+    def _queue(self, call: Call, kind: int, parts: tuple) -> None:
+        """(order held) Queue ``call`` behind the others; the sender thread sends it."""
+        self._outbox.append((call, kind, parts))
+        self._queued_seqs.add(call.seq)
+        if self.baton.locked():
+            self.nudge_reader()  # it reads every rank while calls are queued
+        if self._sender is None:
+            self._sender = threading.Thread(target=_debug.counted_thread(self._send_queued),
+                                            name="mpx-sender", daemon=True)
+            self._sender.start()
+        else:
+            self._queued_cv.notify()
+
+    def _is_queued(self, call: Call) -> bool:
+        return call.seq in self._queued_seqs
+
+    def _next_queued(self) -> tuple[Call, int, tuple] | None:
+        """(order held) The outbox's head, once there is one to send; None at the end.
+        Calls settled while queued (expired, failed) are dropped unsent."""
+        outbox = self._outbox
+        while True:
+            while outbox and outbox[0][0].done:
+                self._queued_seqs.discard(outbox.popleft()[0].seq)
+            if outbox:
+                return outbox[0]
+            if self.closed or self.stopping:
+                return None
+            self._queued_cv.wait()
+
+    def _send_queued(self) -> None:
+        """The sender thread: write the queued calls in order, each waiting for room up to
+        its deadline."""
+        while True:
+            with self._queued_cv:
+                head = self._next_queued()
+                if head is None:
+                    return
+                self._sender_writes = True
+            call, kind, parts = head
+            try:
+                self._write(kind, parts, until_ns(call.deadline))
+            except BaseException as e:
+                self._unsent(call, e)  # (still queued: a timeout says so)
+            finally:
+                with self._queued_cv:
+                    self._sender_writes = False
+                    self._outbox.popleft()
+                    self._queued_seqs.discard(call.seq)
+
+    def _unsent(self, call: Call, error: BaseException) -> None:
+        """A queued call could not be written: it fails alone (its deadline passed, it
+        could not be sent), or with the table (shutdown, a dead worker)."""
+        if isinstance(error, QueueTimeout):
+            if not call.done:
+                self._expire(call, time.monotonic())
+        else:
+            self._settle(call, error=self._send_error(error, call.method))
+        self.after_reading()
+
+    def stop_sending(self) -> None:
+        """Shutdown or failure (the queued calls were settled): the sender thread ends, its
+        write in progress cancelled (which shuts the broadcast writer down)."""
+        with self._queued_cv:
+            sender = self._sender
+            self._queued_cv.notify_all()
+            writing = self._sender_writes
+        if sender is None:
+            return
+        if writing:
+            self._out.shutdown()
+        if sender is not threading.current_thread():
+            sender.join(5)
