@@ -101,13 +101,13 @@ def test_idle_worker_sigkilled_is_seen_within_a_second(ex):
     assert not _procs.running(survivor)
 
 
-def test_sigterm_in_worker_exits_it_cleanly(ex):
+def test_a_stray_sigterm_leaves_the_worker_serving(ex):
+    # the driver stops its workers, not a SIGTERM from elsewhere (more in test_signals.py)
     e = ex(n=1)
     os.kill(e.worker_pids[0], signal.SIGTERM)
-    with pytest.raises(mpx.WorkerDiedError, match="exit code 0"):
-        for _ in range(100):
-            e.collective_rpc("rank", timeout=5)
-            time.sleep(0.05)
+    time.sleep(0.2)
+    assert e.collective_rpc("rank", timeout=5) == [0]
+    assert not e.is_failed
 
 
 @pytest.mark.parametrize("start_method", START_METHODS)

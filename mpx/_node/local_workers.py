@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from typing import Any
 
 from mpx._procinfo import pid_state
@@ -81,6 +82,86 @@ def _release_death_pipes_in_child() -> None:
 os.register_at_fork(after_in_child=_release_death_pipes_in_child)
 
 
+def _own_process_group(pid: int) -> None:
+    """Put a just-started worker in a process group of its own, as the worker itself does
+    first thing (mpx._worker.main): a signal to this process's group (Ctrl-C in a
+    terminal, ``kill -TERM -PGID``) then leaves the workers to this process. From here it
+    takes only where the child is ours and has not exec'd (fork); elsewhere the child's own
+    call does it (spawn: EACCES after exec; forkserver: not our child)."""
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass
+
+
+# How long a fork server's worker that is gone gets for the fork server's report of its
+# exit status (it writes it as soon as it has reaped the worker).
+FORK_SERVER_REPORT_S = 1.0
+
+
+class _ForkServerWorker:
+    """A worker that multiprocessing's fork server started, watched through a pidfd too.
+
+    The fork server, not this process, is that worker's parent: it reaps it and reports its
+    exit status over a pipe, the process's sentinel. The fork server runs in this process's
+    group and ignores SIGINT, not SIGTERM: a SIGTERM to the whole group (``kill -TERM
+    -PGID``, systemd's stop) ends it, and multiprocessing then reads every worker it
+    started as exited with 255 while they run on. Here ``sentinel`` is the worker's pidfd
+    (readable once the worker itself exited), ``exitcode`` None until then, and the signals
+    go through the pidfd."""
+
+    def __init__(self, proc: Any) -> None:
+        self._proc = proc
+        self.pid = proc.pid
+        self.name = proc.name
+        self._pidfd = os.pidfd_open(proc.pid)
+        self.sentinel = self._pidfd
+        self._exited = False
+        weakref.finalize(self, os.close, self._pidfd)
+
+    def _gone(self, timeout: float | None = 0.0) -> bool:
+        if not self._exited:
+            self._exited = bool(multiprocessing.connection.wait([self._pidfd], timeout))
+        return self._exited
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while the worker runs, else the fork server's report (255 when the fork
+        server is gone and cannot say)."""
+        if not self._gone():
+            return None
+        if self._proc.exitcode is None:
+            self._proc.join(FORK_SERVER_REPORT_S)
+        return self._proc.exitcode
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._gone(timeout):
+            self._proc.join(FORK_SERVER_REPORT_S)
+
+    def _signal(self, sig: int) -> None:
+        if not self._gone():
+            try:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+
+def _watched(proc: Any, start_method: str) -> Any:
+    """``proc``, or for the fork server's workers the wrapper above (where pidfds exist)."""
+    if start_method != "forkserver":
+        return proc
+    try:
+        return _ForkServerWorker(proc)
+    except (AttributeError, OSError):  # no pidfds here (Linux < 5.3), or already gone
+        return proc
+
+
 class LocalWorkers:
     """The processes for ``ctxs`` (one WorkerContext each) on this node, reading calls from
     the queue of ``handle`` as their global rank, or as their local rank when
@@ -112,8 +193,9 @@ class LocalWorkers:
             p = mp.Process(target=worker_main, args=(spec, ready_w, death_r),
                            name=f"mpx-worker-{ctx.rank}")
             p.start()
+            _own_process_group(p.pid)
             ready_w.close()
-            self.procs.append(p)
+            self.procs.append(_watched(p, config.start_method))
             self.ready.append(ready_r)
         death_r.close()
 
@@ -167,7 +249,11 @@ class LocalWorkers:
     def stop(self) -> None:
         """Close the death pipe, wait shutdown_grace_s, SIGTERM, wait terminate_grace_s,
         SIGKILL; then close the handshake pipes. Whatever interrupts the waits (Ctrl-C), the
-        workers still alive are SIGKILLed before it propagates."""
+        workers still alive are SIGKILLed before it propagates.
+
+        The pipe closes first because that is how a worker tells this SIGTERM from a stray
+        one: it ignores SIGTERM and SIGINT while the pipe is open and this process alive
+        (mpx._worker.main), and dies of them once the pipe is closed."""
         if self.death_w is not None:
             _death_pipe_fds.discard(self.death_w.fileno())
             self.death_w.close()

@@ -5,6 +5,16 @@ the broadcast queue, builds the user's worker object, creates its response queue
 answers every call on it exactly once, in order, with ``(seq, status, payload)``: from the
 RPC loop itself, or from the async output thread (:mod:`mpx._worker.output`). The watchdog
 (:mod:`mpx.watchdog`) watches each call and may add a STALL report before its answer.
+
+Signals: the driver decides when its workers stop. A worker leads a process group of its
+own, so what is sent to the driver's group (Ctrl-C in a terminal, ``kill -TERM -PGID``)
+never reaches it. A SIGINT or SIGTERM that reaches it anyway (systemd's control-group
+stop, ``scancel``, a ``kill`` of its pid) is ignored, with one warning, while its driver
+holds it: the driver, which got the same signal, drains its calls and then stops the
+workers. Once the driver has let go (it closes the death pipe before it sends any
+SIGTERM, at shutdown) or died, either signal ends the worker: the call is unwound (its
+``finally`` blocks run) and the process dies of the signal's default action, so the
+driver reads "killed by SIGTERM", never "exit code 0". SIGKILL always ends it at once.
 """
 
 from __future__ import annotations
@@ -129,10 +139,17 @@ def _watch_parent(death_conn, parent_pid: int, on_orphaned) -> None:
 
 def _leave_the_group_after_fork() -> None:
     """In a child that user code forked from a worker: it shares the worker's queues, so
-    it must never touch them, and it dies with the worker (SIGKILL)."""
+    it must never touch them, and it dies with the worker (SIGKILL). SIGTERM and SIGINT
+    act in it as in any Python process (the worker's policy is the worker's own)."""
     global _forked_from
     _forked_from = _worker_pid
     set_parent_death_signal(signal.SIGKILL)
+    for signum, default in _INTERRUPTS.items():
+        try:
+            if isinstance(signal.getsignal(signum), _Interrupts):
+                signal.signal(signum, default)
+        except (ValueError, OSError):
+            pass
 
 
 _worker_pid = -1
@@ -146,8 +163,89 @@ def _exit_if_forked() -> None:
         os._exit(0)
 
 
-def _exit_on_signal(signum, frame):
-    raise SystemExit(0)
+# The signals a worker leaves to its driver while the driver holds it, with the action a
+# process forked from a worker gets back.
+_INTERRUPTS: dict[signal.Signals, Any] = {signal.SIGTERM: signal.SIG_DFL,
+                                         signal.SIGINT: signal.default_int_handler}
+
+
+def _lead_own_process_group() -> None:
+    """Leave the driver's process group (see the module docstring). The starter does the
+    same from its side where it can (fork), closing the window before this runs."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass  # a session leader already (EPERM): in no terminal's group
+    # A background group's write to a terminal with `stty tostop` would stop the worker
+    # (SIGTTOU); ignored, its output goes out as it did from the driver's group.
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+
+
+class _EndedBySignal(SystemExit):
+    """Raised by the SIGTERM/SIGINT handler once the driver has let go of the worker: it
+    unwinds the call, and :func:`worker_main` then dies of ``signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+class _Interrupts:
+    """The SIGTERM and SIGINT handler (see the module docstring): ignored with one warning
+    each while the driver holds this worker, the end of it once the driver has let go."""
+
+    def __init__(self, rank: int, driver_pid: int, death_conn, orphaned: threading.Event) -> None:
+        self._rank = rank
+        self._driver_pid = driver_pid
+        self._death_conn = death_conn
+        self._orphaned = orphaned
+        self._warned: set[int] = set()
+
+    def install(self) -> None:
+        for signum in _INTERRUPTS:
+            signal.signal(signum, self)
+
+    def driver_let_go(self) -> bool:
+        """Whether the driver is gone or stopping this worker: it closed the death pipe
+        (LocalWorkers.stop does before its SIGTERM, so the closing is already visible here
+        when that signal comes), or the parent watch saw it die."""
+        if self._orphaned.is_set():
+            return True
+        try:
+            return bool(self._death_conn.poll(0))  # the pipe carries no data: EOF
+        except (OSError, ValueError, EOFError):
+            return True
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.driver_let_go():
+            raise _EndedBySignal(signum)
+        if signum in self._warned:
+            return
+        self._warned.add(signum)
+        # os.write, not print or logging: this may interrupt a write to the same stream
+        name = signal.Signals(signum).name
+        text = (f"(mpx worker rank={self._rank} pid={os.getpid()}) mpx: ignoring {name}: "
+                f"this worker's driver (pid {self._driver_pid}) is alive and stops its "
+                f"workers itself (shutdown, or its exit); SIGKILL ends this worker now. "
+                f"(Said once per signal.)\n")
+        try:
+            os.write(2, text.encode(errors="replace"))
+        except OSError:
+            pass
+
+
+def _die_of(signum: int) -> None:
+    """End this process by ``signum``'s default action, so that its exit status (-signum to
+    the driver) says what ended it."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # closed, or a broken pipe: nothing to keep
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # (not reached: the signal is delivered before kill returns)
 
 
 # glibc gives freed memory at the top of the heap back to the kernel past 128 KiB
@@ -174,7 +272,16 @@ def _keep_freed_memory() -> None:
 
 def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
     """Entry point of a worker process (see module docstring)."""
+    try:
+        _worker_main(spec, ready_conn, death_conn)
+    except _EndedBySignal as e:
+        _exit_if_forked()
+        _die_of(e.signum)
+
+
+def _worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
     global _worker_pid
+    _lead_own_process_group()  # first: until then, the driver's group's signals reach it
     _worker_pid = os.getpid()
     block_dump_signal()  # before any thread starts: they all inherit it
     os.register_at_fork(after_in_child=_leave_the_group_after_fork)
@@ -186,16 +293,15 @@ def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
     if spec.arm_pdeathsig:
         _arm_parent_death_signal(spec.parent_pid)
     ctx = spec.ctx
+    orphaned = threading.Event()
+    _Interrupts(ctx.rank, spec.parent_pid, death_conn, orphaned).install()
     _set_identity(ctx)
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    signal.signal(signal.SIGINT, _exit_on_signal)
     _set_threads(ctx)
     _keep_freed_memory()
 
     broadcast = resp = None
     out: InlineOutput | AsyncOutput | None = None
     wd: Watchdog | None = None
-    orphaned = threading.Event()
 
     def on_orphaned() -> None:
         orphaned.set()
@@ -214,6 +320,8 @@ def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
             worker_cls = cloudpickle.loads(spec.worker_cls)
             kwargs = cloudpickle.loads(spec.worker_kwargs) or {}
             worker = worker_cls(ctx, **kwargs)
+        except _EndedBySignal:
+            raise  # the driver gave up on the startup and stopped it: no failure to report
         except BaseException as e:
             ready_conn.send(StartupFailed.of(e))
             return
