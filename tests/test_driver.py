@@ -459,6 +459,7 @@ def _samples() -> list[BaseException]:
         errors.SerializationError("cannot pickle"), errors.DeserializationError("cannot load"),
         errors.RPCError([1, 2], "ValueError", "bad", "Traceback ...", method="f"),
         errors.RPCTimeoutError("timed out", [1]),
+        errors.ReplyLostError("lost", rank=1), errors.WaitNudged("nudged"),
         errors.WorkerStalledError("stalled", [0], {0: {"method": "f", "seconds": 2.0}}),
         errors.ExecutorFailed("failed"),
         errors.WorkerDiedError("died", rank=1, pid=42, exitcode=-9),
