@@ -9,7 +9,12 @@ awaiting asyncio task, which waits on a ``Waiter`` woken in batches by ``LoopWak
 locking; ``RPCFuture`` puts either under its own Python methods. The synchronisation is
 described there, in ``RPCFuture``'s comment: every state change, and every read that must
 not miss one, holds ``_lock`` (a ``threading.Lock``), on which the Condition of the base
-class's waits is built.
+class's waits is built. (Once FINISHED, the awaiting tasks and loop callbacks are written
+by ``_hand_off`` alone, which takes them without the lock.)
+
+Completing a future is split so that the thread that reads replies runs no user code:
+``complete_each`` (``_complete``, then ``_hand_off`` to the event loops) in that thread, and
+``_run_callbacks`` (the done callbacks) in the executor's callback thread.
 """
 
 import asyncio
@@ -419,20 +424,73 @@ cdef class Waiter:
         raise StopIteration(self.result())
 
 
+# What FutureCore._finish reports: the follow-up work left once the outcome is set.
+cdef enum:
+    F_HAND_OFF = 1   # an awaiting task's Waiter, or a callback added in an event loop
+    F_CALLBACKS = 2  # done callbacks, for _run_callbacks
+
+
+def runs_here(loop):
+    """Whether ``loop`` runs in this thread now (what the core itself looks at)."""
+    return _runs_here(loop)
+
+
+cdef object _asyncio_loop(fn):
+    """The event loop running in this thread if ``fn`` is a function of asyncio's own (the
+    callback ``asyncio.wait`` adds to what it waits for, which must run in its loop), else
+    None: every other done callback runs where concurrent.futures' would."""
+    cdef object module = getattr(fn, "__module__", None)
+    if type(module) is str and \
+            ((<str>module).startswith("asyncio.") or (<str>module) == "asyncio"):
+        return _running_loop()
+    return None
+
+
+cdef bint _call_in_loop(loop, fn, arg, context) except -1:
+    """Schedule ``context.run(fn, arg)`` in ``loop``, from any thread: False if the loop is
+    closed (nobody will run it there)."""
+    if loop.is_closed():
+        return False
+    try:
+        if _runs_here(loop):
+            loop.call_soon(fn, arg, context=context)
+        else:
+            loop.call_soon_threadsafe(fn, arg, context=context)  # (wakes the loop)
+    except RuntimeError:
+        if loop.is_closed():  # closed meanwhile
+            return False
+        raise
+    return True
+
+
 cdef class FutureCore:
-    """State, completion and asyncio hand-off of an RPCFuture."""
+    """State, completion and asyncio hand-off of an RPCFuture.
+
+    Completing a future is three steps, so that the thread that reads replies runs no user
+    code: ``_complete`` (the outcome, FINISHED, the threads that sleep on it woken; returns
+    whether anything is left), ``_hand_off`` (the event loops that await it, or whose
+    callbacks wait for it, woken: never blocks, never raises), then ``_run_callbacks`` (the
+    done callbacks, each in turn; the call table runs it on its callback thread).
+    ``complete_each`` does the first two for a batch of settled calls and hands back the
+    futures whose callbacks are due; ``set_result``/``set_exception`` by hand do all three
+    in the calling thread.
+    """
 
     cdef public object _lock
     cdef public object _state
     cdef public object _result
     cdef public object _exception
     cdef object waiters         # the base class's _waiters, made on first use
-    cdef public object _done_callbacks  # None until a callback is added
+    # None until a callback is added outside an event loop: each fn, or (fn, context)
+    cdef public object _done_callbacks
+    # None until a second task awaits it or a callback is added in an event loop: each
+    # (delivery, Waiter) or (loop, fn, context)
+    cdef public object _loop_waits
     cdef public object _cond
     cdef public object _call
     cdef public object _source
-    cdef public object _target
-    cdef public object _delivery
+    cdef public object _target    # the Waiter of the first task that awaits it
+    cdef public object _delivery  # and its loop's delivery
 
     def __init__(self, source, call):
         self._lock = _Lock()
@@ -460,25 +518,67 @@ cdef class FutureCore:
     def running(self):
         return self._state is _RUNNING
 
-    def add_done_callback(self, fn):
-        """Run ``fn(future)`` once the call is done, in the thread that completes it (at
-        once, here, if it is done already)."""
+    def add_done_callback(self, fn, *, context=None):
+        """Run ``fn(future)`` once the call is done (in ``context`` if given), in the
+        thread that runs the done callbacks (the executor's callback thread); at once,
+        here, if it is done already (as concurrent.futures does). A callback of asyncio's
+        own, added in a running event loop (``asyncio.wait`` adds one), runs in that loop,
+        as asyncio expects, and not at all if the loop has closed by then."""
+        cdef object loop = _asyncio_loop(fn)
+        cdef object entry
+        if loop is not None:
+            entry = (loop, fn, _copy_context() if context is None else context)
+        elif context is not None:
+            entry = (fn, context)
+        else:
+            entry = fn
         with self._lock:
             if self._state is not _FINISHED:
-                if self._done_callbacks is None:
-                    self._done_callbacks = [fn]
+                if loop is not None:
+                    if self._loop_waits is None:
+                        self._loop_waits = [entry]
+                    else:
+                        self._loop_waits.append(entry)
+                elif self._done_callbacks is None:
+                    self._done_callbacks = [entry]
                 else:
-                    self._done_callbacks.append(fn)
+                    self._done_callbacks.append(entry)
                 return
         try:
-            fn(self)
+            if context is None:
+                fn(self)
+            else:
+                context.run(fn, self)
         except Exception:
             _LOGGER.exception("exception calling callback for %r", self)
 
+    def remove_done_callback(self, fn):
+        """Remove every ``fn`` added and not run yet; how many (asyncio's protocol)."""
+        cdef Py_ssize_t removed = 0
+        cdef list kept
+        with self._lock:
+            if self._done_callbacks:
+                kept = [e for e in self._done_callbacks
+                        if not (e == fn or type(e) is tuple and (<tuple>e)[0] == fn)]
+                removed += len(self._done_callbacks) - len(kept)
+                self._done_callbacks = kept or None
+            if self._loop_waits:
+                kept = [e for e in self._loop_waits
+                        if not (len(<tuple>e) == 3 and (<tuple>e)[1] == fn)]
+                removed += len(self._loop_waits) - len(kept)
+                self._loop_waits = kept or None
+        return removed
+
     def _complete(self, result, exc):
-        cdef object target = None, delivery, awaiting, source, waiter, fn
-        cdef Py_ssize_t left
+        """Set the outcome and FINISHED, and wake the threads that wait on it (no user code,
+        no asyncio): True if ``_hand_off`` and/or ``_run_callbacks`` have work left.
+        InvalidStateError if it is done already."""
+        return self._finish(result, exc) != 0
+
+    cdef int _finish(self, result, exc) except -1:
+        cdef int follow = 0
         cdef bint finished
+        cdef object waiter
         self._lock.acquire()  # (not `with`: once per future, and it costs more)
         try:
             finished = self._state is _FINISHED
@@ -495,36 +595,138 @@ cdef class FutureCore:
                             waiter.add_exception(self)
                 if self._cond is not None:
                     self._cond.notify_all()
-                target = self._target
+                if self._target is not None or self._loop_waits is not None:
+                    follow = F_HAND_OFF
+                if self._done_callbacks is not None:
+                    follow |= F_CALLBACKS
         finally:
             self._lock.release()
         if finished:  # (raised here: the repr takes the lock)
             raise _InvalidStateError(f"{_FINISHED}: {self!r}")
+        return follow
+
+    def _hand_off(self):
+        """Once done: hand the outcome to the tasks that await it and schedule asyncio's
+        callbacks, each in its loop, from any thread (the loop is woken with
+        call_soon_threadsafe unless it runs here; a loop that has closed is left out). No
+        user code; never blocks; logs an error rather than raise it (an interrupt that
+        comes meanwhile propagates once every loop was told). Once: a second call finds
+        nothing left."""
+        self._do_hand_off()
+
+    cdef int _do_hand_off(self) except -1:
+        cdef object target = self._target, waits = self._loop_waits
+        cdef object delivery, source, awaiting, raised = None
+        cdef Py_ssize_t left
+        # (written by nobody else once FINISHED; taken in one go under the GIL)
+        self._target = None
+        self._loop_waits = None
         if target is not None:
-            self._target = None
             delivery = self._delivery
+            self._delivery = None
             source = self._source
-            if _runs_here((<Waiter>target)._loop):
-                # the loop's own thread: wake the task directly
-                (<Waiter>target)._settle(result, exc)
-                awaiting = delivery.awaiting  # delivery.forget(source)
-                left = awaiting[source] - 1
-                if left:
-                    awaiting[source] = left
+            try:
+                if _runs_here((<Waiter>target)._loop):
+                    # the loop's own thread: wake the task directly
+                    (<Waiter>target)._settle(self._result, self._exception)
+                    awaiting = delivery.awaiting  # delivery.forget(source)
+                    left = awaiting[source] - 1
+                    if left:
+                        awaiting[source] = left
+                    else:
+                        del awaiting[source]
                 else:
-                    del awaiting[source]
-            else:
-                delivery.add(target, self, source)
+                    delivery.add(target, self, source)
+            except Exception:
+                _LOGGER.exception("mpx: handing %r to the task that awaits it failed", self)
+            except BaseException as e:  # an interrupt: the others are handed off first
+                raised = e
+        if waits is not None:
+            try:
+                self._hand_off_rest(waits)
+            except BaseException as e:
+                if raised is None:
+                    raised = e
+        if raised is not None:
+            raise raised
+        return 0
+
+    cdef int _hand_off_rest(self, list waits) except -1:
+        cdef object entry, raised = None
+        for entry in waits:
+            try:
+                if len(<tuple>entry) == 2:  # (delivery, Waiter): a second awaiting task
+                    (<tuple>entry)[0].add((<tuple>entry)[1], self, self._source)
+                else:  # asyncio's callback: dropped with its loop if that has closed
+                    _call_in_loop((<tuple>entry)[0], (<tuple>entry)[1], self,
+                                  (<tuple>entry)[2])
+            except Exception:
+                _LOGGER.exception("mpx: waking the event loop of %r failed", self)
+            except BaseException as e:
+                if raised is None:
+                    raised = e
+        if raised is not None:
+            raise raised
+        return 0
+
+    cdef int _follow(self):
+        """What is left to do for a FINISHED future (as ``_finish`` reports it)."""
+        cdef int follow = 0
+        if self._target is not None or self._loop_waits is not None:
+            follow = F_HAND_OFF
         if self._done_callbacks is not None:
-            for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
-                try:
+            follow |= F_CALLBACKS
+        return follow
+
+    def _run_callbacks(self):
+        """Run the done callbacks, once, each in turn: whatever one raises (BaseException
+        included: the thread that runs them must live on) is logged with
+        concurrent.futures' logger, and the next one runs."""
+        cdef object fns, fn
+        with self._lock:
+            fns, self._done_callbacks = self._done_callbacks, None
+        if fns is None:
+            return
+        for fn in fns:
+            try:
+                if type(fn) is tuple:
+                    (<tuple>fn)[1].run((<tuple>fn)[0], self)
+                else:
                     fn(self)
-                except Exception:
-                    _LOGGER.exception("exception calling callback for %r", self)
+            except BaseException:
+                _LOGGER.exception("exception calling callback for %r", self)
+
+    cdef int _run_callbacks_here(self) except -1:
+        """The done callbacks in the thread that set the future by hand: an Exception is
+        logged; a BaseException (Ctrl-C) propagates once the others ran."""
+        cdef object fns, fn, raised = None
+        with self._lock:
+            fns, self._done_callbacks = self._done_callbacks, None
+        if fns is None:
+            return 0
+        for fn in fns:
+            try:
+                if type(fn) is tuple:
+                    (<tuple>fn)[1].run((<tuple>fn)[0], self)
+                else:
+                    fn(self)
+            except Exception:
+                _LOGGER.exception("exception calling callback for %r", self)
+            except BaseException as e:
+                if raised is None:
+                    raised = e
+        if raised is not None:
+            raise raised
+        return 0
+
+    def _set(self, result, exc):
+        """``set_result``/``set_exception`` by hand: complete it, hand it to asyncio and run
+        its callbacks, all here (InvalidStateError if it is done already)."""
+        _complete_one(self, result, exc, None, True)
 
     def __await__(self):
         cdef object loop, target, delivery, source, awaiting, wakeups
-        cdef bint first
+        cdef bint finished
         if self._state is _FINISHED:
             return _finished(self)
         delivery = getattr(_last, "delivery", None)  # (this thread's last loop's)
@@ -540,13 +742,18 @@ cdef class FutureCore:
         target = Waiter(loop, wakeups)
         source = self._source
         self._lock.acquire()
-        first = self._state is not _FINISHED and self._target is None
-        if first:
-            self._target = target
-            self._delivery = delivery
+        finished = self._state is _FINISHED
+        if not finished:
+            if self._target is None:
+                self._target = target
+                self._delivery = delivery
+            elif self._loop_waits is None:  # a second task awaits it
+                self._loop_waits = [(delivery, target)]
+            else:
+                self._loop_waits.append((delivery, target))
         self._lock.release()
-        if not first:  # done meanwhile, or a second task awaits it: the general way
-            self.add_done_callback(lambda f: delivery.add(target, f, source))
+        if finished:  # done meanwhile
+            return _finished(self)
         awaiting = delivery.awaiting  # a future of source is awaited: read for it
         awaiting[source] = awaiting.get(source, 0) + 1
         if source not in delivery.reading:
@@ -554,16 +761,61 @@ cdef class FutureCore:
         return target  # (its own iterator)
 
 
-def complete_each(completed):
+cdef int _complete_one(FutureCore fut, value, error, list due, bint by_hand) except -1:
+    """Complete ``fut``, hand it off, and queue its callbacks on ``due`` (with no ``due``,
+    run them here). Set already: InvalidStateError by hand, else 1. An interrupt
+    (KeyboardInterrupt...) that comes once it is FINISHED propagates only after the rest
+    was done, so that no awaiting task and no callback is lost."""
+    cdef int follow
+    cdef object raised = None
+    try:
+        follow = fut._finish(value, error)
+    except _InvalidStateError:
+        if by_hand:
+            raise
+        return 1
+    except BaseException as e:
+        if fut._state is not _FINISHED:
+            raise
+        raised = e  # (while it woke the threads that wait on it)
+        follow = fut._follow()
+    if follow & F_CALLBACKS and due is not None:
+        due.append(fut)
+    if follow & F_HAND_OFF:
+        try:
+            fut._do_hand_off()
+        except BaseException as e:
+            if raised is None:
+                raised = e
+    if follow & F_CALLBACKS and due is None:
+        try:
+            fut._run_callbacks_here()
+        except BaseException as e:
+            if raised is None:
+                raised = e
+    if raised is not None:
+        raise raised
+    return 0
+
+
+def complete_each(completed, list due=None):
     """Complete, in order, the futures of the settled calls in the deque ``completed`` (each
-    call has ``future``, ``value`` and ``error``), emptying it; a future someone already
-    set by hand is left as it is."""
+    call has ``future``, ``value`` and ``error``), emptying it, and hand each to the event
+    loops that await it; a future someone already set by hand is left as it is. The
+    futures whose done callbacks are left to run are appended to ``due`` (the caller then
+    runs ``_run_callbacks()`` on each, outside every lock), or, with no ``due``, run here.
+    An interrupt stops it after the future it was completing (the calls not reached stay
+    in ``completed``; one whose future it had not set goes back to the front)."""
     cdef object call
     cdef FutureCore fut
     while completed:
         call = completed.popleft()
         fut = call.future
+        if fut._state is _FINISHED:
+            continue  # set by hand
         try:
-            fut._complete(call.value, call.error)
-        except _InvalidStateError:
-            pass
+            _complete_one(fut, call.value, call.error, due, False)
+        except BaseException:
+            if fut._state is not _FINISHED:
+                completed.appendleft(call)
+            raise

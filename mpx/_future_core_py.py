@@ -295,6 +295,39 @@ class Waiter:
         raise StopIteration(self.result())
 
 
+_F_HAND_OFF, _F_CALLBACKS = 1, 2  # what FutureCore._finish reports (see the core)
+
+
+def runs_here(loop: asyncio.AbstractEventLoop) -> bool:
+    """See ``mpx._future_core.runs_here``."""
+    return _runs_here(loop)
+
+
+def _asyncio_loop(fn: Callable[[Any], object]) -> asyncio.AbstractEventLoop | None:
+    """See ``mpx._future_core._asyncio_loop``."""
+    module = getattr(fn, "__module__", None)
+    if type(module) is str and (module.startswith("asyncio.") or module == "asyncio"):
+        return _running_loop()
+    return None
+
+
+def _call_in_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], object], arg: Any,
+                  context: contextvars.Context) -> bool:
+    """See ``mpx._future_core._call_in_loop``."""
+    if loop.is_closed():
+        return False
+    try:
+        if _runs_here(loop):
+            loop.call_soon(fn, arg, context=context)
+        else:
+            loop.call_soon_threadsafe(fn, arg, context=context)
+    except RuntimeError:
+        if loop.is_closed():
+            return False
+        raise
+    return True
+
+
 class FutureCore:
     """See ``mpx._future_core.FutureCore``."""
 
@@ -302,6 +335,11 @@ class FutureCore:
     _cond: threading.Condition | None = None
     _result: Any = None
     _exception: BaseException | None = None
+    # None until a callback is added outside an event loop: each fn, or (fn, context)
+    _done_callbacks: list | None = None
+    # None until a second task awaits it or a callback is added in an event loop: each
+    # (delivery, Waiter) or (loop, fn, context)
+    _loop_waits: list | None = None
     # the Waiter of the first task that awaits this one, and its loop's delivery
     _target: Waiter | None = None
     _delivery: Any = None
@@ -310,7 +348,6 @@ class FutureCore:
         self._lock = threading.Lock()
         self._state = _RUNNING
         self._waiters: list = []
-        self._done_callbacks: list[Callable[[Any], object]] = []
         self._call = call
         self._source = source
 
@@ -327,19 +364,58 @@ class FutureCore:
     def running(self) -> bool:
         return self._state == _RUNNING
 
-    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
-        """Run ``fn(future)`` once the call is done, in the thread that completes it (at
-        once, here, if it is done already)."""
+    def add_done_callback(self, fn: Callable[[Any], object], *,
+                          context: contextvars.Context | None = None) -> None:
+        """See ``mpx._future_core.FutureCore.add_done_callback``."""
+        loop = _asyncio_loop(fn)
+        entry: Any
+        if loop is not None:
+            entry = (loop, fn, contextvars.copy_context() if context is None else context)
+        elif context is not None:
+            entry = (fn, context)
+        else:
+            entry = fn
         with self._lock:
             if self._state != _FINISHED:
-                self._done_callbacks.append(fn)
+                if loop is not None:
+                    if self._loop_waits is None:
+                        self._loop_waits = [entry]
+                    else:
+                        self._loop_waits.append(entry)
+                elif self._done_callbacks is None:
+                    self._done_callbacks = [entry]
+                else:
+                    self._done_callbacks.append(entry)
                 return
         try:
-            fn(self)
+            if context is None:
+                fn(self)
+            else:
+                context.run(fn, self)
         except Exception:
             _LOGGER.exception("exception calling callback for %r", self)
 
-    def _complete(self, result: Any, exc: BaseException | None) -> None:
+    def remove_done_callback(self, fn: Callable[[Any], object]) -> int:
+        """See ``mpx._future_core.FutureCore.remove_done_callback``."""
+        removed = 0
+        with self._lock:
+            if self._done_callbacks:
+                kept = [e for e in self._done_callbacks
+                        if not (e == fn or type(e) is tuple and e[0] == fn)]
+                removed += len(self._done_callbacks) - len(kept)
+                self._done_callbacks = kept or None
+            if self._loop_waits:
+                kept = [e for e in self._loop_waits if not (len(e) == 3 and e[1] == fn)]
+                removed += len(self._loop_waits) - len(kept)
+                self._loop_waits = kept or None
+        return removed
+
+    def _complete(self, result: Any, exc: BaseException | None) -> bool:
+        """See ``mpx._future_core.FutureCore._complete``."""
+        return self._finish(result, exc) != 0
+
+    def _finish(self, result: Any, exc: BaseException | None) -> int:
+        follow = 0
         with self._lock:
             finished = self._state == _FINISHED
             if not finished:
@@ -354,24 +430,97 @@ class FutureCore:
                             waiter.add_exception(self)
                 if self._cond is not None:
                     self._cond.notify_all()
-                target = self._target
+                if self._target is not None or self._loop_waits is not None:
+                    follow = _F_HAND_OFF
+                if self._done_callbacks is not None:
+                    follow |= _F_CALLBACKS
         if finished:  # (raised here: the repr takes the lock)
             raise concurrent.futures.InvalidStateError(f"{_FINISHED}: {self!r}")
+        return follow
+
+    def _hand_off(self) -> None:
+        """See ``mpx._future_core.FutureCore._hand_off``."""
+        # (once FINISHED only this writes them: read and cleared without the lock)
+        target, self._target = self._target, None
+        waits, self._loop_waits = self._loop_waits, None
+        delivery, self._delivery = self._delivery, None
+        raised = None
         if target is not None:
-            self._target = None
-            delivery = self._delivery
             source = self._source
-            if _runs_here(target._loop):
-                # the loop's own thread: wake the task directly
-                target._settle(result, exc)
-                delivery.forget(source)
-            else:
-                delivery.add(target, self, source)
-        for fn in self._done_callbacks:  # (added before FINISHED: none is added now)
             try:
-                fn(self)
+                if _runs_here(target._loop):
+                    # the loop's own thread: wake the task directly
+                    target._settle(self._result, self._exception)
+                    delivery.forget(source)
+                else:
+                    delivery.add(target, self, source)
+            except Exception:
+                _LOGGER.exception("mpx: handing %r to the task that awaits it failed", self)
+            except BaseException as e:  # an interrupt: the others are handed off first
+                raised = e
+        for entry in waits or ():
+            try:
+                if len(entry) == 2:  # (delivery, Waiter): a second awaiting task
+                    entry[0].add(entry[1], self, self._source)
+                else:  # asyncio's callback: dropped with its loop if that has closed
+                    _call_in_loop(entry[0], entry[1], self, entry[2])
+            except Exception:
+                _LOGGER.exception("mpx: waking the event loop of %r failed", self)
+            except BaseException as e:
+                raised = raised or e
+        if raised is not None:
+            try:
+                raise raised
+            finally:
+                raised = None
+
+    def _follow(self) -> int:
+        """See ``mpx._future_core.FutureCore._follow``."""
+        follow = 0
+        if self._target is not None or self._loop_waits is not None:
+            follow = _F_HAND_OFF
+        if self._done_callbacks is not None:
+            follow |= _F_CALLBACKS
+        return follow
+
+    def _take_callbacks(self) -> list | None:
+        with self._lock:
+            fns, self._done_callbacks = self._done_callbacks, None
+        return fns
+
+    def _run_callbacks(self) -> None:
+        """See ``mpx._future_core.FutureCore._run_callbacks``."""
+        for fn in self._take_callbacks() or ():
+            try:
+                if type(fn) is tuple:
+                    fn[1].run(fn[0], self)
+                else:
+                    fn(self)
+            except BaseException:
+                _LOGGER.exception("exception calling callback for %r", self)
+
+    def _run_callbacks_here(self) -> None:
+        raised = None
+        for fn in self._take_callbacks() or ():
+            try:
+                if type(fn) is tuple:
+                    fn[1].run(fn[0], self)
+                else:
+                    fn(self)
             except Exception:
                 _LOGGER.exception("exception calling callback for %r", self)
+            except BaseException as e:
+                if raised is None:
+                    raised = e
+        if raised is not None:
+            try:
+                raise raised
+            finally:
+                raised = None
+
+    def _set(self, result: Any, exc: BaseException | None) -> None:
+        """See ``mpx._future_core.FutureCore._set``."""
+        _complete_one(self, result, exc, None, True)
 
     def __await__(self) -> Iterator[Any]:
         # Not a generator: the task gets the Waiter, its own iterator, so every step of
@@ -392,11 +541,16 @@ class FutureCore:
         target = Waiter(loop, wakeups)
         source = self._source
         with self._lock:
-            first = self._state != _FINISHED and self._target is None
-            if first:
-                self._target, self._delivery = target, delivery
-        if not first:  # done meanwhile, or a second task awaits it: the general way
-            self.add_done_callback(lambda f: delivery.add(target, f, source))
+            finished = self._state == _FINISHED
+            if not finished:
+                if self._target is None:
+                    self._target, self._delivery = target, delivery
+                elif self._loop_waits is None:  # a second task awaits it
+                    self._loop_waits = [(delivery, target)]
+                else:
+                    self._loop_waits.append((delivery, target))
+        if finished:  # done meanwhile
+            return _finished(self)
         awaiting = delivery.awaiting  # a future of source is awaited: read for it
         awaiting[source] = awaiting.get(source, 0) + 1
         if source not in delivery.reading:
@@ -404,11 +558,51 @@ class FutureCore:
         return target  # (its own iterator)
 
 
-def complete_each(completed: Any) -> None:
+def _complete_one(fut: Any, value: Any, error: BaseException | None, due: list | None,
+                  by_hand: bool) -> int:
+    """See ``mpx._future_core._complete_one``."""
+    raised = None
+    try:
+        follow = fut._finish(value, error)
+    except concurrent.futures.InvalidStateError:
+        if by_hand:
+            raise
+        return 1
+    except BaseException as e:
+        if fut._state != _FINISHED:
+            raise
+        raised = e  # (while it woke the threads that wait on it)
+        follow = fut._follow()
+    if follow & _F_CALLBACKS and due is not None:
+        due.append(fut)
+    if follow & _F_HAND_OFF:
+        try:
+            fut._hand_off()
+        except BaseException as e:
+            raised = raised or e
+    if follow & _F_CALLBACKS and due is None:
+        try:
+            fut._run_callbacks_here()
+        except BaseException as e:
+            raised = raised or e
+    if raised is not None:
+        try:
+            raise raised
+        finally:
+            raised = None
+    return 0
+
+
+def complete_each(completed: Any, due: list | None = None) -> None:
     """See ``mpx._future_core.complete_each``."""
     while completed:
         call = completed.popleft()
+        fut = call.future
+        if fut._state == _FINISHED:
+            continue  # set by hand
         try:
-            call.future._complete(call.value, call.error)
-        except concurrent.futures.InvalidStateError:
-            pass
+            _complete_one(fut, call.value, call.error, due, False)
+        except BaseException:
+            if fut._state != _FINISHED:
+                completed.appendleft(call)
+            raise

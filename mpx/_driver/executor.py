@@ -23,6 +23,7 @@ from typing import Any
 import cloudpickle
 
 from mpx import dumps, wire
+from mpx._driver.calls import PendingCalls
 from mpx._driver.group import WorkerGroup
 from mpx._node.local_workers import describe_stall
 from mpx.config import Config
@@ -190,6 +191,40 @@ class Executor:
         if pids != expected:
             raise ExecutorFailed(f"workers answered with pids {pids}, expected {expected}")
 
+    # ---------------------------------------------------------------- asyncio forms
+
+    async def check_health_async(self, timeout: float = 10.0) -> None:
+        """:meth:`check_health` for a coroutine, with the same errors, never blocking the
+        event loop: the ping is a non-blocking call that the loop awaits (a stall report
+        that comes in meanwhile raises WorkerStalledError within 0.1 s)."""
+        from mpx._driver import aio
+        await aio.check_health(self, timeout)
+
+    async def shutdown_async(self) -> None:
+        """:meth:`shutdown` for a coroutine: it runs in a thread of its own
+        (``mpx-shutdown``) while the event loop goes on, and returns once it is over.
+        Idempotent: concurrent callers await the same shutdown. Cancelling the awaiting
+        task leaves the shutdown to finish in its thread."""
+        from mpx._driver import aio
+        await aio.shutdown(self)
+
+    def failure_future(self) -> Any:
+        """A ``concurrent.futures.Future`` whose result is the executor's failure (an
+        :class:`mpx.ExecutorFailed`, such as WorkerDiedError), set by a failure callback:
+        once the surviving workers were stopped, in the monitor thread that found the
+        failure (at once if that already happened). The same future for every caller; it
+        cannot be cancelled; it never completes if the executor shuts down without
+        failing. For threads: ``ex.failure_future().result()`` or a done callback."""
+        from mpx._driver import aio
+        return aio.failure_future(self)
+
+    async def wait_for_failure(self) -> ExecutorFailed:
+        """Return the executor's failure once it fails (see :meth:`failure_future`), never
+        blocking the event loop; cancel the waiting task to stop waiting (an executor shut
+        down without failing never fails)."""
+        from mpx._driver import aio
+        return await aio.wait_for_failure(self)
+
     def dump_stacks(self, timeout: float = 5.0) -> dict[int, str]:
         """Every worker's current stacks (all threads, faulthandler format) by rank, taken
         on demand even while workers are busy or stuck in C code. A worker that cannot
@@ -202,9 +237,18 @@ class Executor:
             out.update(group.leader.stacks(max(0.0, deadline - time.monotonic())))
         return out
 
+    def pending_calls(self) -> PendingCalls:
+        """``(in_flight, queued)``: calls sent to the workers and not yet settled, and
+        calls queued in the driver because the broadcast ring was full (they go out in
+        order as the workers make room). For admission control: a server that sees
+        ``queued`` grow is sending faster than the workers take calls."""
+        return self._group.calls.pending_calls()
+
     def register_failure_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback()`` once when the executor fails, after the surviving workers
-        were stopped (``Config.stop_on_failure``); at once if that already happened."""
+        were stopped (``Config.stop_on_failure``); at once if that already happened. It
+        runs in the mpx monitor thread that found the failure (or, at once, in the caller's),
+        outside every mpx lock."""
         self._group.add_failure_callback(callback)
 
     @property

@@ -41,7 +41,6 @@ class _LoopDelivery:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = weakref.ref(loop)  # the registry is keyed by the loop: no cycle
-        self.thread = threading.get_ident()
         self.lock = threading.Lock()
         # (each awaiting task's Waiter, its done future, and their source)
         self.batch: list[tuple[Any, concurrent.futures.Future, ReplySource]] = []
@@ -60,20 +59,33 @@ class _LoopDelivery:
 
     def add(self, target: Any, done: concurrent.futures.Future,
             source: ReplySource) -> None:
+        """Hand ``done``'s outcome to ``target`` in the loop's thread, from any thread:
+        batched, one wake-up per batch. Never blocks, never raises: a loop that has closed
+        (or is gone) drops it, since nobody awaits there any more."""
+        loop = self.loop()
+        if loop is None:
+            return
         with self.lock:
             first = not self.batch
             self.batch.append((target, done, source))
-        loop = self.loop()
-        if threading.get_ident() == self.thread:
-            if first and loop is not None:
+        if _runs_here(loop):  # (where the loop runs now, not where it was made)
+            if first:
                 loop.call_soon(self.deliver)  # (a step delivers before that)
             return
-        source.lease_to_loop()
-        if first and loop is not None:
+        if loop.is_closed():
+            self._drop()
+            return
+        if loop.is_running():  # (in another thread: it reads for its futures from now)
+            source.lease_to_loop()
+        if first:
             try:
-                loop.call_soon_threadsafe(self.deliver)
-            except RuntimeError:
-                pass  # the loop is closed: nobody awaits any more
+                loop.call_soon_threadsafe(self.deliver)  # (wakes the loop)
+            except RuntimeError:  # closed meanwhile
+                self._drop()
+
+    def _drop(self) -> None:
+        with self.lock:
+            self.batch.clear()
 
     def deliver(self) -> None:
         """Set the Waiters of the completed ones (in the loop's thread), then read
@@ -138,7 +150,11 @@ def _delivery(loop: asyncio.AbstractEventLoop) -> _LoopDelivery:
 # the state, completion and asyncio hand-off, in C fields when the extension is built
 _core = future_core_module()
 _core.configure(_last, _delivery)
-# the call table sets the futures of the calls it settled with this
+_runs_here = _core.runs_here
+# The call table sets the futures of the calls it settled with this: complete_each(completed,
+# due) completes each and wakes the loops that await it, in the thread that read the
+# replies, and appends to ``due`` the futures whose done callbacks are left to run (the
+# table runs each one's ``_run_callbacks()`` on its callback thread, outside every lock).
 complete_each = _core.complete_each
 
 
@@ -146,9 +162,15 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
     """The future of one ``collective_rpc(..., non_block=True)`` call.
 
     It completes when the call's replies arrive, whether or not anyone calls ``result()``:
-    done callbacks run, and ``concurrent.futures.wait``/``as_completed`` work. It is
-    awaitable as it is (``await ex.collective_rpc(..., non_block=True)``), and works with
-    ``asyncio.wrap_future``, ``asyncio.gather`` and ``asyncio.wait_for``.
+    done callbacks run (on the executor's callback thread, in completion order), and
+    ``concurrent.futures.wait``/``as_completed`` work. It is awaitable as it is
+    (``await ex.collective_rpc(..., non_block=True)``), and asyncio's functions take it:
+    ``gather``, ``wait`` (any ``return_when``, timeouts), ``as_completed``, ``wait_for``,
+    ``shield``, ``ensure_future``, ``wrap_future``, under asyncio's loop or uvloop. It is
+    an awaitable, not an asyncio future (it belongs to no loop), so asyncio wraps it in a
+    task where it needs one; ``asyncio.wait`` uses its ``add_done_callback`` and
+    ``remove_done_callback``, and the callback asyncio adds runs in its loop (every other
+    one where concurrent.futures would run it).
 
     A call is running from the moment it is sent, so ``cancel()`` returns False, as it does
     for a running ``concurrent.futures`` call. Cancelling a task that awaits the future (or an
@@ -220,10 +242,12 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
         return self._exception
 
     def set_result(self, result: Any) -> None:
-        self._complete(result, None)
+        """Complete it by hand: its awaiting tasks and done callbacks are told here."""
+        self._set(result, None)
 
     def set_exception(self, exception: BaseException | None) -> None:
-        self._complete(None, exception)
+        """Fail it by hand: its awaiting tasks and done callbacks are told here."""
+        self._set(None, exception)
 
 def _set_target(target: Any, done: concurrent.futures.Future) -> None:
     """Hand a done call's outcome to the Waiter a task awaits (in its loop's thread)."""
