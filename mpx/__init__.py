@@ -32,8 +32,8 @@ Everything else is internal. The tree, bottom up (each layer imports only those 
 """
 
 from mpx import watchdog
-from mpx._driver.executor import Executor
 from mpx._driver.calls import PendingCalls
+from mpx._driver.executor import Executor
 from mpx._driver.futures import RPCFuture
 from mpx._impl import ring_implementation
 from mpx.config import Config
@@ -71,9 +71,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Cancelled", "Config", "DeserializationError", "Executor", "ExecutorFailed", "Handle",
     "HandleError", "MessageAbortedError", "MessageQueue", "MpxError", "NodeLostError",
-    "NotOwnerError", "PeerDiedError", "PendingCalls", "QueueClosedError",
-    "QueueTimeout", "ReplyLostError", "RPCError", "RPCFuture", "RPCTimeoutError", "RoleError",
-    "SerializationError", "SharedTensorGoneError", "ShmError", "WaitNudged", "WorkerContext", "WorkerDiedError",
-    "WorkerStalledError", "WorkerStartupError", "ring_implementation", "share", "watchdog",
-    "__version__",
+    "NotOwnerError", "PeerDiedError", "PendingCalls", "QueueClosedError", "QueueTimeout",
+    "ReplyLostError", "RPCError", "RPCFuture", "RPCTimeoutError", "RoleError",
+    "SerializationError", "SharedTensorGoneError", "ShmError", "WaitNudged",
+    "WorkerContext", "WorkerDiedError", "WorkerStalledError", "WorkerStartupError",
+    "ring_implementation", "share", "watchdog", "__version__",
 ]
