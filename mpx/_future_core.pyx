@@ -158,7 +158,8 @@ cdef class Call:
         call table's read of a call whose replies come in order. Returns ``(ALL_OK or
         ANSWERED, rank, None)`` once every rank answered, or ``(MORE, rank, reply)`` with
         the first reply it leaves to the table (a stall report, an older call's reply,
-        anything not a ``(seq, OK or ERR, payload)`` tuple of this call). An exception of
+        one that follows a gap in ``next_reply[rank]``, anything not a ``(seq, OK or ERR,
+        payload)`` tuple of this call). An exception of
         ``reads[rank]`` propagates; ``first_missing()`` is then the rank it was reading."""
         cdef Py_ssize_t rank = self._first_missing()
         cdef object reply, seq, status
@@ -169,7 +170,7 @@ cdef class Call:
                 return (C_MORE, rank, reply)
             seq = (<tuple>reply)[0]
             status = (<tuple>reply)[1]
-            if not (seq is self.seq or seq == self.seq) or \
+            if not (seq is self.seq or seq == self.seq) or next_reply[rank] != seq or \
                     not (status is _OK or status is _ERR):
                 return (C_MORE, rank, reply)
             next_reply[rank] = seq + 1

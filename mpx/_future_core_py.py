@@ -99,7 +99,8 @@ class Call:
             if type(reply) is not tuple or len(reply) != 3:
                 return MORE, rank, reply
             seq, status, payload = reply
-            if seq != self.seq or not (status is wire.OK or status is wire.ERR):
+            if seq != self.seq or next_reply[rank] != seq or \
+                    not (status is wire.OK or status is wire.ERR):
                 return MORE, rank, reply
             next_reply[rank] = seq + 1
             answered = self.add(rank, status is wire.OK, payload)

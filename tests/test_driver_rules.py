@@ -306,3 +306,31 @@ def test_a_large_reply_survives_the_background_reader_giving_way(executor, trans
         got = fut.result(timeout=60)
         assert [len(b) for b in got] == [48 << 20] * 2
     assert e.collective_rpc("ident", args=(1,), timeout=10) == [1, 1]
+
+
+def test_a_reply_read_and_lost_fails_its_call_alone(executor):
+    """Every rank answers every call in order, so a reply read and never recorded (an
+    interrupt between the two) shows as a gap at that rank's next reply: the call that
+    lost it fails with ReplyLostError naming the rank, the later ones get their results.
+    (The reply is taken here behind the table's back, holding its baton meanwhile.)"""
+    e = executor(Journal)
+    calls = e._group.calls
+    assert calls.baton.acquire(timeout=5)
+    try:
+        first = e.collective_rpc("ident", args=(1,), non_block=True)
+        second = e.collective_rpc("ident", args=(2,), non_block=True)
+        blocking_later = []
+        t = threading.Thread(target=lambda: blocking_later.append(
+            e.collective_rpc("ident", args=(3,), timeout=20)))
+        t.start()
+        assert e._group.resp[1].dequeue(timeout=10)[0] == first._call.seq  # lost
+    finally:
+        calls.reader_ident = None
+        calls.baton.release()
+    with pytest.raises(mpx.ReplyLostError) as ei:
+        first.result(timeout=10)
+    assert ei.value.rank == 1 and "rank 1" in str(ei.value)
+    assert second.result(timeout=10) == [2, 2]
+    t.join(20)
+    assert blocking_later == [[3, 3]]
+    assert not e.is_failed and e.pending_calls() == (0, 0)
