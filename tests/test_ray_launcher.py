@@ -1,8 +1,10 @@
 """launcher="ray": a Ray placement group places the nodes, mpx carries the calls.
 
 One Ray cluster (ray.cluster_utils.Cluster) for the module: raylets on this machine, all on
-127.0.0.1, each a "node" with 2 CPUs; the driver is connected to the head node. Skipped
-when ray is not installed (pip install 'mpx[ray]').
+127.0.0.1, each a "node" with 2 CPUs; the driver is connected to the head node. Ray's
+processes run with a HOME of their own (tests/_ray_local.py), so that none of them asks the
+cloud metadata address anything: nothing leaves 127.0.0.1. Skipped when ray is not
+installed (pip install 'mpx[ray]').
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import psutil
 import pytest
 from _nodes import TESTS
 from _procs import wait_gone
+from _ray_local import ray_loopback_env
 
 import mpx
 
@@ -84,11 +87,16 @@ def cluster():
     conftest.ALLOWED_CHILDREN.append(_is_rays_own)
     c = None
     try:
-        c = RayCluster()
-        yield c
+        # before the head starts: its dashboard process would otherwise ask the cloud
+        # metadata address (169.254.169.254, metadata.google.internal) which cloud it is on
+        with ray_loopback_env():
+            try:
+                c = RayCluster()
+                yield c
+            finally:
+                if c is not None:
+                    c.shutdown()
     finally:
-        if c is not None:
-            c.shutdown()
         conftest.ALLOWED_CHILDREN.remove(_is_rays_own)
         for k, v in saved.items():
             if v is None:
