@@ -41,6 +41,11 @@ _ALL_OK = 1  # Call.gather's and Call.add's ALL_OK (mpx._future_core)
 # the loop's reading steps): a loop whose thread is blocked elsewhere holds the replies of
 # other threads' futures up no longer than this.
 LOOP_LEASE_S = 0.005
+# How long an event loop's reading step waits for the next reply when none is there but
+# calls are in flight: a round trip here takes ~10 us, and handing the reading to the
+# background reader costs two thread wake-ups (~50 us each on this VM) per batch. Short
+# enough that the loop's other callbacks never notice.
+LOOP_READ_WAIT_S = 50e-6
 # reading_until while a reader computes its limit: any sender with a deadline nudges.
 _COMPUTING = -1.0
 # While calls wait in the sender's queue (the broadcast ring is full), a reader waiting on
@@ -63,6 +68,10 @@ def until_ns(until: float | None) -> int:
 class ReplyPump(CallRegistry):
     """Reads replies into the registry (see the module docstring)."""
 
+    # (the sender's, sender.py: write the queued calls the ring has room for now; readers
+    # call it as replies come in, since each reply means its rank has taken a call)
+    flush: Callable[[], None]
+
     def __init__(self, n_ranks: int, *args: Any) -> None:
         super().__init__(n_ranks, *args)
         self.resp: list[MessageQueue] = []
@@ -78,7 +87,8 @@ class ReplyPump(CallRegistry):
         self._reads: list[Callable[..., Any]] = []
         self._nudges: list[Callable[[], None]] = []
         # the sender's queue (sender.py): while calls wait in it, waits are sliced
-        self._outbox: collections.deque[tuple[Call, int, tuple]] = collections.deque()
+        # (each entry: the call, its message's kind and parts, whether it fits the ring)
+        self._outbox: collections.deque[tuple[Call, int, tuple, bool]] = collections.deque()
 
     def attach_replies(self, resp: list[MessageQueue]) -> None:
         self.resp = resp
@@ -109,18 +119,15 @@ class ReplyPump(CallRegistry):
         RPCTimeoutError (or WorkerStalledError)."""
         wait_until = None if timeout is None else time.monotonic() + timeout
         while not call.done:
-            if call.seq not in self.pending:  # answered: its outcome is being made
-                self.finish_answered()
-                if not call.done:
-                    self._wait_turn(call, wait_until)
-                continue
             if not self.stopping and self.baton.acquire(False):
                 self.reader_ident = threading.get_ident()
                 try:
                     self._read_until(call, wait_until)
                 finally:
                     self._hand_over()
-                continue
+                if call.done or call.seq in self.pending:
+                    continue
+            # another thread reads, or makes the outcome of this answered call
             self._wait_turn(call, wait_until)
 
     def _wait_turn(self, call: Call, wait_until: float | None) -> None:
@@ -156,6 +163,8 @@ class ReplyPump(CallRegistry):
             elif self.outstanding:
                 self._wake_background_reader()
         finally:
+            if self._outbox:
+                self.flush()
             if self._answered or self._completed:
                 self.after_reading()
 
@@ -177,7 +186,7 @@ class ReplyPump(CallRegistry):
 
     def _read_until(self, call: Call, wait_until: float | None) -> None:
         try:
-            while not call.done and not self.stopping and call.seq in self.pending:
+            while not self.stopping and call.seq in self.pending:  # (not: answered)
                 self.reading_until = _COMPUTING
                 if not self.with_deadline:
                     until = wait_until
@@ -195,8 +204,12 @@ class ReplyPump(CallRegistry):
                         self._read_one(call.first_missing(), until)
                     else:
                         self._gather(call, until)
+                    if self._outbox:
+                        self.flush()
                 except QueueTimeout:  # (WaitNudged too: a new deadline, look again)
                     self._read_available()  # the stall reports of the other ranks
+                    if self._outbox:
+                        self.flush()
                     self._expire_due()
                     if not call.done and call.seq in self.pending:
                         self._check_time(call, wait_until)
@@ -204,6 +217,8 @@ class ReplyPump(CallRegistry):
                     self._peer_gone(e)
                 except Cancelled:
                     return  # fail() or close() is under way: they settle the call
+                if call.done:
+                    return
         except BaseException:
             self.repair()
             raise
@@ -286,19 +301,39 @@ class ReplyPump(CallRegistry):
             finally:
                 self._hand_over()
 
-    def read_ready(self) -> int | None:
-        """Read the replies already there, unless another thread holds the baton (None):
-        how many were read. An event loop's reader calls this in the loop's thread."""
+    def read_ready(self, wait_s: float = LOOP_READ_WAIT_S) -> int | None:
+        """Read the replies already there (or, with none there, the next within
+        ``wait_s``), unless another thread holds the baton (None): how many were read. An
+        event loop's reader calls this in the loop's thread; a sender whose call was
+        queued, with ``wait_s=0``."""
         if self.stopping or not self.baton.acquire(False):
             return None
         self.reader_ident = threading.get_ident()
         try:
-            return self._read_available()
+            got = self._read_available()
+            if not got and wait_s and self.pending:
+                got = self._read_soon(wait_s)
+            return got
         except BaseException:
             self.repair()
             raise
         finally:
             self._hand_over()
+
+    def _read_soon(self, wait_s: float) -> int:
+        """(baton held) Wait ``wait_s`` at most for the oldest call's next reply, and take
+        what came with it: how many replies."""
+        oldest = next(iter(list(self.pending.values())), None)
+        if oldest is None:
+            return 0
+        try:
+            self._read_one(oldest.first_missing(), time.monotonic() + wait_s)
+        except (QueueTimeout, Cancelled):
+            return 0
+        except PeerDiedError as e:
+            self._peer_gone(e)
+            return 0
+        return 1 + self._read_available()
 
     def lease_to_loop(self) -> None:
         """An event loop reads the replies of its awaited futures (or will, at its next

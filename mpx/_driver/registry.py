@@ -3,7 +3,8 @@ each rank has answered, and how each call ends (settled with its outcome, or exp
 
 Rules (see mpx/_driver/calls.py for the whole model):
 
-- Every change to the registry's fields holds ``lock``. It is held for dict and counter
+- Every change to the registry's fields holds ``lock`` (a call is registered by the sender,
+  mpx/_driver/sender.py, in the same critical section that numbers it). It is held for dict and counter
   updates only: never while reading or writing a queue, never while user code runs.
 - A call moves ``pending`` -> (``answered``, when every rank replied but its outcome needs
   user code: an aggregator, or an error to build) -> done. A done call's future is set by
@@ -81,19 +82,6 @@ class CallRegistry:
             raise self.failure
         if self.closed or self.stopping:
             raise ExecutorFailed("the executor was shut down")
-
-    def _register(self, call: Call) -> None:
-        self.lock.acquire()  # (the hot locks are taken with acquire/release: half of `with`)
-        try:
-            if self.failure is not None or self.closed or self.stopping:
-                self.check_usable()
-            self.pending[call.seq] = call
-            if call.deadline is not None:
-                self.with_deadline += 1
-            if call.future is not None:
-                self.outstanding += 1
-        finally:
-            self.lock.release()
 
     def _forget(self, call: Call) -> None:
         """Unregister a call that was never sent."""

@@ -16,6 +16,7 @@ Rules (see mpx/_driver/calls.py for the whole model):
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -60,21 +61,18 @@ class Sending(_Base):
         out = broadcast.writing_end()  # (enqueue's work without its frame)
         self._out = out
         self._write, self._has_room, self._local = out.write, out.has_room, out.shares_memory
+        self._wake_readers = out.wake_readers
         # a message larger than the ring streams through it, waiting for the readers
         # part way: only the sender thread writes such a one
         cfg = broadcast.config
         self._ring_bytes = cfg.max_chunks * cfg.max_chunk_bytes if any(
             e.shares_memory for e in out.ends) else None
+        self._ring_fits = sys.maxsize if self._ring_bytes is None else self._ring_bytes
         self.order = threading.Lock()
         self._queued_cv = threading.Condition(self.order)
         self._queued_seqs: set[int] = set()
         self._sender: threading.Thread | None = None
         self._sender_writes = False  # the sender thread is writing the outbox's head
-
-    def wake_workers(self) -> None:
-        """A call follows: workers asleep after idling start waking now (see
-        MessageQueue.wake_readers)."""
-        self._out.wake_readers()
 
     def pending_calls(self) -> PendingCalls:
         """Calls in flight and calls queued in the driver (see PendingCalls)."""
@@ -90,20 +88,31 @@ class Sending(_Base):
         deadline = None if timeout is None else time.monotonic() + timeout
         self.order.acquire()
         try:
-            self.check_usable()
             seq = self.next_seq
             call = Call(seq, name, self.n_ranks, reply_rank, aggregator, deadline)
             if non_block:
                 call.future = RPCFuture(self, call)
             try:
-                self._out.wake_readers()  # (again: those that parked since, while it pickles)
+                self._wake_readers()  # workers asleep after idling wake as it pickles
                 kind, parts = serde.encode(wire.call(seq, method, args, kwargs, reply_rank),
                                            self._local)
             except BaseException as e:
                 raise self._send_error(e, name) from e
             self.next_seq = seq + 1
-            self._register(call)
-            if not self._outbox and self._has_room(parts) and self._fits(parts):
+            self.lock.acquire()  # (the hot locks are taken with acquire/release: half of `with`)
+            try:
+                if self.failure is not None or self.closed or self.stopping:
+                    self.check_usable()
+                self.pending[seq] = call
+                if deadline is not None:
+                    self.with_deadline += 1
+                if non_block:
+                    self.outstanding += 1
+            finally:
+                self.lock.release()
+            first = parts[0] if len(parts) == 1 else None
+            if not self._outbox and self._has_room(parts) and (  # (one small piece: fits)
+                    type(first) is bytes and len(first) <= self._ring_fits or self._fits(parts)):
                 try:  # (room for all of it on the ring: it cannot wait there)
                     self._write(kind, parts, until_ns(deadline))
                 except BaseException as e:
@@ -113,6 +122,8 @@ class Sending(_Base):
                 self._queue(call, kind, parts)
         finally:
             self.order.release()
+        if self._outbox and not self.baton.locked():
+            self.read_ready(0)  # the replies already there make room: it flushes after them
         if deadline is not None:
             self._deadline_added(deadline)
         if self._completed or self._answered:
@@ -149,46 +160,67 @@ class Sending(_Base):
     # ------------------------------------------------------------------ the queue
 
     def _queue(self, call: Call, kind: int, parts: tuple) -> None:
-        """(order held) Queue ``call`` behind the others; the sender thread sends it."""
-        self._outbox.append((call, kind, parts))
+        """(order held) Queue ``call`` behind the others: a reader sends it once the ring
+        has room (flush), or the sender thread, if it is larger than the ring."""
+        self._outbox.append((call, kind, parts, self._fits(parts)))
         self._queued_seqs.add(call.seq)
-        if self.baton.locked():
-            self.nudge_reader()  # it reads every rank while calls are queued
+        if len(self._outbox) == 1 and self.baton.locked():
+            self.nudge_reader()  # it reads every rank, and flushes, while calls are queued
+
+    def _is_queued(self, call: Call) -> bool:
+        return call.seq in self._queued_seqs
+
+    def flush(self) -> None:
+        """Write the queued calls that the ring has room for now, in order (a reader calls
+        this as replies come in: each reply means its rank has taken a call). Never
+        waits for room, and runs no user code under ``order``."""
+        with self.order:
+            failed = self._flush_locked()
+        for call, error in failed:
+            self._unsent(call, error)
+
+    def _flush_locked(self) -> list[tuple[Call, BaseException]]:
+        """(order held) flush()'s writes; the calls that could not be written, with why."""
+        outbox, failed = self._outbox, []
+        while outbox and not self._sender_writes:
+            call, kind, parts, fits = outbox[0]
+            if not call.done:  # (settled while queued: expired, failed; dropped unsent)
+                if not fits:
+                    self._wake_sender()  # only a write that waits part way sends it
+                    break
+                if not self._has_room(parts):
+                    break
+                try:
+                    self._write(kind, parts, until_ns(call.deadline))  # (cannot wait)
+                except BaseException as e:
+                    failed.append((call, e))
+            outbox.popleft()
+            self._queued_seqs.discard(call.seq)
+        return failed
+
+    def _wake_sender(self) -> None:
+        """(order held) Start the sender thread, or tell it a call waits for it."""
         if self._sender is None:
-            self._sender = threading.Thread(target=_debug.counted_thread(self._send_queued),
+            self._sender = threading.Thread(target=_debug.counted_thread(self._send_large),
                                             name="mpx-sender", daemon=True)
             self._sender.start()
         else:
             self._queued_cv.notify()
 
-    def _is_queued(self, call: Call) -> bool:
-        return call.seq in self._queued_seqs
-
-    def _next_queued(self) -> tuple[Call, int, tuple] | None:
-        """(order held) The outbox's head, once there is one to send; None at the end.
-        Calls settled while queued (expired, failed) are dropped unsent."""
-        outbox = self._outbox
-        while True:
-            while outbox and outbox[0][0].done:
-                self._queued_seqs.discard(outbox.popleft()[0].seq)
-            if outbox:
-                return outbox[0]
-            if self.closed or self.stopping:
-                return None
-            self._queued_cv.wait()
-
-    def _send_queued(self) -> None:
-        """The sender thread: write the queued calls in order, each waiting for room up to
-        its deadline."""
+    def _send_large(self) -> None:
+        """The sender thread: write each queued call larger than the ring when it reaches
+        the head, waiting for the readers part way (up to its deadline); then flush."""
         while True:
             with self._queued_cv:
-                head = self._next_queued()
-                if head is None:
-                    return
+                while not (self._outbox and not self._outbox[0][3]):  # (it does not fit)
+                    if self.closed or self.stopping:
+                        return
+                    self._queued_cv.wait()
+                call, kind, parts, _ = self._outbox[0]
                 self._sender_writes = True
-            call, kind, parts = head
             try:
-                self._write(kind, parts, until_ns(call.deadline))
+                if not call.done:
+                    self._write(kind, parts, until_ns(call.deadline))
             except BaseException as e:
                 self._unsent(call, e)  # (still queued: a timeout says so)
             finally:
@@ -196,6 +228,7 @@ class Sending(_Base):
                     self._sender_writes = False
                     self._outbox.popleft()
                     self._queued_seqs.discard(call.seq)
+            self.flush()
 
     def _unsent(self, call: Call, error: BaseException) -> None:
         """A queued call could not be written: it fails alone (its deadline passed, it
