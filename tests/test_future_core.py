@@ -241,6 +241,7 @@ def test_call_gather_reads_in_rank_order_and_hands_back_what_is_not_its_reply(co
                      (2, 123, None, False, len)]
     assert next_reply == [6, 6, 4] and call.missing() == [2]
     assert call.errors == {1: ("E", "m", "")} and call.results == {0: "a"}
+    next_reply[2] = 5  # (the table recorded it)
     assert call.gather(reads, next_reply, -1, len) == (core.MORE, 2, (5, wire.STALL, {}))
     assert call.gather(reads, next_reply, -1, len) == (core.MORE, 2, "junk")
     assert call.gather(reads, next_reply, -1, len) == (core.ANSWERED, 2, None)
@@ -249,6 +250,11 @@ def test_call_gather_reads_in_rank_order_and_hands_back_what_is_not_its_reply(co
     inbox.update({0: [(6, wire.OK, None)], 1: [(6, wire.OK, "mine")]})
     assert ok.gather(reads, next_reply, -1, len) == (core.ALL_OK, 1, None)
     assert ok.ok_value() == "mine"
+    # a reply that follows a gap in its rank's replies (one was lost) goes to the table
+    gap = core.Call(8, "step", 2, None, None, None)
+    inbox.update({0: [(8, wire.OK, None)]})
+    assert gap.gather(reads, next_reply, -1, len) == (core.MORE, 0, (8, wire.OK, None))
+    assert next_reply == [7, 7, 6] and gap.missing() == [0, 1]
     failing = core.Call(7, "step", 2, None, None, None)
     inbox[0].append((7, wire.OK, 1))
 
