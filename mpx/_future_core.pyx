@@ -683,23 +683,11 @@ cdef class FutureCore:
         """Run the done callbacks, once, each in turn: whatever one raises (BaseException
         included: the thread that runs them must live on) is logged with
         concurrent.futures' logger, and the next one runs."""
-        cdef object fns, fn
-        with self._lock:
-            fns, self._done_callbacks = self._done_callbacks, None
-        if fns is None:
-            return
-        for fn in fns:
-            try:
-                if type(fn) is tuple:
-                    (<tuple>fn)[1].run((<tuple>fn)[0], self)
-                else:
-                    fn(self)
-            except BaseException:
-                _LOGGER.exception("exception calling callback for %r", self)
+        self._run_callbacks_in(False)
 
-    cdef int _run_callbacks_here(self) except -1:
-        """The done callbacks in the thread that set the future by hand: an Exception is
-        logged; a BaseException (Ctrl-C) propagates once the others ran."""
+    cdef int _run_callbacks_in(self, bint here) except -1:
+        """_run_callbacks; ``here`` (the thread that set the future by hand): an Exception
+        is logged, and a BaseException (Ctrl-C) propagates once the others ran."""
         cdef object fns, fn, raised = None
         with self._lock:
             fns, self._done_callbacks = self._done_callbacks, None
@@ -714,7 +702,9 @@ cdef class FutureCore:
             except Exception:
                 _LOGGER.exception("exception calling callback for %r", self)
             except BaseException as e:
-                if raised is None:
+                if not here:
+                    _LOGGER.exception("exception calling callback for %r", self)
+                elif raised is None:
                     raised = e
         if raised is not None:
             raise raised
@@ -790,7 +780,7 @@ cdef int _complete_one(FutureCore fut, value, error, list due, bint by_hand) exc
                 raised = e
     if follow & F_CALLBACKS and due is None:
         try:
-            fut._run_callbacks_here()
+            fut._run_callbacks_in(True)
         except BaseException as e:
             if raised is None:
                 raised = e

@@ -491,16 +491,10 @@ class FutureCore:
 
     def _run_callbacks(self) -> None:
         """See ``mpx._future_core.FutureCore._run_callbacks``."""
-        for fn in self._take_callbacks() or ():
-            try:
-                if type(fn) is tuple:
-                    fn[1].run(fn[0], self)
-                else:
-                    fn(self)
-            except BaseException:
-                _LOGGER.exception("exception calling callback for %r", self)
+        self._run_callbacks_in(False)
 
-    def _run_callbacks_here(self) -> None:
+    def _run_callbacks_in(self, here: bool) -> None:
+        """See ``mpx._future_core.FutureCore._run_callbacks_in``."""
         raised = None
         for fn in self._take_callbacks() or ():
             try:
@@ -511,7 +505,9 @@ class FutureCore:
             except Exception:
                 _LOGGER.exception("exception calling callback for %r", self)
             except BaseException as e:
-                if raised is None:
+                if not here:
+                    _LOGGER.exception("exception calling callback for %r", self)
+                elif raised is None:
                     raised = e
         if raised is not None:
             try:
@@ -583,7 +579,7 @@ def _complete_one(fut: Any, value: Any, error: BaseException | None, due: list |
             raised = raised or e
     if follow & _F_CALLBACKS and due is None:
         try:
-            fut._run_callbacks_here()
+            fut._run_callbacks_in(True)
         except BaseException as e:
             raised = raised or e
     if raised is not None:

@@ -6,7 +6,8 @@ Who runs what::
     caller threads          collective_rpc -> Sending.send: number, encode, register, then
     (any number)            write (room now) or queue; a blocking call then waits:
                             ReplyPump.wait reads its own replies while no one else does
-    mpx-sender              writes the queued calls in order as the ring makes room
+    (whoever reads)         also writes the queued calls, in order, as replies show room
+    mpx-sender              writes a queued call larger than the whole ring
     mpx-reply-reader        reads replies while futures are outstanding and no caller
                             waits (an event loop reads its own in its thread, for a lease)
     mpx-callbacks           runs the futures' done callbacks, in completion order
@@ -18,7 +19,8 @@ The rules, which hold by construction:
    runs while mpx holds a lock or the baton: readers only read and record; outcomes are
    made and futures set after the baton is let go; done callbacks run on mpx-callbacks.
 2. ``collective_rpc(non_block=True)`` never waits for ring room: what does not fit is
-   queued in the driver and sent in order by mpx-sender (``pending_calls()`` counts it).
+   queued in the driver and sent in order as the workers make room (``pending_calls()``
+   counts it).
 3. No wait outlasts a deadline: a reader waits to the earliest one it knows, and a new
    call with an earlier one nudges it; a half-read message never extends a wait.
 4. A timeout, a cancel or an interrupt never consumes part of a message (the transports

@@ -6,12 +6,15 @@ Rules (see mpx/_driver/calls.py for the whole model):
 - ``order`` (a lock) is held to number, encode and register a call and then either to
   write it, when nothing is queued before it and the ring has room for all of it now (a
   write that cannot wait), or to queue it. It is never held while waiting.
-- Queued calls go out in order from the sender thread (``mpx-sender``, started on first
-  use), which waits for room with each call's deadline; only it writes while calls are
-  queued. A queued call whose deadline passes is settled with RPCTimeoutError and never
+- Queued calls go out in order. The threads that read replies flush the queue as they
+  read (each reply means its rank has taken a call, so the ring has room again): writes
+  that cannot wait, under ``order``. A call larger than the whole ring, which streams
+  through it waiting for the readers part way, is written by the sender thread
+  (``mpx-sender``, started on first use) when it reaches the head; meanwhile nothing else
+  writes. A queued call whose deadline passes is settled with RPCTimeoutError and never
   sent; at shutdown or failure the queue is settled with the table's error.
 - A blocking ``collective_rpc`` whose call was queued waits for its replies, reading them
-  meanwhile: the workers make room as their replies are read.
+  (and flushing) meanwhile.
 """
 
 from __future__ import annotations
