@@ -140,6 +140,8 @@ class Executor:
         if self._pid != _this_pid:
             raise self._not_owner()
         calls.check_usable()
+        if not calls.pending:  # (else they are awake: a call is under way)
+            calls.wake_workers()  # their wake-up overlaps the Python up to the write
         if isinstance(method, str):
             if method[:2] == "__" and method[-2:] == "__":
                 raise ValueError(f"collective_rpc refuses the special method {method!r}; "

@@ -64,7 +64,10 @@ class Sending(_Base):
         out = broadcast.writing_end()  # (enqueue's work without its frame)
         self._out = out
         self._write, self._has_room, self._local = out.write, out.has_room, out.shares_memory
-        self._wake_readers = out.wake_readers
+        # a call follows: workers asleep after idling start waking now, so that their
+        # wake-up overlaps the making of it (MessageQueue.wake_readers); the executor
+        # calls it first, when nothing is under way, and send() again
+        self.wake_workers = out.wake_readers
         # a message larger than the ring streams through it, waiting for the readers
         # part way: only the sender thread writes such a one
         cfg = broadcast.config
@@ -96,7 +99,7 @@ class Sending(_Base):
             if non_block:
                 call.future = RPCFuture(self, call)
             try:
-                self._wake_readers()  # workers asleep after idling wake as it pickles
+                self.wake_workers()  # (again: those that parked since)
                 kind, parts = serde.encode(wire.call(seq, method, args, kwargs, reply_rank),
                                            self._local)
             except BaseException as e:
