@@ -18,27 +18,9 @@ import types
 
 import pytest
 from _env import IMPLS
+from test_future_core import Source  # (a stand-in for the call table)
 
 from mpx._driver import futures as F
-
-
-class Source:
-    """A stand-in for the call table: ``wait`` completes the call from another thread."""
-
-    def wait(self, call, timeout=None):
-        fut = call["future"]
-        t = threading.Thread(target=fut.set_result, args=(call["value"],))
-        t.start()
-        t.join()
-
-    def read_ready(self):
-        return 0
-
-    def lease_to_loop(self):
-        pass
-
-    def wake_background(self):
-        pass
 
 
 def split(done, pending, want_done, want_pending=()):
