@@ -20,7 +20,8 @@ class ReplySource(Protocol):
         ``timeout`` seconds."""
 
     def read_ready(self) -> int | None:
-        """Read the replies already there: how many, or None if another thread reads."""
+        """Read the replies already there (with none there, wait a moment for the next):
+        how many, or None if another thread reads."""
 
     def lease_to_loop(self) -> None:
         """Leave the reading to an event loop for a moment."""
