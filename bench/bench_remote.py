@@ -45,11 +45,8 @@ It is a benchmark, not a test: the exit code is 0 whatever the results.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
-import shutil
-import site
 import subprocess
 import sys
 import tempfile
@@ -72,6 +69,7 @@ from mpx._cli.benchkit import (
     join,
     print_header,
     progress,
+    ray_loopback_env,
     start,
     stats,
     time_calls,
@@ -431,43 +429,9 @@ def bench_breakdown(tensor, reps):
 RAY_NODE_CPUS = 4  # logical: the mpx bundles (2 CPUs a node) and the actors' (2) at once
 
 
-@contextlib.contextmanager
-def _ray_loopback_env():
-    """HOME and RAY_USAGE_STATS_ENABLED for the Ray cluster of this run, restored after.
-
-    The head's dashboard process (started even with include_dashboard=False, for its
-    UsageStatsHead module) asks the cloud metadata address which cloud it runs on (HTTP to
-    169.254.169.254, a DNS lookup of metadata.google.internal), usage stats or not, unless
-    ~/ray_bootstrap_config.yaml names the provider: a HOME of our own, set before the head
-    starts (Ray's processes inherit it), keeps every byte on 127.0.0.1. With usage stats
-    disabled it still POSTs a "disabled" notice to https://usage-stats.ray.io/ for a
-    cluster not started by a bare ray.init() (as this one): a report URL requests has no
-    adapter for (file://) fails before any socket is made."""
-    home = tempfile.mkdtemp(prefix="mpx-bench-ray-home-")
-    with open(os.path.join(home, "ray_bootstrap_config.yaml"), "w") as f:
-        f.write("provider:\n  type: local\n")
-    saved = {k: os.environ.get(k) for k in ("HOME", "RAY_USAGE_STATS_ENABLED",
-                                            "RAY_USAGE_STATS_REPORT_URL", "PYTHONUSERBASE")}
-    user_base = site.getuserbase()  # (found from HOME: keep Ray's workers seeing ~/.local)
-    os.environ["HOME"] = home
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    os.environ["RAY_USAGE_STATS_REPORT_URL"] = "file:///dev/null"
-    if saved["PYTHONUSERBASE"] is None and user_base:
-        os.environ["PYTHONUSERBASE"] = user_base
-    try:
-        yield home
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(home, ignore_errors=True)
-
-
 def _ray_cluster():
     """(ray, Cluster) with 2 raylets on 127.0.0.1, this process connected to the head.
-    Call it inside _ray_loopback_env()."""
+    Call it inside ray_loopback_env()."""
     # read by ray at import: keep a cluster without addresses on loopback
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     # the raylets' workers import mpx and _remote_workers by name
@@ -527,7 +491,7 @@ def _ray_executor():
 def bench_launchers(iters, warm, reps, blocks=4):
     """No-op round trips, the three ways interleaved; then the startup of each, ``reps``
     times alternating. Ray actor calls are slower: they run iters // 10 calls a block."""
-    with _ray_loopback_env():
+    with ray_loopback_env():
         return _bench_launchers(iters, warm, reps, blocks)
 
 

@@ -95,7 +95,13 @@ import time
 
 from _report import parse_args
 
-from mpx._cli.benchkit import print_cleanup, print_header, print_table, progress
+from mpx._cli.benchkit import (
+    print_cleanup,
+    print_header,
+    print_table,
+    progress,
+    ray_loopback_env,
+)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -198,13 +204,10 @@ class PoolBackend:
 
 class RayBackend:
     def __init__(self, tmp):
-        # Ray's API server asks the cloud's metadata address (169.254.169.254) which cloud
-        # it runs on, usage stats or not, unless ~/ray_bootstrap_config.yaml names the
-        # provider: a HOME of our own keeps every byte on 127.0.0.1
-        with open(os.path.join(tmp, "ray_bootstrap_config.yaml"), "w") as f:
-            f.write("provider:\n  type: local\n")
-        os.environ["HOME"] = tmp
-        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+        # (Ray's head asks the cloud's metadata address which cloud it runs on, unless...:
+        # see ray_loopback_env, which keeps every byte on 127.0.0.1)
+        self.env = contextlib.ExitStack()
+        self.env.enter_context(ray_loopback_env())
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         import ray
         self.ray = ray
@@ -227,6 +230,7 @@ class RayBackend:
         for a in self.actors:
             self.ray.kill(a)
         self.ray.shutdown()
+        self.env.close()
 
 
 BACKEND_CLS = {"mpx": MpxBackend, "pool": PoolBackend, "ray": RayBackend}
