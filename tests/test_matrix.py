@@ -167,6 +167,27 @@ def test_result_that_fails_to_unpickle_in_the_driver(ex, record):
     record("result unpickling in the driver", took, DEATH_BOUND)
 
 
+def test_a_burst_of_results_that_fail_to_unpickle_in_the_driver(ex):
+    """Replies that pile up are read in batches: an undecodable one among them fails its
+    own call (on the rank that sent it) and no other."""
+    e = ex()
+    bad = {i for i in range(0, 120, 7)}
+    futs = [e.collective_rpc("result", args=("fails_in_driver",),
+                             kwargs={"ranks": [i % 2]}, non_block=True)
+            if i in bad else e.collective_rpc("ident", args=(i,), non_block=True)
+            for i in range(120)]
+    time.sleep(0.5)  # the replies pile up, read by the background reader
+    for i, fut in enumerate(futs):
+        if i in bad:
+            with pytest.raises(mpx.RPCError) as ei:
+                fut.result(timeout=10)
+            assert ei.value.ranks == [i % 2]
+            assert ei.value.exc_type == "DeserializationError"
+        else:
+            assert fut.result(timeout=10) == [i, i]
+    assert e.collective_rpc("rank") == [0, 1] and not e.is_failed
+
+
 @pytest.mark.parametrize("how,says", [("os._exit", "exit code 9"), ("segv", "SIGSEGV")])
 def test_crash_in_del_after_the_reply_was_sent(ex, record, how, says):
     e = ex()

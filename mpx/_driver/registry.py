@@ -33,7 +33,7 @@ from mpx.errors import (
     RPCTimeoutError,
     WorkerStalledError,
 )
-from mpx.wire import OK, STALL
+from mpx.wire import ERR, OK, STALL
 
 _core = future_core_module()
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ class CallRegistry:
             if type(reply) is tuple:
                 self._record(rank, *reply)
             else:
-                self._record(rank, self.next_reply[rank], 2, reply)  # wire.ERR
+                self._record(rank, self.next_reply[rank], ERR, reply)  # undecodable
             start = stop + 1
 
     def _settle_answered(self, calls: list[Call]) -> None:
