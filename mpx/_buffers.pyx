@@ -12,7 +12,8 @@ import sys
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.object cimport PyObject
-from cpython.bytearray cimport PyByteArray_FromStringAndSize, PyByteArray_AS_STRING
+from cpython.bytearray cimport (PyByteArray_FromStringAndSize, PyByteArray_AS_STRING,
+                                 PyByteArray_Resize)
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_FromDouble
 from cpython.long cimport PyLong_FromLongLong
@@ -27,6 +28,7 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object)
     void* PyUnicode_DATA(object)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
+    Py_ssize_t PY_SSIZE_T_MAX
     object PyUnicode_DecodeASCII(const char*, Py_ssize_t, const char*)
 
 cdef extern from "_ring_sync.h" nogil:
@@ -61,13 +63,20 @@ IMPLEMENTATION = "cython"
 
 cdef object owned_buffer(bint as_bytes, uint64_t size, char** ptr):
     """A new, uninitialised buffer of ``size`` bytes (bytes if ``as_bytes``, else a
-    bytearray); its memory in ``*ptr``."""
+    bytearray); its memory in ``*ptr``. MemoryError if it cannot be allocated."""
     cdef object buf
+    if size > <uint64_t>PY_SSIZE_T_MAX:
+        raise MemoryError(f"cannot allocate a buffer of {size} bytes")
     if as_bytes:
-        buf = PyBytes_FromStringAndSize(NULL, size)
+        buf = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>size)
         ptr[0] = PyBytes_AS_STRING(buf)
     else:
-        buf = PyByteArray_FromStringAndSize(NULL, size)
+        # Not PyByteArray_FromStringAndSize(NULL, size): when its malloc fails it frees a
+        # bytearray whose export count it has not set yet, and CPython (3.11-3.13) prints
+        # "SystemError: deallocated bytearray object has exported buffers". An empty one
+        # resized fails cleanly.
+        buf = PyByteArray_FromStringAndSize(NULL, 0)
+        PyByteArray_Resize(buf, <Py_ssize_t>size)
         ptr[0] = PyByteArray_AS_STRING(buf)
     if size >= HUGE_ADVICE_MIN:
         mpx_advise_huge(ptr[0], size)

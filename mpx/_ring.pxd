@@ -69,7 +69,7 @@ cdef class RingWriter(_RingEnd):
     cdef bint _has_space(self, uint64_t need) noexcept nogil
     cdef int _await_space(self, int64_t deadline) except? -9
     cdef int _claim_slot(self, int64_t deadline) except? -9
-    cdef void _publish(self, uint32_t length, uint32_t flags, uint32_t kind,
+    cdef void _publish(self, uint64_t length, uint32_t flags, uint32_t kind,
                        uint64_t total) noexcept nogil
     cdef void _wake_parked(self) noexcept nogil
     cdef int _write(self, uint32_t kind, parts, int64_t deadline_ns, int64_t total) except? -9
@@ -84,8 +84,11 @@ cdef class RingReader(_RingEnd):
     cdef uint64_t dest_off
     cdef uint32_t dest_kind
     cdef uint64_t dest_total
+    cdef bint skipping               # the message being read could not be allocated
+    cdef readonly uint64_t skipped_bytes  # after NO_MEMORY: the skipped message's size
 
     cdef void _ack(self) noexcept nogil
-    cdef tuple _read(self, int64_t deadline_ns, int64_t slice_end)
+    cdef void _drop_message(self) noexcept
+    cdef tuple _read(self, int64_t deadline_ns, int64_t slice_end, bint keep_unallocated)
     cdef tuple _read_with(self, consume, uint64_t in_place_min, int64_t deadline_ns,
                           int64_t slice_ns)

@@ -4,9 +4,11 @@
 Mechanism only: no pickling, logging or policy. ``mpx/_ring_py.py`` is its pure-Python twin
 with the same layout (``mpx/_ring_layout.pxi``, mirrored by ``mpx/layout.py``) and
 behaviour. Wait results are the status codes of ``mpx.layout`` (OK, TIMEOUT, INTERRUPTED,
-PEER_GONE, SHUTDOWN, SLICE, NUDGED). A reader's read that stops before a message is whole
-(any status but OK, or a signal handler's exception) keeps what it took of it: the next
-read goes on with it.
+PEER_GONE, SHUTDOWN, SLICE, NUDGED, NO_MEMORY). A reader's read that stops before a message
+is whole (any status but OK, or a signal handler's exception) keeps what it took of it: the
+next read goes on with it. A message the reader cannot allocate memory for is skipped whole
+(its slots go back to the writer), and the read that ends it returns NO_MEMORY, with its
+size in ``skipped_bytes``.
 
 A message's kind is opaque to the ring but for ``KIND_AS_BYTES``: a message whose kind has
 that bit is delivered as ``bytes``, any other as a ``bytearray``.
@@ -430,7 +432,7 @@ cdef class RingWriter(_RingEnd):
             need = self.n_chunks
         return self._has_space(need)
 
-    cdef void _publish(self, uint32_t length, uint32_t flags, uint32_t kind,
+    cdef void _publish(self, uint64_t length, uint32_t flags, uint32_t kind,
                        uint64_t total) noexcept nogil:
         cdef char* slot = self._slot(self.seq)
         cdef uint64_t i
@@ -516,7 +518,7 @@ cdef class RingWriter(_RingEnd):
                 written += rem
                 while rem > 0:
                     if off == self.chunk_bytes:
-                        self._publish(<uint32_t>off, F_BEGIN if first else 0, kind, length)
+                        self._publish(off, F_BEGIN if first else 0, kind, length)
                         first = False
                         self.partial = True
                         off = 0
@@ -539,7 +541,7 @@ cdef class RingWriter(_RingEnd):
                 PyBuffer_Release(&buf)
         if written != length:
             raise ValueError(f"the message's pieces add up to {written} bytes, not {length}")
-        self._publish(<uint32_t>off, (F_BEGIN if first else 0) | F_END, kind, length)
+        self._publish(off, (F_BEGIN if first else 0) | F_END, kind, length)
         self.partial = False
         return OK
 
@@ -555,7 +557,7 @@ cdef class RingWriter(_RingEnd):
         self._live()
         if length > self.chunk_bytes:
             raise ValueError(f"slot length {length} exceeds the slot size {self.chunk_bytes}")
-        self._publish(<uint32_t>length, F_BEGIN | F_END, kind, length)
+        self._publish(length, F_BEGIN | F_END, kind, length)
 
 
 cdef class RingReader(_RingEnd):
@@ -583,8 +585,13 @@ cdef class RingReader(_RingEnd):
 
     def release(self):
         """Drop the buffer export and pidfds; the ring end is unusable afterwards."""
-        self.dest = None
+        self._drop_message()
         _RingEnd.release(self)
+
+    cdef void _drop_message(self) noexcept:
+        """Forget the message being assembled (or skipped)."""
+        self.dest = None
+        self.skipping = False
 
     def mark_closed(self):
         """Tell the writer this reader is gone, waking it if it waits for space."""
@@ -635,7 +642,7 @@ cdef class RingReader(_RingEnd):
         skipped. ValueError, leaving the slot unread, when the next message spans several
         slots, or in the middle of one that read() left early."""
         self._live()
-        if self.dest is not None:
+        if self.dest is not None or self.skipping:
             raise ValueError("next_slot() in the middle of a multi-slot message")
         cdef char* slot
         cdef int st
@@ -671,11 +678,14 @@ cdef class RingReader(_RingEnd):
         unfinished ``slice_ns`` after the call returns SLICE, and so does a park that a
         signal interrupted (so Python can run its handler). The deadline, the slice, a
         nudge and an interrupt end the wait for each slot of a message too: calling again
-        resumes the message.
+        resumes the message. A message whose memory cannot be allocated is skipped: the
+        read that ends it returns ``(NO_MEMORY, kind, None)``, its size in skipped_bytes.
         """
-        return self._read(deadline_ns, _slice_end(slice_ns))
+        return self._read(deadline_ns, _slice_end(slice_ns), False)
 
-    cdef tuple _read(self, int64_t deadline_ns, int64_t slice_end):
+    cdef tuple _read(self, int64_t deadline_ns, int64_t slice_end, bint keep_unallocated):
+        """read(); with ``keep_unallocated``, a message whose memory cannot be allocated
+        is left unread (NO_MEMORY, nothing consumed) instead of skipped."""
         self._live()
         cdef char* slot
         cdef uint64_t length, total
@@ -686,7 +696,7 @@ cdef class RingReader(_RingEnd):
             st = self._await(deadline_ns, slice_end)
             if st != OK:
                 if st == SHUTDOWN or st == PEER_GONE:
-                    self.dest = None
+                    self._drop_message()
                 return (st, 0, None)
             slot = self._slot(self.seq)
             length = (<uint64_t*>(slot + SH_LENGTH))[0]
@@ -694,19 +704,27 @@ cdef class RingReader(_RingEnd):
             kind = (<uint32_t*>(slot + SH_KIND))[0]
             total = (<uint64_t*>(slot + SH_TOTAL))[0]
             if flags & F_ABORT:
-                self.dest = None
+                self._drop_message()
                 self._ack()
                 continue
             if flags & F_BEGIN:
-                self.dest = owned_buffer(kind & KIND_AS_BYTES, total, &self.dest_ptr)
+                self._drop_message()
+                try:
+                    self.dest = owned_buffer(kind & KIND_AS_BYTES, total, &self.dest_ptr)
+                except MemoryError:
+                    if keep_unallocated:
+                        return (NO_MEMORY, 0, None)
+                    self.skipping = True
                 self.dest_kind = kind
                 self.dest_off = 0
                 self.dest_total = total
-            elif self.dest is None:
+            elif self.dest is None and not self.skipping:
                 raise RuntimeError("mpx ring corrupted: a continuation slot without a message")
             if length > self.chunk_bytes or self.dest_off + length > self.dest_total:
                 raise RuntimeError("mpx ring corrupted: slot length exceeds the message")
-            if length >= NOGIL_COPY:
+            if self.skipping:
+                pass
+            elif length >= NOGIL_COPY:
                 with nogil:
                     memcpy(self.dest_ptr + self.dest_off, slot + SLOT_HEADER, length)
             elif length:
@@ -714,9 +732,13 @@ cdef class RingReader(_RingEnd):
             self.dest_off += length
             self._ack()
             if flags & F_END:
+                self.resting = False
+                if self.skipping:
+                    self.skipping = False
+                    self.skipped_bytes = self.dest_total
+                    return (NO_MEMORY, self.dest_kind, None)
                 d = self.dest
                 self.dest = None
-                self.resting = False
                 return (OK, self.dest_kind, d)
 
     def read_with(self, consume, uint64_t in_place_min, int64_t deadline_ns=-1,
@@ -727,7 +749,8 @@ cdef class RingReader(_RingEnd):
         of the slot, released when consume returns (or raises: the exception propagates),
         and the slot goes back to the writer then. consume must keep nothing that refers
         to it: a buffer it took of the view is caught (RuntimeError), a memoryview made
-        from it is not. Any other message: ``data`` is read()'s owned copy."""
+        from it is not. Any other message: ``data`` is read()'s owned copy. A message that
+        cannot be allocated is skipped, as read() skips it, and consume is not called."""
         return self._read_with(consume, in_place_min, deadline_ns, slice_ns)
 
     cdef tuple _read_with(self, consume, uint64_t in_place_min, int64_t deadline_ns,
@@ -740,7 +763,7 @@ cdef class RingReader(_RingEnd):
         cdef object view, out
         cdef char* ptr
         cdef int64_t slice_end = _slice_end(slice_ns)
-        if self.dest is None:  # (not in the middle of a message that spans slots)
+        if self.dest is None and not self.skipping:  # (not in the middle of a message)
             while True:
                 st = self._await(deadline_ns, slice_end)
                 if st != OK:
@@ -756,7 +779,12 @@ cdef class RingReader(_RingEnd):
                 if length > self.chunk_bytes:
                     raise RuntimeError("mpx ring corrupted: slot length exceeds the message")
                 if length < in_place_min:  # the common small message: copied, as read() does
-                    out = owned_buffer(True, length, &ptr)
+                    try:
+                        out = owned_buffer(True, length, &ptr)
+                    except MemoryError:
+                        self._ack()
+                        self.skipped_bytes = length
+                        return (NO_MEMORY, kind, None)
                     if length >= NOGIL_COPY:
                         with nogil:
                             memcpy(ptr, slot + SLOT_HEADER, length)
@@ -777,7 +805,7 @@ cdef class RingReader(_RingEnd):
                         raise RuntimeError("read_with: consume kept a view of the ring slot") \
                             from None
                 return (OK, kind, out)
-        st, kind, out = self._read(deadline_ns, slice_end)
+        st, kind, out = self._read(deadline_ns, slice_end, False)
         if st != OK:
             return (st, kind, out)
         return (OK, kind, consume(kind, out))
@@ -785,15 +813,17 @@ cdef class RingReader(_RingEnd):
     def read_ready(self):
         """Every message published whole now, without waiting for anything:
         ``(status, [(kind, data), ...])``. The status is OK, or why reading stopped
-        (SHUTDOWN, PEER_GONE, INTERRUPTED) after the messages in the list. Of a message
-        whose later slots are still being written, the slots published are taken and kept:
-        the next read goes on with it. Leaves a nudge for a wait. One call for a batch of
-        replies."""
+        (SHUTDOWN, PEER_GONE, INTERRUPTED) after the messages in the list, or NO_MEMORY
+        with an empty list: the first message could not be allocated and was skipped (one
+        met after others is left for the next call). Of a message whose later slots are
+        still being written, the slots published are taken and kept: the next read goes on
+        with it. Leaves a nudge for a wait. One call for a batch of replies."""
         cdef list out = []
         while mpx_load64(self.write_seq) > self.seq:
-            st, kind, data = self._read(0, -1)  # (a deadline past: no wait, for any slot)
+            # (a deadline past: no wait, for any slot)
+            st, kind, data = self._read(0, -1, len(out) > 0)
             if st != OK:
-                return (OK if st == TIMEOUT else st, out)
+                return (OK if st == TIMEOUT or out and st == NO_MEMORY else st, out)
             out.append((kind, data))
         return (OK, out)
 

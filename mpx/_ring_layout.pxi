@@ -53,3 +53,4 @@ cdef enum:
     SHUTDOWN = 4
     SLICE = 5
     NUDGED = 6
+    NO_MEMORY = 7

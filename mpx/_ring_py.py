@@ -460,6 +460,9 @@ class RingReader(_RingEnd):
         self._dest: bytearray | None = None
         self._dest_kind = 0
         self._dest_off = 0
+        self._dest_total = 0
+        self._skipping = False  # the message being read could not be allocated
+        self.skipped_bytes = 0  # after NO_MEMORY: the skipped message's size
         if not 0 <= index < self.n_readers:
             self.release()
             raise ValueError(f"reader index {index} out of range for {self.n_readers} readers")
@@ -478,8 +481,13 @@ class RingReader(_RingEnd):
 
     def release(self) -> None:
         """Drop the buffer export and pidfds; the ring end is unusable afterwards."""
-        self._dest = None
+        self._drop_message()
         super().release()
+
+    def _drop_message(self) -> None:
+        """Forget the message being assembled (or skipped)."""
+        self._dest = None
+        self._skipping = False
 
     def mark_closed(self) -> None:
         """Tell the writer this reader is gone, waking it if it waits for space."""
@@ -521,7 +529,7 @@ class RingReader(_RingEnd):
     def next_slot(self, deadline_ns: int = -1, slice_ns: int = -1) -> tuple[int, int, int]:
         """See ``mpx._ring.RingReader.next_slot``."""
         self._live()
-        if self._dest is not None:
+        if self._dest is not None or self._skipping:
             raise ValueError("next_slot() in the middle of a multi-slot message")
         q = self._q
         slice_end = _slice_end(slice_ns)
@@ -552,7 +560,7 @@ class RingReader(_RingEnd):
         self._live()
         q, i32 = self._q, self._i
         slice_end = -1 if slice_ns < 0 else time.monotonic_ns() + slice_ns  # (hot: inline)
-        if self._dest is None:
+        if self._dest is None and not self._skipping:
             while True:
                 st = self._wait(deadline_ns, slice_end)
                 if st != layout.OK:
@@ -581,7 +589,7 @@ class RingReader(_RingEnd):
                         raise RuntimeError("read_with: consume kept a view of the ring "
                                            "slot") from None
                 return (layout.OK, kind, out)
-        st, kind, out = self._read(deadline_ns, slice_end)
+        st, kind, out = self._read(deadline_ns, slice_end, False)
         if st != layout.OK:
             return (st, kind, out)
         return (layout.OK, kind, consume(kind, out))
@@ -590,24 +598,32 @@ class RingReader(_RingEnd):
         """See ``mpx._ring.RingReader.read_ready``."""
         out = []
         while self._q[layout.OFF_WRITE_SEQ >> 3] > self.seq:
-            st, kind, data = self._read(0, -1)  # (a deadline past: no wait, for any slot)
+            # (a deadline past: no wait, for any slot)
+            st, kind, data = self._read(0, -1, bool(out))
             if st != layout.OK:
-                return (layout.OK if st == layout.TIMEOUT else st, out)
+                ok = st == layout.TIMEOUT or out and st == layout.NO_MEMORY
+                return (layout.OK if ok else st, out)
             out.append((kind, data))
         return (layout.OK, out)
 
     def read(self, deadline_ns: int = -1, slice_ns: int = -1):
         """See ``mpx._ring.RingReader.read``."""
-        return self._read(deadline_ns, _slice_end(slice_ns))
+        return self._read(deadline_ns, _slice_end(slice_ns), False)
 
-    def _read(self, deadline_ns: int, slice_end: int):
+    def _skipped(self, kind: int, nbytes: int) -> tuple[int, int, None]:
+        self.skipped_bytes = nbytes
+        self._resting = False
+        return (layout.NO_MEMORY, kind, None)
+
+    def _read(self, deadline_ns: int, slice_end: int, keep_unallocated: bool):
+        """See ``mpx._ring.RingReader._read``."""
         self._live()
         q, i32, mv = self._q, self._i, self._mv
         while True:
             st = self._wait(deadline_ns, slice_end)
             if st != layout.OK:
                 if st in (layout.SHUTDOWN, layout.PEER_GONE):
-                    self._dest = None
+                    self._drop_message()
                 return (st, 0, None)
             s = self._slot(self.seq)
             length = q[(s + layout.SH_LENGTH) >> 3]
@@ -616,33 +632,52 @@ class RingReader(_RingEnd):
             total = q[(s + layout.SH_TOTAL) >> 3]
             as_bytes = kind & layout.KIND_AS_BYTES
             if flags & layout.F_ABORT:
-                self._dest = None
+                self._drop_message()
                 self._ack()
                 continue
             p = s + layout.SLOT_HEADER
             if flags & layout.F_BEGIN:
+                self._drop_message()
                 if flags & layout.F_END and as_bytes:
                     if length != total or length > self.chunk_bytes:
                         raise RuntimeError("mpx ring corrupted: slot length exceeds the message")
-                    data = bytes(mv[p:p + length])
+                    try:
+                        data = bytes(mv[p:p + length])
+                    except MemoryError:
+                        if keep_unallocated:
+                            return (layout.NO_MEMORY, 0, None)
+                        self._ack()
+                        return self._skipped(kind, length)
                     self._ack()
                     return (layout.OK, kind, data)
-                self._dest = bytearray(total)
+                try:
+                    self._dest = bytearray(total)
+                except MemoryError:
+                    if keep_unallocated:
+                        return (layout.NO_MEMORY, 0, None)
+                    self._skipping = True
                 self._dest_kind = kind
                 self._dest_off = 0
-            elif self._dest is None:
+                self._dest_total = total
+            elif self._dest is None and not self._skipping:
                 raise RuntimeError("mpx ring corrupted: a continuation slot without a message")
             dest = self._dest
-            if length > self.chunk_bytes or self._dest_off + length > len(dest):
+            if length > self.chunk_bytes or self._dest_off + length > self._dest_total:
                 raise RuntimeError("mpx ring corrupted: slot length exceeds the message")
-            dest[self._dest_off:self._dest_off + length] = mv[p:p + length]
+            if dest is not None:
+                dest[self._dest_off:self._dest_off + length] = mv[p:p + length]
             self._dest_off += length
             self._ack()
             if flags & layout.F_END:
-                self._dest = None
-                self._resting = False
                 kind = self._dest_kind
-                out = bytes(dest) if kind & layout.KIND_AS_BYTES else dest
+                self._drop_message()
+                self._resting = False
+                if dest is None:
+                    return self._skipped(kind, self._dest_total)
+                try:
+                    out = bytes(dest) if kind & layout.KIND_AS_BYTES else dest
+                except MemoryError:  # (the copy into bytes; the message is consumed)
+                    return self._skipped(kind, self._dest_total)
                 return (layout.OK, kind, out)
 
 

@@ -87,6 +87,15 @@ class DeserializationError(MpxError, ValueError):
     """A received message could not be unpickled; the queue stays usable."""
 
 
+class MessageTooLargeError(DeserializationError, MemoryError):
+    """A received message of ``nbytes`` that this process could not allocate memory for:
+    it was skipped, and the queue reads on from the next message."""
+
+    def __init__(self, message: str, nbytes: int = 0) -> None:
+        super().__init__(message)
+        self.nbytes = nbytes
+
+
 class RPCError(MpxError, RuntimeError):
     """A worker method raised (or its call or result could not be (un)pickled).
 

@@ -85,6 +85,7 @@ PEER_GONE = 3      # writer: reader `gone_index` died or closed; reader: the wri
 SHUTDOWN = 4       # the writer called shutdown() and nothing unread remains
 SLICE = 5          # a reader's slice of `slice_ns` ended (or a signal came); call again to resume
 NUDGED = 6         # a reader's wait was ended by nudge() (nothing consumed); call again to resume
+NO_MEMORY = 7      # a reader skipped a message it could not allocate (`skipped_bytes`: its size)
 
 _HEAD = struct.Struct("<QIIQQQQQQ")
 

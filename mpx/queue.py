@@ -35,6 +35,7 @@ from mpx.config import Config
 from mpx.errors import (
     DeserializationError,
     HandleError,
+    MessageTooLargeError,
     QueueClosedError,
     QueueTimeout,
     RoleError,
@@ -553,13 +554,18 @@ class MessageQueue:
         """Every message already published, unpickled, in order, without waiting: one call
         for a batch (an empty list when nothing is there). A message that cannot be
         unpickled is replaced in the list by ``on_error(the DeserializationError)``; the
-        messages after it are still returned."""
+        messages after it are still returned. A message this process could not allocate
+        memory for (skipped: MessageTooLargeError) is the list's only one, so replaced."""
         reader = self._reader
         if reader is None or self._closed:
             reader = self._need_reader("dequeue_ready")
+        try:
+            ready = reader.read_ready()
+        except MessageTooLargeError as e:
+            return [on_error(e)]
         out: list = []
         append, decode = out.append, serde.decode_lent  # (owned data: decode's result, in C)
-        for kind, data in reader.read_ready():
+        for kind, data in ready:
             try:
                 append(decode(kind, data))
             except DeserializationError as e:

@@ -21,10 +21,12 @@ from typing import Any
 from mpx import _debug, layout, shm
 from mpx._impl import ring_module
 from mpx._procinfo import pid_alive
+from mpx._units import human_size
 from mpx.config import Config
 from mpx.errors import (
     Cancelled,
     HandleError,
+    MessageTooLargeError,
     PeerDiedError,
     QueueClosedError,
     QueueTimeout,
@@ -401,6 +403,12 @@ class ShmReader(Reader):
             return self._gone()
         if st == layout.NUDGED:
             return WaitNudged(f"dequeue on reader rank {self.rank}: its wait was nudged")
+        if st == layout.NO_MEMORY:
+            n = self._ring.skipped_bytes
+            return MessageTooLargeError(
+                f"reader rank {self.rank} (pid {os.getpid()}) could not allocate memory for a "
+                f"message of {n} bytes ({human_size(n)}) from the writer (pid "
+                f"{self.writer_pid}); the message was skipped, the queue reads on", nbytes=n)
         return RuntimeError(f"unexpected ring status {st}")
 
     @contextlib.contextmanager
