@@ -6,6 +6,16 @@ answers every call on it exactly once, in order, with ``(seq, status, payload)``
 RPC loop itself, or from the async output thread (:mod:`mpx._worker.output`). The watchdog
 (:mod:`mpx.watchdog`) watches each call and may add a STALL report before its answer.
 
+What a call raises: an error of that call alone (an RPCError in the driver, with the
+exception's type name, message and remote traceback), and the worker serves the next
+call; this holds for any exception, ``BaseException`` subclasses included
+(``asyncio.CancelledError`` from ``asyncio.run`` of a cancelled task, ``GeneratorExit``, a
+user's own), whether the method, its result's ``get_output()`` or the pickling of its
+result raised it. The exceptions that ask a process to stop, ``SystemExit`` and
+``KeyboardInterrupt`` (:data:`~mpx._worker.output.ENDS_THE_WORKER`, asyncio's rule for its
+callbacks), end the worker instead: a method that calls ``sys.exit(3)`` exits with code 3,
+and the driver reports the death (``WorkerDiedError``, "exit code 3").
+
 Signals: the driver decides when its workers stop. A worker leads a process group of its
 own, so what is sent to the driver's group (Ctrl-C in a terminal, ``kill -TERM -PGID``)
 never reaches it. A SIGINT or SIGTERM that reaches it anyway (systemd's control-group
@@ -33,7 +43,7 @@ import cloudpickle
 
 from mpx import _debug, dumps, serde
 from mpx._procinfo import set_parent_death_signal
-from mpx._worker.output import AsyncOutput, InlineOutput, Replies
+from mpx._worker.output import ENDS_THE_WORKER, AsyncOutput, InlineOutput, Replies
 from mpx._worker.watchdog import Watchdog, block_dump_signal
 from mpx.errors import Cancelled, DeserializationError, PeerDiedError
 from mpx.queue import MessageQueue
@@ -395,7 +405,9 @@ def _serve(worker: Any, rank: int, broadcast: MessageQueue, out: InlineOutput | 
               getattr(method, "__name__", "<callable>"), seq)
         try:
             status, result = OK, _call(worker, method, args, kwargs)
-        except Exception as e:
+        except ENDS_THE_WORKER:
+            raise
+        except BaseException as e:  # (see the module docstring)
             status, result = ERR, error_payload(e)
         finally:
             end()

@@ -2,20 +2,28 @@
 
 A reply ``(seq, status, payload)`` goes on the worker's response queue. A result with a
 ``get_output()`` method (e.g. one that waits on a CUDA event after a non-blocking copy to
-the host) is resolved first, in whichever thread sends it; an exception there fails that
-call only. With ``Config.async_output`` a single thread sends, so the RPC loop can start
-the next call at once and replies keep their order.
+the host) is resolved first, in whichever thread sends it. Whatever ``get_output()`` or the
+pickling of the result raises fails that call only, unless it ends the worker
+(:data:`ENDS_THE_WORKER`, the rule of :mod:`mpx._worker.main`). Looking for ``get_output``
+runs the result's ``__getattr__``, if it has one: anything that raises means "none".
+
+With ``Config.async_output`` a single thread sends, so the RPC loop can start the next call
+at once and replies keep their order. If that thread fails (not because the driver is
+gone), the worker exits at once, with the error logged: the driver reports its death
+instead of waiting for a reply that will never come.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import queue
 import sys
 import threading
 from typing import Any
 
 from mpx import _debug
-from mpx.errors import SerializationError
+from mpx.errors import Cancelled, PeerDiedError
 from mpx.queue import deadline_of
 from mpx.serde import encode
 from mpx.wire import ERR, OK, error_payload
@@ -25,6 +33,11 @@ from mpx.wire import ERR, OK, error_payload
 ASYNC_DEPTH = 2
 # How often a put into the full output queue checks that the output thread still runs.
 _PUT_POLL_S = 0.1
+# What a call may raise that ends the worker instead of failing the call: requests to stop
+# the process (asyncio's rule for its callbacks).
+ENDS_THE_WORKER = (SystemExit, KeyboardInterrupt)
+
+logger = logging.getLogger("mpx")
 
 
 class Replies:
@@ -40,7 +53,9 @@ class Replies:
         self._wake()  # a parked driver wakes while the reply is pickled
         try:
             kind, parts = encode((seq, status, payload), self._local)
-        except SerializationError as e:
+        except ENDS_THE_WORKER:
+            raise
+        except BaseException as e:  # SerializationError, or what a __reduce__ raised
             kind, parts = encode((seq, ERR, error_payload(e)), self._local)
         self._write(kind, parts, deadline_of(timeout))
 
@@ -54,15 +69,27 @@ def _bind_device(worker: Any) -> None:
     torch.cuda.set_device(device)
 
 
+def _get_output(payload: Any) -> Any:
+    """``payload.get_output`` if it is callable, else None; a ``__getattr__`` that raises
+    (``KeyError`` from a dict with its keys as attributes, say) means there is none."""
+    try:
+        get_output = getattr(payload, "get_output", None)
+    except Exception:
+        return None
+    return get_output if callable(get_output) else None
+
+
 def resolve(status: int, payload: Any, keep: bool) -> tuple[int, Any]:
     """The reply's (status, payload) once ``get_output()`` (if any) ran; the result itself
     only if ``keep`` (this rank was asked to reply)."""
     if status == OK:
-        get_output = getattr(payload, "get_output", None)
-        if callable(get_output):
+        get_output = _get_output(payload)
+        if get_output is not None:
             try:
                 payload = get_output()
-            except Exception as e:
+            except ENDS_THE_WORKER:
+                raise
+            except BaseException as e:
                 return ERR, error_payload(e)
         if not keep:
             payload = None
@@ -77,7 +104,12 @@ class InlineOutput:
         _bind_device(worker)
 
     def put(self, seq: int, status: int, payload: Any, keep: bool) -> None:
-        if status != OK or not keep or payload is not None and hasattr(payload, "get_output"):
+        try:  # (the common reply, a result without get_output, skips resolve)
+            plain = status == OK and keep and (payload is None or
+                                               not hasattr(payload, "get_output"))
+        except Exception:  # its __getattr__ raised: no get_output (see _get_output)
+            plain = True
+        if not plain:
             status, payload = resolve(status, payload, keep)
         self.replies.send(seq, status, payload)
 
@@ -113,23 +145,39 @@ class AsyncOutput:
                     raise RuntimeError("mpx: the output thread stopped") from None
 
     def _run(self) -> None:
-        _bind_device(self.worker)
-        while True:
-            item = self.q.get()
-            if item is None:
-                return
-            seq, status, payload, keep = item
-            del item
-            status, payload = resolve(status, payload, keep)
-            try:
+        try:
+            _bind_device(self.worker)
+            while True:
+                item = self.q.get()
+                if item is None:
+                    return
+                seq, status, payload, keep = item
+                del item
+                status, payload = resolve(status, payload, keep)
                 self.replies.send(seq, status, payload)
-            except Exception as e:  # e.g. the driver is gone: the RPC loop stops at its next put
-                self.failed = e
-                return
-            del payload
+                del payload
+        except (Cancelled, PeerDiedError) as e:  # the driver is gone
+            self.failed = e  # (the RPC loop stops at its next put)
+        except BaseException as e:
+            _end_the_worker(e)
 
     def close(self) -> None:
         """Send what is queued, then stop the thread."""
         if self.thread.is_alive():
             self._put(None)
             self.thread.join()
+
+
+def _end_the_worker(e: BaseException) -> None:
+    """End this worker from the failed output thread, with the exit code a SystemExit asks
+    for (else 1). Left to the RPC loop, the end would wait for a next call, which may never
+    come: the driver waits for the reply that was lost."""
+    logger.critical("mpx: the output thread failed, so this worker (pid %d) exits: %r",
+                    os.getpid(), e, exc_info=e)
+    code = e.code if isinstance(e, SystemExit) else 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # closed, or a broken pipe: nothing to keep
+            pass
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
