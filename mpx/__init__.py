@@ -12,7 +12,7 @@ The public API::
     mpx.share(tensor)     a CPU tensor in shared memory, sent by reference (mpx/sharing.py)
     errors: mpx.MpxError, Cancelled, QueueTimeout, PeerDiedError, MessageAbortedError,
             ShmError, HandleError, QueueClosedError, RoleError, SerializationError,
-            DeserializationError, SharedTensorGoneError, RPCError, RPCTimeoutError,
+            DeserializationError, MessageTooLargeError, SharedTensorGoneError, RPCError, RPCTimeoutError,
             WorkerStalledError, ExecutorFailed, WorkerDiedError, NodeLostError,
             WorkerStartupError, NotOwnerError
 
@@ -43,6 +43,7 @@ from mpx.errors import (
     ExecutorFailed,
     HandleError,
     MessageAbortedError,
+    MessageTooLargeError,
     MpxError,
     NodeLostError,
     NotOwnerError,
@@ -70,7 +71,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cancelled", "Config", "DeserializationError", "Executor", "ExecutorFailed", "Handle",
-    "HandleError", "MessageAbortedError", "MessageQueue", "MpxError", "NodeLostError",
+    "HandleError", "MessageAbortedError", "MessageQueue", "MessageTooLargeError", "MpxError", "NodeLostError",
     "NotOwnerError", "PeerDiedError", "PendingCalls", "QueueClosedError", "QueueTimeout",
     "ReplyLostError", "RPCError", "RPCFuture", "RPCTimeoutError", "RoleError",
     "SerializationError", "SharedTensorGoneError", "ShmError", "WaitNudged",

@@ -294,9 +294,9 @@ cdef class Encoder:
 
 cdef class LentDecoder:
     """``serde.decode_lent`` with its common cases in C: a plain pickle is ``loads(data)``
-    here and a small message ``small_decode(data)``, an exception of either other than
-    ``passthrough`` becomes ``undecodable(e)`` (chained); any other kind is
-    ``other(kind, data)``. Every message a ring reader takes goes through one."""
+    here and a small message ``small_decode(data)``; an exception of either (a
+    BaseException too) not of the ``passthrough`` types becomes ``undecodable(e)``
+    (chained); any other kind is ``other(kind, data)``. Every message a ring reader takes goes through one."""
 
     cdef int pickle_kind, small_kind
     cdef object loads, other, undecodable, passthrough
@@ -317,7 +317,7 @@ cdef class LentDecoder:
             if kind != self.pickle_kind:
                 return self.other(kind, data)
             return self.loads(data)
-        except Exception as e:
+        except BaseException as e:
             if isinstance(e, self.passthrough):
                 raise
             raise self.undecodable(e) from e

@@ -172,7 +172,7 @@ class LentDecoder:
 
     def __init__(self, pickle_kind: int, small_kind: int, loads: Callable[[Any], Any],
                  other: Callable[[int, Any], Any], undecodable: Callable[[Exception], Exception],
-                 passthrough: type[Exception]) -> None:
+                 passthrough: tuple[type[BaseException], ...]) -> None:
         self.pickle_kind = pickle_kind
         self.small_kind = small_kind
         self.loads = loads
@@ -189,7 +189,7 @@ class LentDecoder:
             return self.loads(data)
         except self.passthrough:
             raise
-        except Exception as e:
+        except BaseException as e:
             raise self.undecodable(e) from e
 
 

@@ -30,6 +30,7 @@ class RingWriter(_RingEnd):
 
 class RingReader(_RingEnd):
     index: int
+    skipped_bytes: int  # the size of the message the last NO_MEMORY read skipped
     def __init__(self, buf: object, index: int, spin_ns: int = ..., yield_ns: int = ...,
                  poll_ns: int = ...) -> None: ...
     def mark_closed(self) -> None: ...

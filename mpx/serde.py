@@ -61,6 +61,11 @@ K_SMALL = 4 | KIND_AS_BYTES   # a small tuple of scalars (calls and replies), no
 _ALIGN = 64
 _PAD = bytes(_ALIGN)
 
+# What unpickling may raise and still be no DeserializationError: an interrupt is the
+# process's (a signal, sys.exit), not the message's. Anything else (CancelledError, a user's
+# BaseException from __setstate__) marks the message undecodable.
+_NOT_UNDECODABLE = (DeserializationError, KeyboardInterrupt, SystemExit)
+
 
 def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) & ~(_ALIGN - 1)
@@ -391,9 +396,9 @@ def decode(kind: int, data) -> Any:
                 bufs.append(view)
             off += ln
         return pickle.loads(payload, buffers=bufs)
-    except DeserializationError:
+    except _NOT_UNDECODABLE:
         raise
-    except Exception as e:
+    except BaseException as e:
         raise _undecodable(e) from e
 
 
@@ -404,7 +409,7 @@ def _decode_lent_other(kind: int, data) -> Any:
     return decode(kind, data)
 
 
-def _undecodable(e: Exception) -> DeserializationError:
+def _undecodable(e: BaseException) -> DeserializationError:
     return DeserializationError(f"cannot unpickle a received message: {type(e).__name__}: {e}")
 
 
@@ -413,4 +418,4 @@ def _undecodable(e: Exception) -> DeserializationError:
 # it builds out of its input). A plain pickle and a small message, the common ones, are
 # decoded in C.
 decode_lent = _buffers.LentDecoder(K_PICKLE, K_SMALL, pickle.loads, _decode_lent_other,
-                                   _undecodable, DeserializationError)
+                                   _undecodable, _NOT_UNDECODABLE)

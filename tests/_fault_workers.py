@@ -34,6 +34,20 @@ class RaisesOnPickle:
         raise self.exc
 
 
+def _rebuild_raising(what: str) -> None:
+    RAISE[what]()
+
+
+class RaisesOnUnpickle:
+    """An object whose unpickling (wherever it is received) raises RAISE[``what``]."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __reduce__(self):
+        return _rebuild_raising, (self.what,)
+
+
 class RaisesInGetOutput:
     """A result whose ``get_output()`` raises ``exc``."""
 
@@ -72,6 +86,9 @@ class Awkward:
 
     def ident(self, x):
         return x
+
+    def unpicklable_in_driver(self, what, ranks=None):
+        return RaisesOnUnpickle(what) if self._mine(ranks) else self.ctx.rank
 
     def attrdict(self, **items):
         return AttrDict(items, rank=self.ctx.rank)

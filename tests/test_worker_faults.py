@@ -92,3 +92,35 @@ def test_system_exit_and_keyboard_interrupt_end_the_worker(ex, where, what, says
     assert ei.value.rank == 1 and ei.value.pid == pid and says in str(ei.value), str(ei.value)
     assert took < DEATH_BOUND, f"the death took {took:.3f} s to show"
     assert e.is_failed
+
+
+@pytest.mark.parametrize("what,exc_type", [("cancelled", "CancelledError"),
+                                           ("generator_exit", "GeneratorExit"),
+                                           ("custom", "Custom")])
+def test_an_argument_whose_unpickling_raises_a_base_exception_fails_that_call_alone(
+        ex, what, exc_type):
+    e = ex()
+    pids = e.worker_pids
+    with pytest.raises(mpx.RPCError) as ei:
+        e.collective_rpc("ident", args=(FW.RaisesOnUnpickle(what),), timeout=CALL_TIMEOUT_S)
+    assert ei.value.ranks == [0, 1] and ei.value.exc_type == "DeserializationError"
+    assert exc_type in str(ei.value), str(ei.value)
+    _still_serves(e, pids)
+
+
+@pytest.mark.parametrize("what,exc_type", [("cancelled", "CancelledError"),
+                                           ("custom", "Custom")])
+def test_a_result_whose_unpickling_in_the_driver_raises_a_base_exception_fails_that_call(
+        ex, what, exc_type):
+    e = ex()
+    pids = e.worker_pids
+    with pytest.raises(mpx.RPCError) as ei:
+        e.collective_rpc("unpicklable_in_driver", args=(what,), kwargs={"ranks": [1]},
+                         timeout=CALL_TIMEOUT_S)
+    assert ei.value.ranks == [1] and ei.value.exc_type == "DeserializationError"
+    assert exc_type in str(ei.value), str(ei.value)
+    fut = e.collective_rpc("unpicklable_in_driver", args=(what,), kwargs={"ranks": [0]},
+                           non_block=True)
+    with pytest.raises(mpx.RPCError, match=exc_type):
+        fut.result(timeout=CALL_TIMEOUT_S)
+    _still_serves(e, pids)
