@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 
-from mpx._driver.pump import ReplyPump
+from mpx._driver.pump import ReplyPump, until_ns
 from mpx._driver.sender import PendingCalls, Sending
 from mpx.errors import Cancelled, ExecutorFailed, PeerDiedError, QueueTimeout
 from mpx.queue import MessageQueue
@@ -48,6 +48,10 @@ __all__ = ["CallTable", "PendingCalls"]
 # was woken), so that the replies already written are read first. Part of the 1 s bound on
 # reporting a death.
 FAIL_HANDOVER_S = 0.5
+# How long fail() waits at most for the replies that were on their way when a worker died
+# (over ZeroMQ: the rest of a worker's last reply; over shared memory nothing is on its
+# way). A 16 MiB reply takes ~20 ms.
+FAIL_DRAIN_S = 0.5
 
 
 class CallTable(Sending, ReplyPump):
@@ -76,8 +80,7 @@ class CallTable(Sending, ReplyPump):
         mine = self._take_baton(FAIL_HANDOVER_S)
         try:
             if mine:
-                for rank in range(len(self.resp)):
-                    self._read_rest(rank)
+                self._read_rest(time.monotonic() + FAIL_DRAIN_S)
         finally:
             self._settle_all(err)
             if mine:
@@ -86,13 +89,17 @@ class CallTable(Sending, ReplyPump):
             self.after_reading()
         return True
 
-    def _read_rest(self, rank: int) -> None:
-        """Read what ``rank`` wrote before its queue was shut down."""
-        while True:
-            try:
-                self._read_one(rank, time.monotonic())
-            except (QueueTimeout, Cancelled, PeerDiedError):
-                return
+    def _read_rest(self, until: float) -> None:
+        """Read what every rank wrote before its queue was shut down, waiting until
+        ``until`` at most for what is still on its way (Reader.drain)."""
+        for drain in self._drains:
+            drain(until_ns(until))
+        for rank in range(len(self.resp)):
+            while True:
+                try:
+                    self._read_one(rank, until)
+                except (QueueTimeout, Cancelled, PeerDiedError):
+                    break
 
     def close(self) -> None:
         """Shutdown: fail every pending call with ExecutorFailed, wake every reader, and

@@ -86,6 +86,7 @@ class ReplyPump(CallRegistry):
         self.loops_until = 0.0
         self._reads: list[Callable[..., Any]] = []
         self._nudges: list[Callable[[], None]] = []
+        self._drains: list[Callable[[int], None]] = []  # (CallTable.fail's)
         # the sender's queue (sender.py): while calls wait in it, waits are sliced
         # (each entry: the call, its message's kind and parts, whether it fits the ring)
         self._outbox: collections.deque[tuple[Call, int, tuple, bool]] = collections.deque()
@@ -95,6 +96,7 @@ class ReplyPump(CallRegistry):
         ends = [q.reading_end() for q in resp]
         self._reads = [end.read_into for end in ends]  # each rank's reply reader
         self._nudges = [end.nudge for end in ends]
+        self._drains = [end.drain for end in ends]
 
     def nudge_reader(self) -> None:
         """End the wait of the thread that reads replies now (or its next wait), so that it

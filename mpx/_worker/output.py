@@ -48,6 +48,7 @@ class Replies:
     def __init__(self, resp: Any) -> None:
         end = resp.writing_end()  # (enqueue's work without its frame: one per call)
         self._wake, self._write, self._local = end.wake_readers, end.write, end.shares_memory
+        self.close = resp.close
 
     def send(self, seq: int, status: int, payload: Any, timeout: float | None = None) -> None:
         self._wake()  # a parked driver wakes while the reply is pickled
@@ -159,7 +160,7 @@ class AsyncOutput:
         except (Cancelled, PeerDiedError) as e:  # the driver is gone
             self.failed = e  # (the RPC loop stops at its next put)
         except BaseException as e:
-            _end_the_worker(e)
+            _end_the_worker(e, self.replies)
 
     def close(self) -> None:
         """Send what is queued, then stop the thread."""
@@ -168,13 +169,17 @@ class AsyncOutput:
             self.thread.join()
 
 
-def _end_the_worker(e: BaseException) -> None:
+def _end_the_worker(e: BaseException, replies: Replies) -> None:
     """End this worker from the failed output thread, with the exit code a SystemExit asks
     for (else 1). Left to the RPC loop, the end would wait for a next call, which may never
     come: the driver waits for the reply that was lost."""
     logger.critical("mpx: the output thread failed, so this worker (pid %d) exits: %r",
                     os.getpid(), e, exc_info=e)
     code = e.code if isinstance(e, SystemExit) else 1
+    try:
+        replies.close()  # what was written leaves first (over ZeroMQ it may still be queued)
+    except Exception:
+        pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -168,6 +168,12 @@ class Reader(Endpoint):
         kind, data = self.read(deadline_ns, cancel, warn)
         return decode(kind, data)
 
+    def drain(self, deadline_ns: int) -> None:
+        """After shutdown(): let the reads that follow take, besides what has arrived, what
+        the writer sent that is still on its way (its last messages, when it died), waiting
+        for them until ``deadline_ns`` at most; they end with Cancelled as before. Nothing
+        to do where a message written is readable at once (shared memory)."""
+
     @abc.abstractmethod
     def nudge(self) -> None:
         """End the wait of this end's read in progress (called from another thread of this

@@ -9,9 +9,19 @@ checks it, and that the chunk is the next one, before anything is unpickled. For
 altered, truncated and replayed chunks are dropped and counted, and the connection keeps
 working for honest peers. A message the writer gave up on part way (a reader too slow for
 its deadline) is discarded by the readers that got its start. Readers introduce
-themselves with a signed HELLO naming their rank. With ``Config.curve`` the traffic is also
-encrypted (CURVE; the writer's public key travels in the handle; authentication stays with
-the HMAC).
+themselves with a signed HELLO naming their rank and their connection (a routing id drawn
+afresh by each reader), so a HELLO replayed from another connection binds nothing. With
+``Config.curve`` the traffic is also encrypted (CURVE; the writer's public key travels in the
+handle; authentication stays with the HMAC).
+
+A writer expects nothing from its readers but their HELLO: it takes frames of at most
+``_MAX_CONTROL_FRAME`` bytes (a peer that sends a larger one is disconnected), holds at most
+``_CONTROL_HWM`` per connection, and reads and drops what comes as it writes, so that no
+peer, authenticated or not, makes it hold more than a few KiB.
+
+What a writer has written reaches its readers even when its process exits next: close()
+waits (up to ``Config.heartbeat_s``) for the messages still queued to leave, and a reader
+drained after its writer's death (``Reader.drain``) reads what was on its way.
 
 High-water marks never drop a call: the writer sends with ROUTER_MANDATORY, so a full
 pipe to a slow reader makes it wait (until its deadline, then QueueTimeout naming the rank)
@@ -49,13 +59,28 @@ from mpx.transport.base import Reader, Writer
 logger = logging.getLogger("mpx")
 
 MAGIC = b"MPXZ"
-VERSION = 3  # 3: kinds are opaque but for layout.KIND_AS_BYTES
+VERSION = 4  # 3: kinds are opaque but for layout.KIND_AS_BYTES; 4: a HELLO names its connection
 # magic, version, kind, token, seq, chunk index, chunk count, message length
 _HEADER = struct.Struct("<4sHHQQIIQ")
-_HELLO = struct.Struct("<4sHHQI")   # magic, version, 0, token, rank
+_ID_BYTES = 16
+_HELLO = struct.Struct(f"<4sHHQI{_ID_BYTES}s")   # magic, version, 0, token, rank, routing id
+# What a writer receives (HELLOs; junk): the largest frame it takes (a HELLO is 68 bytes;
+# the limit holds for handshake commands too, and CURVE's INITIATE is ~350), and how many
+# wait per connection.
+_MAX_CONTROL_FRAME = 1024
+_CONTROL_HWM = 8
+# A writer reads (and drops) what came every this many messages (a look costs ~3 us), up
+# to _TAKE_MAX messages at a time.
+_READ_EVERY = 64
+_TAKE_MAX = 256
 # How long a writer or reader sleeps between tries while a peer is not ready.
 _BACKOFF_S = 0.0005
 _POLL_MS = 20
+# A drained reader (Reader.drain) whose writer is still connected waits this long after
+# the drain began, or after the last frame, for more (what was on its way when the drain
+# began comes in faster than that); one whose writer disconnected, _POLL_MS (libzmq
+# reports the disconnect just before it hands over the last frames).
+_DRAIN_QUIET_NS = 100_000_000
 # A frame smaller than this is sent by copy, as two plain sends with int flags (pyzmq's
 # send_multipart with copy=False costs ~6 us more per message, for a Frame object and
 # its flags' enum arithmetic); larger ones without a copy.
@@ -103,7 +128,9 @@ def _configure(sock: zmq.Socket, config: Config) -> None:
 
 
 class _DropLog:
-    """Counts dropped frames and logs once per peer."""
+    """Counts dropped frames and logs once per peer (for the first _LOGGED_PEERS peers)."""
+
+    _LOGGED_PEERS = 64
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -112,7 +139,7 @@ class _DropLog:
 
     def drop(self, peer: Any, why: str) -> None:
         self.count += 1
-        if peer not in self._logged:
+        if peer not in self._logged and len(self._logged) < self._LOGGED_PEERS:
             self._logged.add(peer)
             logger.warning("mpx: %s dropped a message from %r: %s (further drops from this "
                            "peer are counted, not logged)", self.where, peer, why)
@@ -141,10 +168,12 @@ class ZmqWriter(Writer):
         self.need = len(self.ranks) if need is None else need
         self.key = config.auth_key.encode()
         self.token = secrets.randbits(63)
-        self._ctx: zmq.Context = zmq.Context.instance()
+        # a context of its own: close() waits on it for the last messages to leave
+        self._ctx: zmq.Context = zmq.Context(io_threads=1)
         self._sock = self._ctx.socket(zmq.ROUTER)
         _configure(self._sock, config)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, _MAX_CONTROL_FRAME)
         self._curve_key: bytes | None = None
         if config.curve:
             if not zmq.has("curve"):
@@ -153,7 +182,7 @@ class ZmqWriter(Writer):
             self._sock.curve_secretkey = secret
             self._sock.curve_server = True
         self._sock.setsockopt(zmq.SNDHWM, config.max_chunks)
-        self._sock.setsockopt(zmq.RCVHWM, 1000)
+        self._sock.setsockopt(zmq.RCVHWM, _CONTROL_HWM)
         port = self._sock.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
         self._peers: dict[int, bytes] = {}    # rank -> routing id
@@ -165,9 +194,11 @@ class ZmqWriter(Writer):
                     heartbeat_s=self.config.heartbeat_s, curve_server_key=self._curve_key)
 
     def _take_hellos(self, timeout_ms: int) -> None:
+        """Take the HELLOs that came (waiting up to ``timeout_ms`` for one), and drop
+        anything else: _TAKE_MAX messages at most, so that a flood holds no wait up."""
         if not self._sock.poll(timeout_ms, zmq.POLLIN):
             return
-        while True:
+        for _ in range(_TAKE_MAX):
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -180,9 +211,13 @@ class ZmqWriter(Writer):
         if body is None or body.nbytes != _HELLO.size:
             self.drops.drop(peer, "malformed or unsigned hello (wrong key?)")
             return
-        magic, version, _, token, rank = _HELLO.unpack(body)
+        magic, version, _, token, rank, routing_id = _HELLO.unpack(body)
         if magic != MAGIC or version != VERSION or token != self.token or rank not in self.ranks:
             self.drops.drop(peer, f"hello for another queue or rank {rank}")
+            return
+        if routing_id != peer:
+            self.drops.drop(peer, f"hello for rank {rank} from another connection than the one "
+                            "it names (replayed?)")
             return
         if rank not in self._peers and len(self._peers) >= self.need:
             self.drops.drop(peer, f"hello from rank {rank}: all {self.need} readers are "
@@ -212,8 +247,9 @@ class ZmqWriter(Writer):
     def write(self, kind: int, pieces: Iterable, deadline_ns: int, total: int = -1) -> None:
         with self._lock:
             self._check_open()
-            if not self._ready():
+            if not self._ready() or not self._seq % _READ_EVERY:
                 self._take_hellos(0)
+            if not self._ready():
                 self.wait_ready(deadline_ns)
             size = self.config.max_chunk_bytes
             if total < 0:
@@ -262,7 +298,11 @@ class ZmqWriter(Writer):
         the readers are not told (that is close())."""
 
     def _release(self) -> None:
-        self._sock.close(linger=0)
+        # the messages still queued go out first: this process may exit next (a worker
+        # whose call ended it, right after its reply); a reader that takes nothing for
+        # heartbeat_s is lost, and what is queued for it with it
+        self._sock.close(linger=int(self.config.heartbeat_s * 1000))
+        self._ctx.term()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,6 +338,9 @@ class ZmqReader(Reader):
         self._ctx: zmq.Context = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock, config)
+        # (its first byte not 0: libzmq keeps those for the ids it makes up)
+        self._routing_id = b"\x01" + secrets.token_bytes(_ID_BYTES - 1)
+        self._sock.setsockopt(zmq.ROUTING_ID, self._routing_id)
         self._sock.setsockopt(zmq.RCVHWM, config.max_chunks)
         self._sock.setsockopt(zmq.RCVTIMEO, _POLL_MS)
         if info.get("curve_server_key"):  # the writer encrypts: so must we
@@ -308,7 +351,8 @@ class ZmqReader(Reader):
         self._monitor = self._sock.get_monitor_socket(
             zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._sock.connect(self.endpoint)
-        self._sock.send(seal(self.key, _HELLO.pack(MAGIC, VERSION, 0, self.token, rank), ()))
+        self._sock.send(seal(self.key, _HELLO.pack(MAGIC, VERSION, 0, self.token, rank,
+                                                   self._routing_id), ()))
         self._seq = 0          # the lowest sequence number a new message may have
         self._assembler = buffers_module().Assembler
         self._stash: _Chunk | None = None  # a chunk read ahead: the start of a message
@@ -316,6 +360,8 @@ class ZmqReader(Reader):
         # the next read goes on with it
         self._partial: _Partial | None = None
         self._nudged = False  # set by nudge(); taken by the wait it ends
+        self._drain_until = -1  # drain()'s deadline (-1: not drained)
+        self._heard_ns = 0      # while drained: when the drain began, or the last frame came
         self._connected = False
         self._lost_since: float | None = time.monotonic()
         self.drops = _DropLog(f"queue reader rank {rank}")
@@ -449,19 +495,24 @@ class ZmqReader(Reader):
             shut = self._shut
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
-            waits = not shut and (deadline_ns < 0 or time.monotonic_ns() < deadline_ns)
+            if shut:
+                waits = self._drain_until >= 0 and self._in_flight(deadline_ns)
+            else:
+                waits = deadline_ns < 0 or time.monotonic_ns() < deadline_ns
+            nudged = self._nudged and not shut  # (a nudge ends no drain)
             try:  # blocks up to RCVTIMEO = _POLL_MS, but for a reader that must not wait
-                frame = self._sock.recv(0 if waits and not self._nudged else _NOBLOCK,
-                                        copy=False)
+                frame = self._sock.recv(0 if waits and not nudged else _NOBLOCK, copy=False)
             except zmq.Again:
-                if shut:
+                if shut and not waits:
                     raise Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was "
                                     "shut down") from None
-                if waits and self._nudged:
+                if waits and nudged:
                     self._nudged = False  # (a nudge that comes in between is merged in)
                     raise WaitNudged(f"dequeue on remote reader rank {self.rank}: its wait "
                                      "was nudged") from None
             else:
+                if self._drain_until >= 0:
+                    self._heard_ns = time.monotonic_ns()
                 if not frame.more:
                     c = self._parse(frame)
                     if c is not None:
@@ -480,6 +531,25 @@ class ZmqReader(Reader):
             if 0 <= deadline_ns <= time.monotonic_ns():
                 raise QueueTimeout(f"dequeue on remote reader rank {self.rank} timed out: "
                                    f"nothing from the writer at {self.endpoint}")
+
+    def drain(self, deadline_ns: int) -> None:
+        """After shutdown(), reads go on taking what the writer sent, waiting (up to
+        ``deadline_ns``, which must be set) for what is still on its way: until the writer
+        disconnects (a writer that died: everything it sent has come), or, while it is
+        connected, for the rest of a message begun, else _DRAIN_QUIET_NS after the drain
+        began or the last frame came. Then Cancelled, as before."""
+        self._heard_ns = time.monotonic_ns()
+        self._drain_until = deadline_ns
+
+    def _in_flight(self, deadline_ns: int) -> bool:
+        """(drained, shut down) Whether a read waits for more: see drain()."""
+        now = time.monotonic_ns()
+        if now >= self._drain_until or 0 <= deadline_ns <= now:
+            return False
+        self._watch_link()
+        if self._lost_since is not None:
+            return time.monotonic() - self._lost_since < _POLL_MS / 1000
+        return self._partial is not None or now < self._heard_ns + _DRAIN_QUIET_NS
 
     def _parse(self, frame: zmq.Frame) -> _Chunk | None:
         """The chunk in ``frame``, or None (the drop logged) if it is not an authentic one
