@@ -113,8 +113,8 @@ def test_place_errors_name_what_is_missing():
 
 def _node(job_env: dict, *app_args: str, key: str | None = KEY) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in JOB_VARS}
-    env.update(job_env, MPX_HEARTBEAT_S="1.0",
-               PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+    env.update(MPX_HEARTBEAT_S="1.0", PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+    env.update(job_env)
     if key is not None:
         env["MPX_AUTH_KEY"] = key
     return subprocess.Popen([sys.executable, "-m", "mpx", "launch", "--", sys.executable, APP,

@@ -15,8 +15,14 @@ Every node needs the same ``MPX_AUTH_KEY`` in its environment (sbatch and torchr
 launchers pass the environment on): it signs the executor's traffic and this command's own.
 
 Exit status: PROGRAM's on every node (128 + N when a signal N ended it). Node 0's launcher
-tells the others when PROGRAM exited; a node that hears nothing from node 0 for
-``heartbeat_s`` (MPX_HEARTBEAT_S) stops its follower and exits with 1.
+tells the others when PROGRAM exited, also those that check in later, for up to
+``startup_timeout_s`` after it (as long as they would wait for node 0); a node that hears
+nothing from node 0 for ``heartbeat_s`` (MPX_HEARTBEAT_S) stops its follower and exits with 1.
+
+SIGINT (Ctrl-C), SIGTERM and SIGHUP sent to a launcher go on to its child, which runs in a
+session of its own (so that a Ctrl-C on the terminal reaches it once, through the launcher,
+as under torchrun) and dies with the launcher; the launcher then exits with 128 + N, and so
+does every other node when it was node 0's.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import zmq
 from mpx import wire
 from mpx._cli.hostlist import first_host
 from mpx._node import control
+from mpx._node.local_workers import describe_exit
 from mpx._procinfo import set_parent_death_signal
 from mpx.config import Config
 
@@ -51,6 +58,9 @@ RESPAWN_MIN_S = 1.0
 # Node 0's launcher keeps its socket open this long after the program ended, so that its
 # JobDone reaches every follower node.
 DONE_LINGER_MS = 2000
+# Node 0's launcher answers a hello it cannot authenticate with this plain frame, so that
+# the other node can say that the keys differ. It tells nothing but that.
+BAD_KEY = b"mpx launch: bad key"
 # The follower child waits this long for a leader: the program may take hours to make its
 # executor; node 0's silence, not this, ends the wait.
 LEADER_WAIT_S = 7 * 24 * 3600.0
@@ -158,20 +168,28 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     set_parent_death_signal(signal.SIGTERM)
 
 
+def _start(cmd: list[str], **kw: Any) -> subprocess.Popen:
+    """``cmd`` in a session of its own (a terminal's Ctrl-C reaches it through _Forward
+    only), ended by SIGTERM when this launcher dies."""
+    return subprocess.Popen(cmd, preexec_fn=_die_with_parent, start_new_session=True, **kw)
+
+
 class _Forward:
-    """Pass SIGTERM and SIGHUP on to the child (Slurm's scancel, a closed terminal)."""
+    """Pass SIGINT, SIGTERM and SIGHUP (Ctrl-C, Slurm's scancel, a closed terminal) on to
+    the child, as ``as_signal`` when given; ``got`` is the last one."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self) -> None:
+    def __init__(self, as_signal: int | None = None) -> None:
         self.child: subprocess.Popen | None = None
         self.got: int | None = None
+        self.as_signal = as_signal
         self.saved = {s: signal.signal(s, self._on) for s in self.SIGNALS}
 
     def _on(self, signum: int, frame: Any) -> None:
         self.got = signum
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
+            self.child.send_signal(self.as_signal or signum)
 
     def restore(self) -> None:
         for s, h in self.saved.items():
@@ -188,14 +206,70 @@ def _key(cfg: Config) -> bytes:
     return cfg.auth_key.encode()
 
 
+class _Roll:
+    """Node 0's side of the launchers' channel: the other nodes' launchers that checked in,
+    each answered with a beat while the program runs and with its exit status after."""
+
+    def __init__(self, sock: zmq.Socket, key: bytes, nnodes: int) -> None:
+        self.sock, self.key, self.nnodes = sock, key, nnodes
+        self.nodes: dict[bytes, tuple[int, bytes]] = {}  # routing id -> (node rank, nonce)
+        self.warned: set[bytes] = set()  # routing ids already warned about
+        self.code: int | None = None  # the program's exit status, once it ended
+
+    def all_told(self) -> bool:
+        return {r for r, _ in self.nodes.values()} >= set(range(1, self.nnodes))
+
+    def _answer(self, ident: bytes, nonce: bytes) -> None:
+        msg = wire.LaunchBeat(nonce) if self.code is None else wire.JobDone(self.code, nonce)
+        self.sock.send_multipart([ident, control.pack(self.key, msg)])
+
+    def send_all(self) -> None:
+        for ident, (_, nonce) in self.nodes.items():
+            self._answer(ident, nonce)
+
+    def serve(self) -> None:
+        """Answer the next message, if one comes within control.POLL_MS."""
+        if not self.sock.poll(control.POLL_MS):
+            return
+        frames = self.sock.recv_multipart(copy=False)
+        ident = frames[0].bytes
+        msg = control.unpack(self.key, frames[-1].bytes) if len(frames) == 2 else None
+        if msg is None:
+            if ident not in self.warned:
+                self.warned.add(ident)
+                print(f"mpx launch: node 0: a hello from {_peer(frames[-1])} failed "
+                      "authentication: is MPX_AUTH_KEY the same on every node?", file=sys.stderr)
+            self.sock.send_multipart([ident, BAD_KEY])
+            return
+        if not isinstance(msg, wire.LaunchHello):
+            return
+        if ident not in self.nodes:
+            logger.info("mpx launch: node %d is here", msg.node_rank)
+            if not 0 < msg.node_rank < self.nnodes and ident not in self.warned:
+                self.warned.add(ident)
+                print(f"mpx launch: node 0: node {msg.node_rank} checked in, but node 0 was "
+                      f"launched with nnodes={self.nnodes}: is the node count the same on every "
+                      "node?", file=sys.stderr)
+        self.nodes[ident] = (msg.node_rank, msg.nonce)
+        self._answer(ident, msg.nonce)
+
+
+def _peer(frame: zmq.Frame) -> str:
+    try:
+        return str(frame.get("Peer-Address"))
+    except zmq.ZMQError:
+        return "a node"
+
+
 def run_leader_node(place: Place, ip: str, cmd: list[str], cfg: Config) -> int:
     """Node 0: run ``cmd`` with the executor's settings in its environment, beat to the
-    other nodes' launchers, and tell them its exit status."""
+    other nodes' launchers, and tell them its exit status (those that check in late too,
+    for up to ``startup_timeout_s``)."""
     key = _key(cfg) if place.nnodes > 1 else b""
     env = dict(os.environ, MPX_NNODES=str(place.nnodes), MPX_MASTER_ADDR=ip,
                MPX_MASTER_PORT=str(place.master_port))
     env.setdefault("MPX_HOST", ip)
-    sock = None
+    roll = None
     if place.nnodes > 1:
         sock = control.control_socket(zmq.ROUTER)
         try:
@@ -204,16 +278,16 @@ def run_leader_node(place: Place, ip: str, cmd: list[str], cfg: Config) -> int:
             sock.close(0)
             raise LaunchError(f"cannot listen on {ip}:{place.master_port + 1} (MASTER_PORT + 1, "
                               f"for the other nodes' launchers): {e}") from None
+        roll = _Roll(sock, key, place.nnodes)
     forward = _Forward()
     try:
         try:
-            child = forward.child = subprocess.Popen(cmd, env=env)
+            child = forward.child = _start(cmd, env=env)
         except OSError as e:
             raise LaunchError(f"cannot run {cmd[0]!r}: {e}") from None
-        followers: dict[bytes, bytes] = {}  # routing id -> its nonce
         beat_at = 0.0
         while child.poll() is None:
-            if sock is None:
+            if roll is None:
                 try:
                     child.wait(1.0)
                 except subprocess.TimeoutExpired:
@@ -222,31 +296,29 @@ def run_leader_node(place: Place, ip: str, cmd: list[str], cfg: Config) -> int:
             now = time.monotonic()
             if now >= beat_at:
                 beat_at = now + cfg.heartbeat_s / 3
-                for ident, nonce in followers.items():
-                    sock.send_multipart([ident, control.pack(key, wire.LaunchBeat(nonce))])
-            if sock.poll(control.POLL_MS):
-                frames = sock.recv_multipart()
-                msg = control.unpack(key, frames[-1]) if len(frames) == 2 else None
-                if isinstance(msg, wire.LaunchHello):
-                    if frames[0] not in followers:
-                        logger.info("mpx launch: node %d is here", msg.node_rank)
-                    followers[frames[0]] = msg.nonce
-                    sock.send_multipart([frames[0], control.pack(key, wire.LaunchBeat(msg.nonce))])
-        code = _exit_status(child.returncode)
-        if sock is not None:
-            for ident, nonce in followers.items():
-                sock.send_multipart([ident, control.pack(key, wire.JobDone(code, nonce))])
+                roll.send_all()
+            roll.serve()
+        code = _exit_status(child.returncode) if forward.got is None else 128 + forward.got
+        if roll is not None:
+            roll.code = code
+            roll.send_all()
+            # the nodes that have not checked in yet (a program may end at once) would wait
+            # this long for node 0; a signal to this launcher ends the job now
+            deadline = time.monotonic() + cfg.startup_timeout_s
+            while not roll.all_told() and forward.got is None and time.monotonic() < deadline:
+                roll.serve()
         return code
     finally:
         forward.restore()
-        if sock is not None:
-            sock.close(linger=DONE_LINGER_MS)
+        if roll is not None:
+            roll.sock.close(linger=DONE_LINGER_MS)
 
 
 class _FollowerChild:
     """``python -m mpx node`` for this node, started again after each executor."""
 
     def __init__(self, place: Place, ip: str, host: str) -> None:
+        self.node_rank = place.node_rank
         self.cmd = [sys.executable, "-m", "mpx", "node", "--master-addr", ip,
                     "--master-port", str(place.master_port), "--node-rank", str(place.node_rank),
                     "--nnodes", str(place.nnodes), "--host", host,
@@ -255,15 +327,23 @@ class _FollowerChild:
         self.started = 0.0
 
     def keep_running(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        p = self.proc
+        if p is not None and p.poll() is None:
             return
-        if self.proc is not None:
-            logger.info("mpx launch: follower exited with %s", self.proc.returncode)
+        if p is not None:
+            self.proc = None
+            if p.returncode < 0:
+                # (node 0's executor, if this one served it, refuses the next one and counts
+                # this node lost; a later executor takes it)
+                print(f"mpx launch: node {self.node_rank}: the follower (pid {p.pid}) was "
+                      f"{describe_exit(p.returncode)}; starting another", file=sys.stderr)
+            else:
+                logger.info("mpx launch: follower exited with %s", p.returncode)
         if time.monotonic() - self.started < RESPAWN_MIN_S:
             return
         self.started = time.monotonic()
         # the key reaches it through the environment, never the command line
-        self.proc = subprocess.Popen(self.cmd, preexec_fn=_die_with_parent)
+        self.proc = _start(self.cmd)
 
     def stop(self, grace: float) -> None:
         """A follower serving an executor (it has worker processes) gets ``grace`` to
@@ -293,21 +373,25 @@ def run_follower_node(place: Place, ip: str, cfg: Config) -> int:
     sock = control.control_socket(zmq.DEALER)
     sock.connect(f"tcp://{ip}:{place.master_port + 1}")
     follower = _FollowerChild(place, ip, host)
-    forward = _Forward()
+    forward = _Forward(as_signal=signal.SIGTERM)  # the follower stops its workers on SIGTERM
     grace = cfg.shutdown_grace_s + cfg.terminate_grace_s
     try:
         deadline = time.monotonic() + cfg.startup_timeout_s
         hello_at = 0.0
         last_seen: float | None = None
+        bad_key = False  # node 0 answered that this node's hello failed authentication
         while True:
             now = time.monotonic()
             if forward.got is not None:
                 return 128 + forward.got
             if last_seen is None:
                 if now > deadline:
-                    print(f"mpx launch: node {place.node_rank}: no mpx launch on node 0 at "
-                          f"{ip}:{place.master_port + 1} within {cfg.startup_timeout_s:g} s "
-                          "(startup_timeout_s)", file=sys.stderr)
+                    at = f"{ip}:{place.master_port + 1}"
+                    within = f"within {cfg.startup_timeout_s:g} s (startup_timeout_s)"
+                    why = (f"node 0's launcher at {at} could not authenticate this node's hello "
+                           f"{within}: MPX_AUTH_KEY differs between the nodes" if bad_key else
+                           f"no mpx launch on node 0 at {at} {within}")
+                    print(f"mpx launch: node {place.node_rank}: {why}", file=sys.stderr)
                     return 1
                 if now >= hello_at:
                     hello_at = now + HELLO_EVERY_S
@@ -320,7 +404,13 @@ def run_follower_node(place: Place, ip: str, cfg: Config) -> int:
                 follower.keep_running()
                 forward.child = follower.proc
             if sock.poll(control.POLL_MS):
-                msg = control.unpack(key, sock.recv())
+                frame = sock.recv()
+                if frame == BAD_KEY and not bad_key:
+                    bad_key = True  # (unauthenticated: a hint for the message, no more)
+                    print(f"mpx launch: node {place.node_rank}: node 0's launcher could not "
+                          "authenticate this node's hello: MPX_AUTH_KEY may differ between "
+                          "the nodes; still trying", file=sys.stderr)
+                msg = control.unpack(key, frame)
                 if isinstance(msg, (wire.LaunchBeat, wire.JobDone)) and msg.nonce == nonce:
                     last_seen = time.monotonic()
                     if isinstance(msg, wire.JobDone):
@@ -342,7 +432,10 @@ def run(args: argparse.Namespace) -> int:
         if not cmd:
             raise LaunchError("no program given: python -m mpx launch [options] -- python app.py")
         place = find_place(args, os.environ)
-        cfg = Config.from_env()
+        try:
+            cfg = Config.from_env()
+        except ValueError as e:  # a bad MPX_* value
+            raise LaunchError(str(e)) from None
         ip = _resolve(place.master_addr)
         if place.node_rank == 0:
             return run_leader_node(place, ip, cmd, cfg)

@@ -43,8 +43,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _env_int(*names: str) -> int | None:
     for name in names:
         if os.environ.get(name):
-            return int(os.environ[name])
+            try:
+                return int(os.environ[name])
+            except ValueError:
+                raise ValueError(f"{name}={os.environ[name]!r} is not an integer") from None
     return None
+
+
+def _seconds(raw: str) -> float:
+    """A duration flag: a finite number of seconds above 0."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a finite number of seconds above 0")
+    return value
 
 
 def _cmd_node(args: argparse.Namespace) -> int:
@@ -52,10 +66,16 @@ def _cmd_node(args: argparse.Namespace) -> int:
     import mpx
     from mpx._node import follower
 
-    addr = args.master_addr or os.environ.get("MASTER_ADDR")
-    port = args.master_port or _env_int("MASTER_PORT")
-    rank = args.node_rank if args.node_rank is not None else _env_int("NODE_RANK", "SLURM_NODEID")
-    nnodes = args.nnodes or _env_int("NNODES", "SLURM_NNODES")
+    try:
+        addr = args.master_addr or os.environ.get("MASTER_ADDR")
+        port = args.master_port or _env_int("MASTER_PORT")
+        rank = args.node_rank if args.node_rank is not None else _env_int("NODE_RANK",
+                                                                           "SLURM_NODEID")
+        nnodes = args.nnodes or _env_int("NNODES", "SLURM_NNODES")
+        config = mpx.Config.from_env(host=args.host)
+    except ValueError as e:  # a bad variable
+        print(f"mpx node: {e}", file=sys.stderr)
+        return 2
     missing = [n for n, v in (("--master-addr", addr), ("--master-port", port),
                               ("--node-rank", rank), ("--nnodes", nnodes)) if v is None]
     if missing:
@@ -63,7 +83,6 @@ def _cmd_node(args: argparse.Namespace) -> int:
               "/ SLURM_NODEID, NNODES / SLURM_NNODES)", file=sys.stderr)
         return 2
     assert addr is not None and port is not None and rank is not None and nnodes is not None
-    config = mpx.Config.from_env(host=args.host)
     # SIGTERM (mpx launch, a scheduler) stops this node's workers on the way out
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     return follower.run_follower(addr, port, rank, nnodes, config,
@@ -97,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     nodep.add_argument("--node-rank", type=int, help="this node's rank, 1.. (NODE_RANK)")
     nodep.add_argument("--nnodes", type=int, help="number of nodes (NNODES)")
     nodep.add_argument("--host", help="the address the leader reaches this node at (MPX_HOST)")
-    nodep.add_argument("--leader-wait-s", type=float, help="how long to wait for the leader "
+    nodep.add_argument("--leader-wait-s", type=_seconds, help="how long to wait for the leader "
                        "(default: startup_timeout_s)")
     nodep.set_defaults(func=_cmd_node)
     launchp = sub.add_parser(

@@ -42,8 +42,8 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
     ``node_id`` is handed to the workers as ``WorkerContext.node_id`` (the Ray launcher
     passes Ray's node id); ``leader_wait_s`` bounds the wait for a leader (default
     ``config.startup_timeout_s``). Returns 0 when the leader stopped it, 1 when the leader
-    went silent or this node's workers could not start; SystemExit without a key or without
-    a leader in time."""
+    went silent, this node's workers could not start or the leader counts another number
+    of nodes; SystemExit without a key or without a leader in time."""
     if not config.auth_key and not config.allow_insecure:
         raise SystemExit("mpx node: set MPX_AUTH_KEY to the leader's key (or "
                          "MPX_ALLOW_INSECURE=1)")
@@ -72,6 +72,12 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
     except BaseException:
         sock.close(linger=0)
         raise
+    if spec.config.nnodes != nnodes:  # its ranks are not the ones this node would start
+        failed = _count_mismatch(node_rank, nnodes, spec)
+        logger.error("mpx node %d: %s", node_rank, failed.message)
+        sock.send(control.pack(key, failed))
+        sock.close(linger=1000)
+        return 1
     # the leader's settings, with this node's own address and key
     cfg = dataclasses.replace(spec.config, host=config.host, auth_key=config.auth_key)
     local = spec.world_size // nnodes
@@ -103,6 +109,15 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
         if relay is not None:
             relay.close()
         sock.close(linger=100)
+
+
+def _count_mismatch(node_rank: int, nnodes: int, spec: wire.NodeSpec) -> wire.NodeStartupFailed:
+    local = spec.world_size // spec.config.nnodes
+    return wire.NodeStartupFailed(
+        f"node {node_rank} was started with nnodes={nnodes}, node 0 (the leader) with "
+        f"nnodes={spec.config.nnodes}: give every node the same node count (--nnodes, NNODES "
+        "or SLURM_NNODES); this node started no workers",
+        list(range(node_rank * local, (node_rank + 1) * local)), "")
 
 
 def _dump_in_background(workers: LocalWorkers, cfg: Config, token: int, timeout: float,

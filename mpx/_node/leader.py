@@ -2,10 +2,12 @@
 
 The leader binds a ROUTER on ``master_addr:master_port``. Each follower (``python -m mpx
 node``, see :mod:`mpx._node.follower`) connects and introduces itself; a follower joins
-only by signing a fresh nonce from the leader, so a replayed hello is useless. The leader
-sends it the worker class, kwargs, config and the broadcast queue's handle, collects its
-workers' response-queue handles, then exchanges heartbeats with it and hears of its
-workers' deaths.
+only by signing a fresh nonce from the leader, so a replayed hello is useless. A node joins
+once: a second follower for a joined node (the first died, and its launcher started
+another) is refused and the node counted lost, and so is a node rank beyond nnodes. The
+leader sends each follower the worker class, kwargs, config and the broadcast queue's
+handle, collects its workers' response-queue handles, then exchanges heartbeats with it
+and hears of its workers' deaths.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ class Leader:
         self.handles: dict[int, Any] = {}       # global rank -> response-queue handle
         self._spec: wire.NodeSpec | None = None
         self._challenges: dict[bytes, tuple[int, bytes]] = {}  # routing id -> (node, nonce)
+        self._refused: set[bytes] = set()   # routing ids that may not join (see _join)
+        self._unsigned: set[bytes] = set()  # routing ids warned about a failed authentication
+        self._rejoined: list[int] = []      # joined nodes that another follower joined for
+        self._strays: list[int] = []        # node ranks outside [1, nnodes) that joined
         self._beat_at = 0.0
         self.lost: set[int] = set()
         # Executor.dump_stacks: a request for the watch thread to send, and the answers
@@ -71,25 +77,57 @@ class Leader:
         if not self.sock.poll(timeout_ms):
             return None, None
         frames = self.sock.recv_multipart()
+        ident = frames[0]
+        if ident in self._refused:
+            return None, None
         msg = control.unpack(self.key, frames[-1]) if len(frames) == 2 else None
         if msg is None:
-            logger.warning("mpx: leader dropped an unauthenticated control message")
+            if ident not in self._unsigned:
+                self._unsigned.add(ident)
+                logger.warning("mpx: leader dropped a control message that failed "
+                               "authentication: is MPX_AUTH_KEY the same on every node?")
             return None, None
-        ident = frames[0]
+        node = next((n for n, i in self.nodes.items() if i == ident), None)
         if isinstance(msg, wire.Hello):
-            nonce = secrets.token_bytes(16)
-            self._challenges[ident] = (msg.node_rank, nonce)
-            self.sock.send_multipart([ident, control.pack(self.key, wire.Challenge(nonce))])
+            if node is None:  # (a joined follower's repeated hello needs no answer)
+                nonce = secrets.token_bytes(16)
+                self._challenges[ident] = (msg.node_rank, nonce)
+                self.sock.send_multipart([ident, control.pack(self.key, wire.Challenge(nonce))])
             return None, None
         if isinstance(msg, wire.Join):
-            if self._challenges.pop(ident, None) != (msg.node_rank, msg.nonce):
-                logger.warning("mpx: leader dropped a join that answers no challenge")
+            if node is not None or not self._join(ident, msg):
                 return None, None
-            self.nodes[msg.node_rank] = ident
-        node = next((n for n, i in self.nodes.items() if i == ident), None)
+            node = msg.node_rank
         if node is not None:
             self.last_seen[node] = time.monotonic()
         return node, msg
+
+    def _join(self, ident: bytes, msg: wire.Join) -> bool:
+        """Whether ``msg`` (from routing id ``ident``, no joined node's) joins its node."""
+        if self._challenges.get(ident) != (msg.node_rank, msg.nonce):
+            logger.warning("mpx: leader dropped a join that answers no challenge")
+            return False
+        del self._challenges[ident]
+        if msg.node_rank in self.nodes:
+            # the follower that joined for this node is gone: taking this one in its place
+            # would hide that (and its workers, with their queues, went with it)
+            self._refused.add(ident)
+            self._rejoined.append(msg.node_rank)
+            logger.warning("mpx: leader refused a second follower for node %d", msg.node_rank)
+            return False
+        if not 0 < msg.node_rank < self.config.nnodes:
+            self._refused.add(ident)
+            self._strays.append(msg.node_rank)
+            logger.warning("mpx: leader refused node %d: this group has nnodes=%d",
+                           msg.node_rank, self.config.nnodes)
+            return False
+        self.nodes[msg.node_rank] = ident
+        return True
+
+    def _rejoined_error(self, node: int) -> str:
+        return (f"node {node} (ranks {self.node_ranks(node)}) lost its follower: another "
+                f"follower joined for it (the first died, e.g. killed by the OOM killer, and "
+                "its launcher started another)")
 
     def send(self, node: int, msg: Any) -> None:
         self.sock.send_multipart([self.nodes[node], control.pack(self.key, msg)])
@@ -129,6 +167,14 @@ class Leader:
                 raise WorkerStartupError(f"follower workers {late} did not become ready "
                                          f"within {self.config.startup_timeout_s} s", late)
             node, msg = self._recv(min(control.POLL_MS, int(left * 1000) + 1))
+            if self._rejoined:
+                n = self._rejoined[0]
+                raise WorkerStartupError(self._rejoined_error(n), self.node_ranks(n))
+            if self._strays:
+                raise WorkerStartupError(
+                    f"node {self._strays[0]} asked to join, but node 0 has "
+                    f"nnodes={self.config.nnodes} (nodes 0..{self.config.nnodes - 1}): give "
+                    "every node the same node count")
             if msg is None or node is None:
                 continue
             if isinstance(msg, wire.Join):
@@ -155,6 +201,11 @@ class Leader:
             for n in self.nodes:
                 self.send(n, ask)
         node, msg = self._recv(control.POLL_MS)
+        while self._rejoined:
+            n = self._rejoined.pop(0)
+            if n not in self.lost:
+                self.lost.add(n)
+                return NodeLostError(self._rejoined_error(n), n, self.node_ranks(n))
         if isinstance(msg, wire.Stacks) and node is not None:
             with self._dumps:
                 if msg.token == self._dump_token:
