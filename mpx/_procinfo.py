@@ -48,10 +48,29 @@ def files_of_dead_pids(directory: str, pattern: re.Pattern[str]) -> list[str]:
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that nobody listens on right now (another process may still
-    take it before the caller binds it)."""
+    take it before the caller binds it: :func:`reserve_tcp_port` holds it instead)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def reserve_tcp_port(host: str = "127.0.0.1") -> socket.socket:
+    """A socket bound to a free TCP port on ``host``, not listening, with SO_REUSEADDR.
+
+    While it is open the port is taken for everyone else: no bind to port 0 and no
+    connect() gets it, and a bind to it without SO_REUSEADDR fails. A server that sets
+    SO_REUSEADDR itself can still bind and listen on it (Linux allows that next to bound
+    sockets that do not listen): torch's TCPStore does, with either backend (checked with
+    torch 2.13: libuv's uv_tcp_bind, and the legacy socket code, set it). Close it once
+    that server listens, or when the server will never come."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+    except BaseException:
+        s.close()
+        raise
+    return s
 
 
 def set_parent_death_signal(sig: int) -> bool:

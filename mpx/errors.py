@@ -174,13 +174,18 @@ class NodeLostError(ExecutorFailed):
 
 
 class WorkerStartupError(MpxError, RuntimeError):
-    """A worker failed to start: its ``__init__`` raised, it died, or it never became ready."""
+    """A worker failed to start: its ``__init__`` raised, it died, or it never became ready.
+    ``ranks``: the ranks at fault; for one worker, its ``pid`` and, when it died, its
+    ``exitcode`` (negative: -signal)."""
 
     def __init__(self, message: str, ranks: list[int] | None = None,
-                 remote_traceback: str = "") -> None:
+                 remote_traceback: str = "", *, pid: int | None = None,
+                 exitcode: int | None = None) -> None:
         super().__init__(message)
         self.ranks = list(ranks or [])
         self.remote_traceback = remote_traceback
+        self.pid = pid
+        self.exitcode = exitcode
 
 
 class SharedTensorGoneError(DeserializationError):

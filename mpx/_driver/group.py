@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -22,8 +23,8 @@ from mpx._driver.calls import CallTable
 from mpx._driver.monitors import NodeMonitor, ProcessMonitor
 from mpx._driver.stalls import StallDiagnosis
 from mpx._node.leader import Leader
-from mpx._node.local_workers import LocalWorkers, describe_exit
-from mpx._procinfo import free_tcp_port
+from mpx._node.local_workers import EXIT_WAIT_S, LocalWorkers, describe_exit
+from mpx._procinfo import reserve_tcp_port
 from mpx.config import Config
 from mpx.errors import ExecutorFailed, PeerDiedError, WorkerDiedError
 from mpx.queue import MessageQueue
@@ -34,10 +35,6 @@ logger = logging.getLogger("mpx")
 # How long shutdown and a failure wait to hand the workers the stop message: a worker that
 # died can leave the broadcast ring full, and the stop sequence goes on to signals anyway.
 STOP_MESSAGE_TIMEOUT_S = 0.5
-
-
-def _free_tcp_address(host: str = "127.0.0.1") -> str:
-    return f"tcp://{host}:{free_tcp_port(host)}"
 
 
 def _run_callback(cb: Callable[[], None]) -> None:
@@ -59,6 +56,10 @@ class WorkerGroup:
         self.placement: Any = None  # a RayPlacement with launcher="ray"
         self.broadcast: MessageQueue | None = None
         self.resp: list[MessageQueue] = []
+        # The port of the workers' distributed_init_method, held until shutdown: rank 0's
+        # TCPStore binds it whenever the workers init torch.distributed, and until then no
+        # one else may take it (reserve_tcp_port).
+        self.dist_port: socket.socket | None = None
         self.stalls = StallDiagnosis(config, lambda: self.pids, self.is_local)
         self.calls = CallTable(world_size, self.stalls, self._peer_gone)
         self.process_monitor: ProcessMonitor | None = None
@@ -87,14 +88,17 @@ class WorkerGroup:
         remote = cfg.nnodes - 1 if cfg.relays(local) else world - local
         self.broadcast = MessageQueue(local + remote, local, local_reader_ranks=list(range(local)),
                                connect_ip=cfg.host, config=cfg)
-        dist = _free_tcp_address(cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1")
+        dist_host = cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1"
+        self.dist_port = reserve_tcp_port(dist_host)
+        dist = f"tcp://{dist_host}:{self.dist_port.getsockname()[1]}"
         node_id = self.placement.node_ids[0] if self.placement is not None else ""
         ctxs = [WorkerContext(rank=rank, local_rank=rank, world_size=world,
                               local_world_size=local, node_rank=0,
                               distributed_init_method=dist, config=cfg, node_id=node_id)
                 for rank in range(local)]
         dumps.reap_empty_dumps(dumps.dump_dir(cfg.dump_dir))
-        self.workers = LocalWorkers(cfg, ctxs, self.broadcast.export_handle(), cls_bytes, kw_bytes)
+        self.workers = LocalWorkers(cfg, ctxs, self.broadcast.export_handle(), cls_bytes, kw_bytes,
+                                    keep_fds=(self.dist_port.fileno(),))
         if cfg.nnodes > 1:
             self.leader = Leader(cfg, world)
             if self.placement is not None:
@@ -109,9 +113,10 @@ class WorkerGroup:
         handles = self.workers.handshake(deadline)
         if self.leader is not None:
             handles.update(self.leader.collect(deadline))
-        self.resp = [MessageQueue.create_from_handle(handles[r], 0, config=cfg)
-                     for r in range(world)]
-        self.broadcast.wait_until_ready(timeout=max(1.0, deadline - time.monotonic()))
+        with self.workers.startup_deaths():  # a worker that died: its error, not the attach's
+            self.resp = [MessageQueue.create_from_handle(handles[r], 0, config=cfg)
+                         for r in range(world)]
+            self.broadcast.wait_until_ready(timeout=max(1.0, deadline - time.monotonic()))
         self.calls.attach(self.broadcast, self.resp)
         self.process_monitor = ProcessMonitor(self.workers.procs, self._died, self.fail)
         self.process_monitor.start()
@@ -137,16 +142,19 @@ class WorkerGroup:
         return rank < len(self.procs)
 
     def died_error(self, rank: int) -> WorkerDiedError:
-        """The error that says how ``rank`` died (exit code or signal when local)."""
+        """The error that says how ``rank`` died (exit code or signal when local: this waits
+        up to EXIT_WAIT_S for a worker that closed its queue to exit, and reaps it)."""
         if not self.is_local(rank):  # on a follower node, which reports how it died
             pid = self.leader.pids.get(rank) if self.leader is not None else None
             return WorkerDiedError(f"worker rank {rank} (pid {pid}) on a follower node is gone",
                                    rank=rank, pid=pid)
-        p = self.procs[rank]
         assert self.workers is not None
-        self.workers.join(p, 1.0)
-        return WorkerDiedError(f"worker rank {rank} (pid {p.pid}) died: {describe_exit(p.exitcode)}",
-                               rank=rank, pid=p.pid, exitcode=p.exitcode)
+        pid = self.procs[rank].pid
+        code = self.workers.exit_of(rank)
+        how = f"died: {describe_exit(code)}" if code is not None else \
+            f"closed its queue but is still running {EXIT_WAIT_S:g} s later"
+        return WorkerDiedError(f"worker rank {rank} (pid {pid}) {how}", rank=rank, pid=pid,
+                               exitcode=code)
 
     # ------------------------------------------------------------------ failure
 
@@ -160,7 +168,7 @@ class WorkerGroup:
         if monitor is None:
             return
         if self.is_local(rank):
-            monitor.report(self.died_error(rank))
+            monitor.report_death(rank)  # died_error waits for its exit: not in this thread
         else:
             pid = self.leader.pids.get(rank) if self.leader is not None else None
             monitor.report(WorkerDiedError(f"worker rank {rank} (pid {pid}) is gone: {error}",
@@ -251,6 +259,8 @@ class WorkerGroup:
             self.placement.close(close_wait_s(self.config))
 
     def _close_queues(self) -> None:
+        if self.dist_port is not None:
+            self.dist_port.close()
         for q in self.resp:
             q.close()
         if self.broadcast is not None:

@@ -20,15 +20,16 @@ logger = logging.getLogger("mpx")
 
 
 class ProcessMonitor:
-    """Thread: ``on_death(rank)`` when a local worker's process sentinel fires (it exited),
-    ``on_failure(error)`` for what :meth:`report` hands it from other threads."""
+    """Thread: ``on_death(rank)`` when a local worker's process sentinel fires (it exited)
+    or :meth:`report_death` says so, ``on_failure(error)`` for what :meth:`report` hands it
+    from other threads."""
 
     def __init__(self, procs: list[Any], on_death: Callable[[int], None],
                  on_failure: Callable[[ExecutorFailed], None]) -> None:
         self._sentinels = {p.sentinel: rank for rank, p in enumerate(procs)}
         self._on_death = on_death
         self._on_failure = on_failure
-        self._reports: queue.SimpleQueue[ExecutorFailed] = queue.SimpleQueue()
+        self._reports: queue.SimpleQueue[ExecutorFailed | int] = queue.SimpleQueue()
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=_debug.counted_thread(self._run),
@@ -40,6 +41,12 @@ class ProcessMonitor:
     def report(self, error: ExecutorFailed) -> None:
         """Have the monitor thread handle ``error`` (found by a thread that must not)."""
         self._reports.put(error)
+        self._wake()
+
+    def report_death(self, rank: int) -> None:
+        """Have the monitor thread call ``on_death(rank)``: another thread found that
+        worker's queue closed, perhaps before its process has exited."""
+        self._reports.put(rank)
         self._wake()
 
     def _wake(self) -> None:
@@ -57,7 +64,11 @@ class ProcessMonitor:
                 if self._stopping:
                     return
                 while not self._reports.empty():
-                    self._on_failure(self._reports.get())
+                    report = self._reports.get()
+                    if isinstance(report, int):
+                        self._on_death(report)
+                    else:
+                        self._on_failure(report)
             for s in ready:
                 if s in sentinels:
                     self._on_death(sentinels.pop(s))  # type: ignore[arg-type]

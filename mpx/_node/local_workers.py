@@ -6,6 +6,7 @@ each worker's response-queue handle, or the exception its ``__init__`` raised.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -14,8 +15,10 @@ import signal
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
+from mpx import shm
 from mpx._procinfo import pid_state
 from mpx._worker.main import worker_main
 from mpx.config import Config
@@ -95,8 +98,14 @@ def _own_process_group(pid: int) -> None:
 
 
 # How long a fork server's worker that is gone gets for the fork server's report of its
-# exit status (it writes it as soon as it has reaped the worker).
-FORK_SERVER_REPORT_S = 1.0
+# exit status (it writes it as soon as it has reaped the worker; on a busy host that took
+# over a second, and the worker then read as still running).
+FORK_SERVER_REPORT_S = 5.0
+
+# How long a worker that closed its queue, or that a failed attach points at, gets to
+# finish exiting before its status is read: a worker closes its queues first and then
+# runs its interpreter's teardown, which can take seconds on a busy host.
+EXIT_WAIT_S = 5.0
 
 
 class _ForkServerWorker:
@@ -165,11 +174,12 @@ def _watched(proc: Any, start_method: str) -> Any:
 class LocalWorkers:
     """The processes for ``ctxs`` (one WorkerContext each) on this node, reading calls from
     the queue of ``handle`` as their global rank, or as their local rank when
-    ``local_queue`` (a follower's relay ring)."""
+    ``local_queue`` (a follower's relay ring). ``keep_fds``: file descriptors of this
+    process that forked workers close at once (they are not inherited otherwise)."""
 
     def __init__(self, config: Config, ctxs: list[WorkerContext], handle: Any,
                  cls_bytes: bytes, kw_bytes: bytes, remote_driver: bool = False,
-                 local_queue: bool = False) -> None:
+                 local_queue: bool = False, keep_fds: tuple[int, ...] = ()) -> None:
         self.config = config
         self.ctxs = ctxs
         self.ranks = [c.rank for c in ctxs]
@@ -183,7 +193,7 @@ class LocalWorkers:
         arm = threading.current_thread() is threading.main_thread()
         for ctx in ctxs:
             ready_r, ready_w = mp.Pipe(duplex=False)
-            close_fds = (self.death_w.fileno(), *(c.fileno() for c in self.ready)) \
+            close_fds = (self.death_w.fileno(), *(c.fileno() for c in self.ready), *keep_fds) \
                 if config.start_method == "fork" else ()
             spec = WorkerSpec(ctx=ctx, handle=handle,
                               queue_rank=ctx.local_rank if local_queue else ctx.rank,
@@ -210,41 +220,86 @@ class LocalWorkers:
             p.join(timeout)
 
     def handshake(self, deadline: float) -> dict[int, Any]:
-        """{rank: response-queue handle}, or WorkerStartupError naming the rank and why."""
+        """{rank: response-queue handle}, or WorkerStartupError naming the rank, its pid and
+        why: its ``__init__`` raised, it exited (also after it was ready: the group cannot
+        start without it), or it was not ready by ``deadline``."""
         handles: dict[int, Any] = {}
-        waiting = {c: r for r, c in zip(self.ranks, self.ready)}
-        sentinels = {p.sentinel: (r, p) for r, p in zip(self.ranks, self.procs)}
+        waiting = {c: i for i, c in enumerate(self.ready)}
+        sentinels = {p.sentinel: i for i, p in enumerate(self.procs)}
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
-                ranks = sorted(waiting.values())
+                ranks = sorted(self.ranks[i] for i in waiting.values())
                 raise WorkerStartupError(
                     f"workers {ranks} did not become ready within "
                     f"{self.config.startup_timeout_s} s (startup_timeout_s)", ranks)
             for obj in multiprocessing.connection.wait(list(waiting) + list(sentinels), left):
                 if obj in waiting:
-                    rank = waiting[obj]
-                    conn: Any = obj
-                    try:
-                        msg = conn.recv()
-                    except EOFError:
-                        continue  # died: its sentinel says how
-                    del waiting[obj]
-                    if isinstance(msg, StartupFailed):
-                        raise WorkerStartupError(
-                            f"worker rank {rank} failed in __init__: {msg.exc_type}: "
-                            f"{msg.message}\n\nRemote traceback:\n{msg.traceback}",
-                            [rank], msg.traceback)
-                    assert isinstance(msg, Ready)
-                    handles[rank] = msg.handle
+                    self._take_ready(waiting, obj, handles)
                 elif obj in sentinels:
-                    rank, p = sentinels.pop(obj)  # type: ignore[index]
-                    if rank in waiting.values():
-                        self.join(p, 1.0)
-                        raise WorkerStartupError(
-                            f"worker rank {rank} (pid {p.pid}) died during startup: "
-                            f"{describe_exit(p.exitcode)}", [rank])
+                    i = sentinels.pop(obj)
+                    conn = self.ready[i]
+                    if conn in waiting and conn.poll(0):  # its last word says more than its exit
+                        self._take_ready(waiting, conn, handles)
+                    raise self.startup_death(self.ranks[i])
         return handles
+
+    def _take_ready(self, waiting: dict, conn: Any, handles: dict[int, Any]) -> None:
+        """Read worker ``waiting[conn]``'s message: its handle into ``handles``, or the
+        WorkerStartupError of its failed ``__init__``. Nothing at EOF (it died: its sentinel
+        says how)."""
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        i = waiting.pop(conn)
+        rank, pid = self.ranks[i], self.procs[i].pid
+        if isinstance(msg, StartupFailed):
+            raise WorkerStartupError(
+                f"worker rank {rank} (pid {pid}) failed in __init__: {msg.exc_type}: "
+                f"{msg.message}\n\nRemote traceback:\n{msg.traceback}",
+                [rank], msg.traceback, pid=pid)
+        assert isinstance(msg, Ready)
+        handles[rank] = msg.handle
+
+    # ------------------------------------------------------------------ exits
+
+    def exit_of(self, rank: int, timeout: float = EXIT_WAIT_S) -> int | None:
+        """``rank``'s exit code (negative: -signal) once its process has exited, waiting up
+        to ``timeout`` for that and reaping it; None if it still runs then."""
+        p = self.procs[self.ranks.index(rank)]
+        self.join(p, timeout)
+        return p.exitcode
+
+    def exited(self, timeout: float = 0.0) -> list[int]:
+        """The ranks whose process has exited, waiting up to ``timeout`` for a first one."""
+        ready = multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout)
+        return [r for r, p in zip(self.ranks, self.procs) if p.sentinel in ready]
+
+    def startup_death(self, rank: int) -> WorkerStartupError:
+        """The error of ``rank``, which died before the group was up, naming its pid and its
+        exit status."""
+        pid = self.procs[self.ranks.index(rank)].pid
+        code = self.exit_of(rank)
+        return WorkerStartupError(f"worker rank {rank} (pid {pid}) died during startup: "
+                                  f"{describe_exit(code)}", [rank], pid=pid, exitcode=code)
+
+    @contextlib.contextmanager
+    def startup_deaths(self) -> Iterator[None]:
+        """Around the steps that attach to the workers' queues: an error in them, when a
+        worker has died (or exits within EXIT_WAIT_S: it may be on its way out, its queue
+        closed already), becomes that worker's WorkerStartupError, the error as its cause;
+        and a worker found dead once they succeeded fails the startup the same way."""
+        try:
+            yield
+        except Exception as e:
+            dead = self.exited(EXIT_WAIT_S)
+            if dead:
+                raise self.startup_death(dead[0]) from e
+            raise
+        dead = self.exited()
+        if dead:
+            raise self.startup_death(dead[0])
 
     def stop(self) -> None:
         """Close the death pipe, wait shutdown_grace_s, SIGTERM, wait terminate_grace_s,
@@ -278,7 +333,9 @@ class LocalWorkers:
             self._kill_and_reap()
 
     def _kill_and_reap(self) -> None:
-        """SIGKILL every worker still running, reap them all, close the handshake pipes."""
+        """SIGKILL every worker still running, reap them all, close the handshake pipes,
+        and unlink what the workers left in /dev/shm: the response queue of one that died
+        before the driver attached to it."""
         for p in self.procs:
             if p.exitcode is None:
                 p.kill()
@@ -287,3 +344,7 @@ class LocalWorkers:
         for c in self.ready:
             c.close()
         self.ready = []
+        theirs = tuple(f"/{shm.PREFIX}{p.pid}-" for p in self.procs)
+        for name in shm.stale_segments():
+            if name.startswith(theirs):
+                shm.unlink(name)
