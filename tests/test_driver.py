@@ -457,6 +457,7 @@ def _samples() -> list[BaseException]:
         errors.ShmError("no room"), errors.HandleError("bad handle"),
         errors.QueueClosedError("closed"), errors.RoleError("role"),
         errors.SerializationError("cannot pickle"), errors.DeserializationError("cannot load"),
+        errors.MessageTooLargeError("too large", nbytes=1 << 40),
         errors.RPCError([1, 2], "ValueError", "bad", "Traceback ...", method="f"),
         errors.RPCTimeoutError("timed out", [1]),
         errors.ReplyLostError("lost", rank=1), errors.WaitNudged("nudged"),
@@ -465,7 +466,7 @@ def _samples() -> list[BaseException]:
         errors.WorkerDiedError("died", rank=1, pid=42, exitcode=-9),
         errors.NodeLostError("lost", 1, [2, 3]),
         errors.NotOwnerError("not mine"),
-        errors.WorkerStartupError("no start", [0], "Traceback ..."),
+        errors.WorkerStartupError("no start", [0], "Traceback ...", pid=42, exitcode=7),
         errors.SharedTensorGoneError("gone", name="mpx-x"),
     ]
 
