@@ -61,8 +61,10 @@ def error_payload(exc: BaseException) -> tuple[str, str, str]:
 class WorkerContext:
     """What a worker knows about its place in the group; passed to ``worker_cls(ctx, ...)``.
 
-    ``distributed_init_method`` is a free ``tcp://host:port`` the workers can hand to
-    ``torch.distributed.init_process_group`` (rank ``rank``, world size ``world_size``).
+    ``distributed_init_method`` is a ``tcp://host:port`` the workers can hand to
+    ``torch.distributed.init_process_group`` (rank ``rank``, world size ``world_size``):
+    the driver holds the port (bound with SO_REUSEADDR, not listening) for the executor's
+    life, so that nobody else takes it before rank 0's TCPStore binds it.
     """
 
     rank: int
