@@ -37,7 +37,8 @@ cdef class _RingEnd:
     cdef int nudged                  # set by nudge(): taken by the wait it ends
     cdef bint resting                # its last wait ran out its slice: the next parks at once
     cdef int64_t spin_ns
-    cdef int64_t yield_ns
+    cdef int64_t yield_ns            # the most its yield phase lasts (Config.yield_us)
+    cdef readonly int64_t yield_budget_ns  # how long it lasts now: adapts in [0, yield_ns]
     cdef int64_t poll_ns
     cdef int* pidfds                 # writer: one per reader; reader: [writer]
     cdef int n_pidfds
@@ -48,6 +49,7 @@ cdef class _RingEnd:
     cdef int _map(self, buf, int64_t spin_ns, int64_t yield_ns, int64_t poll_ns,
                   bint writer) except -1
     cdef inline uint64_t* _u64(self, size_t off) noexcept nogil
+    cdef void _adapt(self, int64_t waited, bint found) noexcept nogil
     cdef inline uint32_t* _u32(self, size_t off) noexcept nogil
     cdef inline char* _slot(self, uint64_t seq) noexcept nogil
     cdef inline int _live(self) except -1

@@ -34,6 +34,8 @@ cdef enum:
     NOGIL_COPY = 65536
     # Pause instructions between two looks at the ring while spinning.
     SPIN_BATCH = 64
+    # the least a yield budget grows by when it was too short (from 0: 20, 60, 140... us)
+    YIELD_STEP_NS = 20000
     # _terminal(): no reason to stop waiting
     NOT_TERMINAL = -1
     # _wait(): a Python signal handler raised while parked; the exception propagates
@@ -75,8 +77,15 @@ cdef class _RingEnd:
 
     Not built directly: see RingWriter and RingReader. ``buf`` is the whole segment (a
     writable buffer, e.g. an mmap) with its header written. Waits spin for ``spin_ns``,
-    call ``sched_yield`` until ``spin_ns + yield_ns``, then park on a futex, waking every
+    call ``sched_yield`` for the yield budget, then park on a futex, waking every
     ``poll_ns`` to check that the peer is alive.
+
+    The yield budget adapts to what yielding buys this end (``_adapt``): it starts at
+    ``yield_ns``; a wait that outlasts ``spin_ns + yield_ns`` (yielding could not have
+    found it: a step longer than the window, a host too busy to answer soon) halves it, so
+    that an end whose waits are long parks at once instead of taking a core from the
+    process that would answer; a wait that parked but a full yield phase would have
+    ended doubles it (plus YIELD_STEP_NS), back to ``yield_ns``.
     """
 
     def __cinit__(self):
@@ -112,6 +121,7 @@ cdef class _RingEnd:
         self.slots = self.base + slots_off
         self.spin_ns = spin_ns
         self.yield_ns = yield_ns
+        self.yield_budget_ns = yield_ns
         self.poll_ns = poll_ns
         self.interrupted = 0
         self.nudged = 0
@@ -176,15 +186,15 @@ cdef class _RingEnd:
 
         No wake-up is lost: the end announces it is parked and then re-checks, and the peer
         publishes and then looks for parked ends (with a full fence on each side)."""
-        cdef int64_t t0, now
+        cdef int64_t t0, now, start
         cdef int k, st
         t0 = mpx_now_ns()
-        now = t0
+        now = start = t0
         if deadline >= 0 and now >= deadline:
             return self._not_waiting()
         if self.resting:
             self.resting = False
-            t0 -= self.spin_ns + self.yield_ns
+            t0 -= self.spin_ns + self.yield_budget_ns
         while True:
             while now - t0 < self.spin_ns:
                 for k in range(SPIN_BATCH):
@@ -194,7 +204,7 @@ cdef class _RingEnd:
                 if mpx_take_flag(&self.nudged):
                     return NUDGED
                 now = mpx_now_ns()
-            while now - t0 < self.spin_ns + self.yield_ns:
+            while now - t0 < self.spin_ns + self.yield_budget_ns:
                 mpx_yield()
                 if self._ready():
                     return OK
@@ -209,9 +219,19 @@ cdef class _RingEnd:
                     return SLICE
             st = self._park(deadline, slice_end)
             if st != WOKEN:
+                self._adapt(mpx_now_ns() - start, st == OK)
                 return st
             now = mpx_now_ns()
             t0 = now
+
+    cdef void _adapt(self, int64_t waited, bint found) noexcept nogil:
+        """After a wait that parked, ``waited`` ns in all, ``found``: whether it ended with
+        what it waited for: set the yield budget by what a full yield phase would have
+        bought (see the class docstring)."""
+        if waited > self.spin_ns + self.yield_ns:
+            self.yield_budget_ns //= 2
+        elif found:
+            self.yield_budget_ns = min(self.yield_ns, 2 * self.yield_budget_ns + YIELD_STEP_NS)
 
     cdef int _not_waiting(self) noexcept nogil:
         """Why a wait whose deadline has passed stops at once: _terminal(), or TIMEOUT."""

@@ -27,6 +27,8 @@ IMPLEMENTATION = "python"
 
 # _park(): woken by the peer with nothing to take yet (RingWriter.wake_readers)
 _WOKEN = -3
+# the least a yield budget grows by when it was too short (see mpx._ring._RingEnd)
+_YIELD_STEP_NS = 20000
 
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
@@ -93,6 +95,7 @@ class _RingEnd:
             self.release()
             raise ValueError("ring buffer is smaller than its header's geometry")
         self.spin_ns, self.yield_ns, self.poll_ns = spin_ns, yield_ns, poll_ns
+        self.yield_budget_ns = yield_ns  # (see mpx._ring._RingEnd: adapts in [0, yield_ns])
         self._interrupted = False
         self._nudged = False  # set by nudge(); taken (under the GIL) by the wait it ends
         self._resting = False
@@ -169,14 +172,14 @@ class _RingEnd:
         so there is no SIGNALLED here; the spin is a yield loop)."""
         if self._ready():
             return layout.OK
-        t0 = now = time.monotonic_ns()
+        t0 = now = start = time.monotonic_ns()
         if 0 <= deadline <= now:
             return self._not_waiting()
         if self._resting:
             self._resting = False
-            t0 -= self.spin_ns + self.yield_ns
+            t0 -= self.spin_ns + self.yield_budget_ns
         while True:
-            while now - t0 < self.spin_ns + self.yield_ns:
+            while now - t0 < self.spin_ns + self.yield_budget_ns:
                 os.sched_yield()
                 if self._ready():
                     return layout.OK
@@ -191,8 +194,16 @@ class _RingEnd:
                     return layout.SLICE
             st = self._park(deadline, slice_end)
             if st != _WOKEN:
+                self._adapt(time.monotonic_ns() - start, st == layout.OK)
                 return st
             t0 = now = time.monotonic_ns()
+
+    def _adapt(self, waited: int, found: bool) -> None:
+        """See ``mpx._ring._RingEnd._adapt``."""
+        if waited > self.spin_ns + self.yield_ns:
+            self.yield_budget_ns //= 2
+        elif found:
+            self.yield_budget_ns = min(self.yield_ns, 2 * self.yield_budget_ns + _YIELD_STEP_NS)
 
     def _not_waiting(self) -> int:
         """See ``mpx._ring._RingEnd._not_waiting``."""

@@ -197,6 +197,33 @@ def test_parked_reader_wakes_fast_on_publish(ring):
     assert res[1] - t0 < 1.0  # a futex wake, not the 5 s liveness poll
 
 
+def test_the_yield_budget_shrinks_for_long_waits_and_grows_back_for_short_ones(ring):
+    """A reader whose messages come later than its yield window parks at once after a few
+    waits (halving its yield budget each time), and one whose messages come within the
+    window yields again: the budget doubles until its yield phase finds them."""
+    window = 50_000_000  # 50 ms: wide, so that the host's load cannot blur the two cases
+    w, (r,) = ring(spin_ns=0, yield_ns=window)
+    assert r.yield_budget_ns == window
+
+    def one_after(seconds):
+        t = threading.Timer(seconds, w.write, args=(BYTES, (b"x",), -1))
+        t.start()
+        read_ok(r, int(10e9))
+        t.join()
+
+    for _ in range(5):
+        one_after(0.12)  # > the window: yielding could not have found it
+    assert r.yield_budget_ns <= window // 32
+    r.read(0)  # a read that waits for nothing leaves the budget as it is
+    assert r.yield_budget_ns <= window // 32
+    grown = [r.yield_budget_ns]
+    for _ in range(14):
+        one_after(0.002)  # well within the window: a yield phase would have found it
+        grown.append(r.yield_budget_ns)
+    assert all(a <= b <= window for a, b in zip(grown, grown[1:])), grown
+    assert grown[-1] >= 2_000_000 and grown[-1] > grown[0], grown
+
+
 def test_wake_readers_wakes_a_parked_reader_ahead_of_the_message(impl):
     # a 5 s liveness poll: only the early wake can end the park; then the reader polls
     # for its yield time (0.3 s), parks again, and still gets the message
