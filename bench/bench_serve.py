@@ -111,8 +111,8 @@ STEP_S = 0.001          # a step's fixed part: the device's forward pass (sleep)
 ITEM_ITERS = 50         # a step's part per item: 4-6 us of Python on this VM
 CONCURRENCY = (1, 16, 64)
 MODES = ("direct", "engine")
-BACKENDS = ("mpx", "pool", "ray")
-LABEL = {"mpx": "mpx", "pool": "ProcessPool", "ray": "Ray"}
+BACKENDS = ("mpx", "pool", "ray", "floor")
+LABEL = {"mpx": "mpx", "pool": "ProcessPool", "ray": "Ray", "floor": "floor"}
 SETUP_TIMEOUT = 180.0   # a server's start (Ray takes 5-10 s here, more on a loaded host)
 SHUTDOWN_S = 20.0       # SIGTERM to SIGKILL (Ray's shutdown takes ~2 s)
 HEALTH_EVERY_S = 0.1
@@ -233,7 +233,23 @@ class RayBackend:
         self.env.close()
 
 
-BACKEND_CLS = {"mpx": MpxBackend, "pool": PoolBackend, "ray": RayBackend}
+class FloorBackend:
+    """No workers: a step is a 1 ms sleep on the event loop and the answers are made in
+    place. What the server costs without any backend, the floor the others stand on."""
+
+    def __init__(self, tmp):
+        pass
+
+    async def call(self, items):
+        await asyncio.sleep(STEP_S)
+        return [[3 * x + rank for x in items] for rank in range(2)]
+
+    def close(self):
+        pass
+
+
+BACKEND_CLS = {"mpx": MpxBackend, "pool": PoolBackend, "ray": RayBackend,
+               "floor": FloorBackend}
 
 
 # --------------------------------------------------------------------------- the server
@@ -795,7 +811,7 @@ def draw_png(path: str, cells: dict, backends: list, header: dict) -> None:
     except ImportError:
         print(f"note: matplotlib is not installed (pip install matplotlib); {path} skipped")
         return
-    colors = {"mpx": "tab:blue", "pool": "tab:orange", "ray": "tab:green"}
+    colors = {"mpx": "tab:blue", "pool": "tab:orange", "ray": "tab:green", "floor": "tab:gray"}
     fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
     for i, host in enumerate(("quiet", "loaded")):
         for j, mode in enumerate(MODES):
