@@ -1,7 +1,7 @@
 """Serving benchmark: a FastAPI + uvicorn server over mpx, a ProcessPoolExecutor and Ray.
 
     python bench/bench_serve.py [--quick] [--out DIR] [--png PATH] [--json PATH]
-                                [--backends mpx,pool,ray]
+                                [--backends mpx,pool,ray,floor]
 
 Needs fastapi, uvicorn, httptools (uvicorn's fast HTTP parser; without it uvicorn falls
 back to the pure-Python h11 and the HTTP stack's share of each request grows), psutil, ray
@@ -27,7 +27,10 @@ The backends, each a call to both ranks, awaited on the event loop:
   per rank, ``asyncio.gather`` of ``loop.run_in_executor(pool, step, items)`` on both;
 - Ray: two actors (1 CPU each) of a local Ray on 127.0.0.1 (``ray.init(num_cpus=2,
   include_dashboard=False, _node_ip_address="127.0.0.1")``), ``asyncio.gather`` of
-  ``actor.step.remote(items)``.
+  ``actor.step.remote(items)``;
+- floor (informational): no workers, a step is ``await asyncio.sleep(0.001)`` and the
+  answers are made in place: what the HTTP stack and the app cost by themselves, the most
+  any backend's server could reach.
 
 The work, the same function in every backend: a step sleeps 1 ms (the device's forward
 pass, which leaves the CPU to the rest, as a GPU would), then does a fixed 4-6 us of Python
