@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
+import threading
 import time
 
 import zmq
@@ -65,7 +67,7 @@ def flood(endpoint: str, big_frames: int, conn) -> None:
     """An unauthenticated peer at a queue writer's ``endpoint``: offers ``big_frames`` junk
     frames of 1 MiB over ZeroMQ, then small junk frames from 8 connections, and random bytes
     over plain TCP on 4 more, until told to stop (anything on ``conn``); answers with what it
-    offered. (Not a storm of connections: each one the writer has not read costs ~32 KiB.)"""
+    offered. (Not a storm of connections: see storm().)"""
     ctx = zmq.Context()
     junk = os.urandom(1 << 20)
     offered = 0
@@ -100,3 +102,46 @@ def flood(endpoint: str, big_frames: int, conn) -> None:
         time.sleep(0.001)
     conn.send(offered)
     ctx.destroy(linger=0)
+
+
+# What a ZeroMQ DEALER says first (ZMTP 3.1, NULL mechanism): its greeting and READY.
+_ZMTP_GREETING = b"\xff" + bytes(7) + b"\x01\x7f\x03\x01" + b"NULL".ljust(20, b"\x00") + bytes(32)
+_ZMTP_READY_BODY = (b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+                    + b"\x08Identity" + struct.pack(">I", 0))
+_ZMTP_HELLO = _ZMTP_GREETING + bytes([0x04, len(_ZMTP_READY_BODY)]) + _ZMTP_READY_BODY
+
+
+def storm(endpoint: str, seconds: float, conn, threads: int = 8) -> None:
+    """An unauthenticated peer storming a queue writer's ``endpoint`` with short connections
+    for ``seconds``: each one speaks ZMTP as a DEALER, waits (a few ms at most) for the
+    writer's greeting and READY, pushes four junk messages and closes. Answers "storming"
+    once begun, then how many connections it opened."""
+    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+    junk = (bytes([0x00, 200]) + os.urandom(200)) * 4
+    until = time.monotonic() + seconds
+    counts = [0] * threads
+
+    def loop(i):
+        while time.monotonic() < until:
+            try:
+                with socket.create_connection((host, int(port)), timeout=1) as s:
+                    counts[i] += 1
+                    s.sendall(_ZMTP_HELLO)
+                    s.settimeout(0.005)
+                    got = b""
+                    while len(got) <= len(_ZMTP_GREETING):
+                        b = s.recv(4096)
+                        if not b:
+                            break
+                        got += b
+                    s.sendall(junk)
+            except OSError:
+                pass  # refused, cut off, or no READY in time
+
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for t in workers:
+        t.start()
+    conn.send("storming")
+    for t in workers:
+        t.join()
+    conn.send(sum(counts))

@@ -15,6 +15,7 @@ import mpx
 
 BIG = 256 << 20       # a message the capped process cannot allocate
 HEADROOM = 96 << 20   # what the capped process may map beyond what it maps when capped
+KEY = "limits-test-key-" + "x" * 16
 
 
 def cap_address_space(headroom: int = HEADROOM) -> None:
@@ -43,14 +44,14 @@ def _outcome(fn) -> list:
     try:
         return ["ok", fn()]
     except Exception as e:
-        return [type(e).__name__, str(e), getattr(e, "ranks", None)]
+        return [type(e).__name__, str(e), getattr(e, "ranks", None), getattr(e, "exc_type", None)]
 
 
-def driver(start_method: str) -> dict:
+def driver(start_method: str, transport: str) -> dict:
     """An executor whose driver cannot allocate one rank's reply: that call's outcome, and
     those of the calls after it."""
     with mpx.Executor(Replies, 2, start_method=start_method, max_chunk_bytes=1 << 20,
-                      max_chunks=8) as e:
+                      max_chunks=8, transport=transport, auth_key=KEY) as e:
         out = {"impl": mpx.ring_implementation(), "before": _outcome(lambda: e.collective_rpc("rank"))}
         cap_address_space()  # (the workers, started already, keep their limit)
         out["big"] = _outcome(lambda: e.collective_rpc("blob", args=(BIG,), kwargs={"ranks": [1]},
@@ -83,10 +84,10 @@ def reader(handle) -> dict:
 
 
 def main() -> None:
-    """``driver START_METHOD`` or ``reader`` (the handle pickled on stdin): the outcomes as
-    one JSON line on stdout."""
+    """``driver START_METHOD TRANSPORT`` or ``reader`` (the handle pickled on stdin): the
+    outcomes as one JSON line on stdout."""
     if sys.argv[1] == "driver":
-        result = driver(sys.argv[2])
+        result = driver(sys.argv[2], sys.argv[3])
     else:
         result = reader(pickle.load(sys.stdin.buffer))
     print(json.dumps(result, default=repr), flush=True)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import _limits_workers as LW
+import pytest
 from _env import START_METHOD
 
 import mpx
@@ -42,14 +43,17 @@ def _skipped_size(text: str) -> int:
     return nbytes
 
 
-def test_a_reply_the_driver_cannot_allocate_fails_its_call_alone(impl):
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_a_reply_the_driver_cannot_allocate_fails_its_call_alone(impl, transport):
     """A driver under an address-space cap gets a reply too large for it: that call fails
-    with an RPCError from that rank naming the size, and the executor goes on (the ring
-    used to keep the message at its head: every later read raised MemoryError)."""
-    out, err = _run_helper(["driver", START_METHOD])
+    with an RPCError (exc_type MessageTooLargeError) from that rank naming the size, and the
+    executor goes on (the ring used to keep the message at its head: every later read
+    raised MemoryError; the ZeroMQ reader raised MemoryError, losing the reply)."""
+    out, err = _run_helper(["driver", START_METHOD, transport])
     assert out["impl"] == impl and out["before"] == ["ok", [0, 1]]
-    kind, _, ranks = out["big"]
+    kind, text, ranks, exc_type = out["big"]
     assert kind == "RPCError" and ranks == [1], out["big"]
+    assert exc_type == "MessageTooLargeError", out["big"]
     _skipped_size(out["big"][1])
     assert out["after"] == ["ok", [0, 1]], out["after"]
     assert out["big_future"][0] == "RPCError" and out["big_future"][2] == [0], out
@@ -57,12 +61,15 @@ def test_a_reply_the_driver_cannot_allocate_fails_its_call_alone(impl):
     assert "SystemError" not in err and "exported buffers" not in err, err
 
 
-def test_a_message_the_reader_cannot_allocate_is_skipped(impl):
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_a_message_the_reader_cannot_allocate_is_skipped(impl, transport):
     """A queue reader under an address-space cap: a message it cannot allocate is skipped
     with MessageTooLargeError (a DeserializationError and a MemoryError) naming its size;
     the messages around it arrive, by dequeue and by dequeue_ready."""
-    q = mpx.MessageQueue(1, 1, max_chunk_bytes=1 << 20, max_chunks=8)
-    reader = subprocess.Popen(HELPER + ["reader"], stdin=subprocess.PIPE, env=_env(),
+    q = mpx.MessageQueue(1, 1, max_chunk_bytes=1 << 20, max_chunks=8,
+                         config=mpx.Config(transport=transport, auth_key=LW.KEY))
+    reader = subprocess.Popen(HELPER + ["reader"], stdin=subprocess.PIPE,
+                              env=dict(_env(), MPX_AUTH_KEY=LW.KEY),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         reader.stdin.write(pickle.dumps(q.export_handle()))

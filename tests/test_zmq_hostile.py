@@ -1,8 +1,9 @@
-"""A ZeroMQ queue writer among hostile peers: a flood of junk holds no memory in it, and a
-replayed HELLO diverts no rank's traffic."""
+"""A ZeroMQ queue writer among hostile peers: a flood of junk and a storm of connections
+hold no memory in it, and a replayed HELLO diverts no rank's traffic."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import _final_workers
@@ -21,11 +22,13 @@ def cfg():
     return mpx.Config(auth_key=KEY, heartbeat_s=1.0)
 
 
-def test_a_flood_of_junk_holds_no_memory_in_the_writer(ctx, cfg):
+@contextlib.contextmanager
+def _remote_writer(ctx, cfg):
+    """A queue writer in a process of its own (so that its memory can be measured) and its
+    reader here: ``(handle, writer pid, through)``; ``through(obj)`` sends obj through it."""
     parent, child = ctx.Pipe()
     writer = ctx.Process(target=_final_workers.queue_writer, args=(KEY, child), daemon=True)
     writer.start()
-    flood = None
     r = None
     try:
         assert parent.poll(60)
@@ -40,34 +43,71 @@ def test_a_flood_of_junk_holds_no_memory_in_the_writer(ctx, cfg):
 
         for i in range(300):  # (what the writer allocates once is no growth)
             through(i)
-        rss = psutil.Process(writer.pid).memory_info
-        before = peak = rss().rss
-        fconn, fchild = ctx.Pipe()
-        flood = ctx.Process(target=_final_workers.flood, args=(h.zmq["endpoint"], 256, fchild),
-                            daemon=True)
-        flood.start()
-        assert fconn.poll(60) and fconn.recv() == "flooding"
-        i = 0
-        until = time.monotonic() + 3
-        while time.monotonic() < until:  # the queue works meanwhile
-            through(("during", i))
-            i += 1
-            peak = max(peak, rss().rss)
-        fconn.send("stop")
-        assert fconn.poll(30)
-        offered = fconn.recv()
-        flood.join(10)
-        assert offered >= 256 << 20
-        assert peak - before < 8 << 20, f"the writer grew by {(peak - before) >> 20} MiB"
-        through("after the flood")
+        yield h, writer.pid, through
     finally:
-        if flood is not None and flood.is_alive():
-            flood.kill()
-            flood.join(5)
         parent.send(None)
         writer.join(10)
         if r is not None:
             r.close()
+
+
+@contextlib.contextmanager
+def _peer(ctx, target, *args):
+    """A hostile peer: ``target(*args, conn)`` in a process, and this end of ``conn``."""
+    conn, child = ctx.Pipe()
+    p = ctx.Process(target=target, args=(*args, child), daemon=True)
+    p.start()
+    try:
+        yield conn
+        p.join(10)
+    finally:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+def test_a_flood_of_junk_holds_no_memory_in_the_writer(ctx, cfg):
+    with _remote_writer(ctx, cfg) as (h, pid, through):
+        rss = psutil.Process(pid).memory_info
+        before = peak = rss().rss
+        with _peer(ctx, _final_workers.flood, h.zmq["endpoint"], 256) as fconn:
+            assert fconn.poll(60) and fconn.recv() == "flooding"
+            i = 0
+            until = time.monotonic() + 3
+            while time.monotonic() < until:  # the queue works meanwhile
+                through(("during", i))
+                i += 1
+                peak = max(peak, rss().rss)
+            fconn.send("stop")
+            assert fconn.poll(30)
+            offered = fconn.recv()
+        assert offered >= 256 << 20
+        assert peak - before < 8 << 20, f"the writer grew by {(peak - before) >> 20} MiB"
+        through("after the flood")
+
+
+def test_a_storm_of_connections_holds_no_memory_in_an_idle_writer(ctx, cfg):
+    """Short connections that speak ZMTP, push junk and close, at 500/s or more, cost an
+    idle writer nothing (each one cost it ~20 KiB until it read: an idle writer never
+    did); the queue works meanwhile and after."""
+    seconds = 3
+    with _remote_writer(ctx, cfg) as (h, pid, through):
+        rss = psutil.Process(pid).memory_info
+        before = peak = rss().rss
+        with _peer(ctx, _final_workers.storm, h.zmq["endpoint"], seconds) as sconn:
+            assert sconn.poll(60) and sconn.recv() == "storming"
+            i = 0
+            while not sconn.poll(0.05):  # idle, but for a message every half second
+                peak = max(peak, rss().rss)
+                i += 1
+                if not i % 10:
+                    through(("during", i))
+            connections = sconn.recv()
+        time.sleep(0.2)
+        peak = max(peak, rss().rss)
+        assert connections >= 500 * seconds, f"only {connections} connections in {seconds} s"
+        assert peak - before < 8 << 20, f"the writer grew by {(peak - before) >> 20} MiB"
+        through("after the storm")
 
 
 def _dealer(endpoint, routing_id=None):

@@ -57,7 +57,7 @@ QUEUED_SLICE_S = 0.005
 def _undecodable(e: DeserializationError) -> list:
     """The ERR payload that stands for a reply the driver could not unpickle (a list: a
     reply is a tuple)."""
-    return ["DeserializationError", f"the driver could not unpickle the result: {e}", ""]
+    return [type(e).__name__, f"the driver could not unpickle the result: {e}", ""]
 
 
 def until_ns(until: float | None) -> int:

@@ -17,7 +17,12 @@ handle; authentication stays with the HMAC).
 A writer expects nothing from its readers but their HELLO: it takes frames of at most
 ``_MAX_CONTROL_FRAME`` bytes (a peer that sends a larger one is disconnected), holds at most
 ``_CONTROL_HWM`` per connection, and reads and drops what comes as it writes, so that no
-peer, authenticated or not, makes it hold more than a few KiB.
+peer, authenticated or not, makes it hold more than a few KiB. It takes new connections
+only until the queue is ready: libzmq asks the writer (ZAP) whether to let each one in, the
+writer says yes while it waits for its readers' HELLOs, then closes its ZAP handler, after
+which libzmq refuses every new connection at its handshake. So a storm of connections costs
+nothing (an idle writer reads nothing, and each connection let in held ~20 KiB until read),
+and a reader whose connection drops is not let back in: its heartbeat declares it lost.
 
 What a writer has written reaches its readers even when its process exits next: close()
 waits (up to ``Config.heartbeat_s``) for the messages still queued to leave, and a reader
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import secrets
 import struct
 import threading
@@ -44,11 +50,13 @@ import zmq.utils.monitor
 
 from mpx import layout
 from mpx._impl import buffers_module
+from mpx._units import human_size
 from mpx.auth import seal, unseal
 from mpx.config import Config
 from mpx.errors import (
     Cancelled,
     MessageAbortedError,
+    MessageTooLargeError,
     PeerDiedError,
     QueueClosedError,
     QueueTimeout,
@@ -174,6 +182,12 @@ class ZmqWriter(Writer):
         _configure(self._sock, config)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.MAXMSGSIZE, _MAX_CONTROL_FRAME)
+        # (with no ZAP handler, an enforced domain refuses the connection)
+        self._sock.setsockopt(zmq.ZAP_DOMAIN, b"mpx")
+        self._sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+        self._zap: zmq.Socket | None = self._ctx.socket(zmq.ROUTER)
+        self._zap.setsockopt(zmq.LINGER, 0)
+        self._zap.bind("inproc://zeromq.zap.01")
         self._curve_key: bytes | None = None
         if config.curve:
             if not zmq.has("curve"):
@@ -195,15 +209,34 @@ class ZmqWriter(Writer):
 
     def _take_hellos(self, timeout_ms: int) -> None:
         """Take the HELLOs that came (waiting up to ``timeout_ms`` for one), and drop
-        anything else: _TAKE_MAX messages at most, so that a flood holds no wait up."""
-        if not self._sock.poll(timeout_ms, zmq.POLLIN):
+        anything else: _TAKE_MAX messages at most, so that a flood holds no wait up. Until
+        the queue is ready, let the new connections in; once it is, refuse them."""
+        if self._zap is not None:
+            zmq.select([self._sock, self._zap], [], [], timeout_ms / 1000)
+            self._admit(self._zap)
+        elif not self._sock.poll(timeout_ms, zmq.POLLIN):
             return
         for _ in range(_TAKE_MAX):
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
             self._hello(frames)
+        if self._zap is not None and self._ready():
+            self._zap.close()
+            self._zap = None
+
+    @staticmethod
+    def _admit(zap: zmq.Socket) -> None:
+        """Let in the connections that libzmq asks about (ZAP requests: routing id, empty,
+        version, request id, ...), _TAKE_MAX at most."""
+        for _ in range(_TAKE_MAX):
+            try:
+                request = zap.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(request) >= 4:
+                zap.send_multipart([request[0], b"", b"1.0", request[3], b"200", b"", b"", b""])
 
     def _hello(self, frames: list[bytes]) -> None:
         peer = frames[0]
@@ -301,6 +334,8 @@ class ZmqWriter(Writer):
         # the messages still queued go out first: this process may exit next (a worker
         # whose call ended it, right after its reply); a reader that takes nothing for
         # heartbeat_s is lost, and what is queued for it with it
+        if self._zap is not None:
+            self._zap.close()
         self._sock.close(linger=int(self.config.heartbeat_s * 1000))
         self._ctx.term()
 
@@ -356,6 +391,8 @@ class ZmqReader(Reader):
         self._seq = 0          # the lowest sequence number a new message may have
         self._assembler = buffers_module().Assembler
         self._stash: _Chunk | None = None  # a chunk read ahead: the start of a message
+        self._skipping = -1  # the sequence number of a message skipped (too large)
+        self._too_large: MessageTooLargeError | None = None  # for the next read to raise
         # a message that a read left part way (a timeout, a cancel, a nudge, a signal):
         # the next read goes on with it
         self._partial: _Partial | None = None
@@ -401,16 +438,54 @@ class ZmqReader(Reader):
         return bool(self._sock.poll(0, zmq.POLLIN))
 
     def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool):
+        """(See Reader.read.) A message this process cannot allocate memory for is skipped,
+        its chunks dropped as they come: MessageTooLargeError."""
         with self._lock:
+            if self._too_large is not None:
+                e, self._too_large = self._too_large, None
+                raise e
             while True:
                 if self._partial is None:
-                    self._partial = _Partial(self._next_start(deadline_ns, cancel),
-                                             self._assembler)
+                    first = self._next_start(deadline_ns, cancel)
+                    try:
+                        self._partial = _Partial(first, self._assembler)
+                    except MemoryError:
+                        self._skipping = first.seq
+                        raise self._too_large_error(first.total) from None
                 part = self._partial
                 whole = self._gather(part, deadline_ns, cancel)  # (raises: part stays)
                 self._partial = None
                 if whole:
-                    return part.first.kind, part.out.result()
+                    try:
+                        return part.first.kind, part.out.result()
+                    except MemoryError:  # (the pure Assembler copies a bytes message)
+                        raise self._too_large_error(part.first.total) from None
+
+    def _too_large_error(self, n: int) -> MessageTooLargeError:
+        return MessageTooLargeError(
+            f"reader rank {self.rank} (pid {os.getpid()}) could not allocate memory for a "
+            f"message of {n} bytes ({human_size(n)}) from the writer at {self.endpoint}; "
+            "the message was skipped, the queue reads on", nbytes=n)
+
+    def read_ready(self) -> list[tuple[int, Any]]:
+        # (as Reader.read_ready, but a message skipped after others is not met again: the
+        # next read raises its error)
+        out: list = []
+        while self._too_large is not None or self.poll():
+            try:
+                out.append(self.read(0, None, False))
+            except QueueTimeout:
+                break
+            except MessageTooLargeError as e:
+                if not out:
+                    raise
+                self._too_large = e
+                break
+            except Exception:
+                if not out:
+                    raise
+                break
+        return out
 
     def _gather(self, part: _Partial, deadline_ns: int, cancel: threading.Event | None) -> bool:
         """Add ``part``'s missing chunks to it as they arrive: True once it is whole, False
@@ -453,6 +528,8 @@ class ZmqReader(Reader):
         """The first chunk of the next message; stray continuations are dropped."""
         while True:
             c = self._next_chunk(deadline_ns, cancel)
+            if c.seq == self._skipping:
+                continue  # the rest of a message too large for this process
             if c.index != 0:
                 self.drops.drop(self.endpoint, f"chunk {c.index} of message {c.seq} out of "
                                 "order (replayed?)")
