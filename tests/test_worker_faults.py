@@ -94,6 +94,12 @@ def test_system_exit_and_keyboard_interrupt_end_the_worker(ex, where, what, says
     assert e.is_failed
 
 
+def _is_undecodable(err: mpx.RPCError, ranks: list[int], exc_type: str) -> None:
+    """``err`` says the message of ``ranks`` could not be unpickled, naming ``exc_type``."""
+    assert err.ranks == ranks and err.exc_type == "DeserializationError", str(err)
+    assert exc_type in str(err), str(err)
+
+
 @pytest.mark.parametrize("what,exc_type", [("cancelled", "CancelledError"),
                                            ("generator_exit", "GeneratorExit"),
                                            ("custom", "Custom")])
@@ -103,8 +109,7 @@ def test_an_argument_whose_unpickling_raises_a_base_exception_fails_that_call_al
     pids = e.worker_pids
     with pytest.raises(mpx.RPCError) as ei:
         e.collective_rpc("ident", args=(FW.RaisesOnUnpickle(what),), timeout=CALL_TIMEOUT_S)
-    assert ei.value.ranks == [0, 1] and ei.value.exc_type == "DeserializationError"
-    assert exc_type in str(ei.value), str(ei.value)
+    _is_undecodable(ei.value, [0, 1], exc_type)
     _still_serves(e, pids)
 
 
@@ -117,8 +122,7 @@ def test_a_result_whose_unpickling_in_the_driver_raises_a_base_exception_fails_t
     with pytest.raises(mpx.RPCError) as ei:
         e.collective_rpc("unpicklable_in_driver", args=(what,), kwargs={"ranks": [1]},
                          timeout=CALL_TIMEOUT_S)
-    assert ei.value.ranks == [1] and ei.value.exc_type == "DeserializationError"
-    assert exc_type in str(ei.value), str(ei.value)
+    _is_undecodable(ei.value, [1], exc_type)
     fut = e.collective_rpc("unpicklable_in_driver", args=(what,), kwargs={"ranks": [0]},
                            non_block=True)
     with pytest.raises(mpx.RPCError, match=exc_type):
