@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import importlib
 import logging
 import sys
 import threading
@@ -17,8 +16,7 @@ import time
 import types
 
 import pytest
-from _env import IMPLS
-from test_future_core import Source  # (a stand-in for the call table)
+import test_future_core
 
 from mpx._driver import futures as F
 
@@ -33,26 +31,7 @@ def split(done, pending, want_done, want_pending=()):
         all(f.done() for f in want_done) and not any(f.done() for f in want_pending)
 
 
-@pytest.fixture(params=IMPLS)
-def make(request):
-    """``make(value)``: a future of that core (under RPCFuture's own methods)."""
-    name = "mpx._future_core" if request.param == "cython" else "mpx._future_core_py"
-    if request.param == "cython":
-        pytest.importorskip("mpx._future_core", reason="extension not built")
-    core = importlib.import_module(name)
-    core.configure(F._last, F._delivery)
-    methods = {k: v for k, v in F.RPCFuture.__dict__.items()
-               if k in ("_condition", "result", "exception", "set_result", "set_exception")}
-    cls = type("RPCFuture", (core.FutureCore, concurrent.futures.Future), methods)
-    source = Source()
-
-    def factory(value=None):
-        call = {"value": value}
-        call["future"] = fut = cls(source, call)
-        return fut
-
-    factory.core = core
-    return factory
+make = test_future_core.make  # the fixture: ``make(value)``, a future of each core
 
 
 def settled(fut, value=None, error=None):
