@@ -171,7 +171,7 @@ class LentDecoder:
     """See ``mpx._buffers.LentDecoder``."""
 
     def __init__(self, pickle_kind: int, small_kind: int, loads: Callable[[Any], Any],
-                 other: Callable[[int, Any], Any], undecodable: Callable[[Exception], Exception],
+                 other: Callable[[int, Any], Any], undecodable: Callable[[BaseException], Exception],
                  passthrough: tuple[type[BaseException], ...]) -> None:
         self.pickle_kind = pickle_kind
         self.small_kind = small_kind

@@ -621,7 +621,7 @@ class RingReader(_RingEnd):
         """See ``mpx._ring.RingReader.read``."""
         return self._read(deadline_ns, _slice_end(slice_ns), False)
 
-    def _skipped(self, kind: int, nbytes: int) -> tuple[int, int, None]:
+    def _skipped(self, kind: int, nbytes: int) -> tuple[int, int, Any]:
         self.skipped_bytes = nbytes
         self._resting = False
         return (layout.NO_MEMORY, kind, None)
@@ -708,7 +708,8 @@ class LockedRead:
             return self.slow()(deadline_ns, cancel, warn, decode,
                                self.in_place_min if in_place_min is None else in_place_min)
         started = time.monotonic_ns() if warn else -1
-        st, got = layout.SLICE, None
+        st: int = layout.SLICE
+        got: Any = None
         with self.lock:
             if not self.ring._released:
                 st, _, got = self.ring.read_with(decode, self.in_place_min, deadline_ns,

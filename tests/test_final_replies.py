@@ -19,9 +19,9 @@ BIG = 16 << 20
 def test_a_large_reply_then_a_fatal_exit_is_delivered(transport, async_output, where):
     # small rings and pipes (4 chunks of 1 MiB): the reply's write returns while much of it
     # is still on its way, and the worker dies right after
-    e = mpx.Executor(_final_workers.LastWordsThenOutputFails, 2, transport=transport, async_output=async_output,
-                     max_chunks=4, auth_key=KEY, heartbeat_s=2.0, start_method=START_METHOD,
-                     startup_timeout_s=60)
+    e = mpx.Executor(_final_workers.LastWordsThenOutputFails, 2, transport=transport,
+                     async_output=async_output, max_chunks=4, auth_key=KEY, heartbeat_s=2.0,
+                     start_method=START_METHOD, startup_timeout_s=60)
     try:
         reply = e.collective_rpc("big", args=(BIG,), non_block=True)
         # SystemExit(1) on rank 1: from the method, or where its reply is made (with
