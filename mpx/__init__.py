@@ -20,7 +20,7 @@ Everything else is internal. The tree, bottom up (each layer imports only those 
 
     _ring.pyx, _ring_py.py, layout.py   the shared-memory ring (compiled, and its Python twin)
     _buffers.pyx, _buffers_py.py        memory a received message is copied into; the pickler's sink
-    shm.py, serde.py, sharing.py        segments; objects <-> bytes; tensors by reference
+    segments.py, serde.py, sharing.py   named POSIX segments; objects <-> bytes; tensors by reference
     transport/                          one interface: shm (local) and zmq (remote) readers
     queue.py                            MessageQueue over the transports
     wire.py, config.py, errors.py,      shared by every process of a group

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import signal
 import socket
 import sys
 
@@ -28,6 +29,39 @@ def pid_state(pid: int) -> str | None:
     except PermissionError:
         pass  # another user's process: it exists
     return "?"
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """'exit code 3', 'killed by SIGKILL', or 'still running'."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def describe_stall(pid: int | None) -> str:
+    """How a process that has not answered looks from outside: 'alive but stopped
+    (SIGSTOP)', 'alive, running (state R)', 'gone'... (from /proc/<pid>/stat on Linux)."""
+    if pid is None:
+        return "in an unknown state"
+    state = pid_state(pid)
+    if state is None:
+        return "gone"
+    if state == "?":
+        return "alive"
+    if state == "T":
+        return "alive but stopped (SIGSTOP or a job-control signal); SIGCONT resumes it"
+    if state == "t":
+        return "alive but stopped by a debugger (tracing stop)"
+    if state in ("Z", "X"):
+        return "dead (exit not yet reported)"
+    if state == "D":
+        return "alive, in uninterruptible sleep (state D: blocked in the kernel, e.g. on I/O)"
+    return f"alive (state {state}) but still busy with the call or an earlier one"
 
 
 def pid_alive(pid: int) -> bool:

@@ -1,7 +1,7 @@
 """Tensors sent by reference: ``share(tensor)`` and what serde needs to pickle such tensors.
 
 ``share`` copies a CPU tensor once into a named POSIX shared-memory segment of its own
-(``mpx/shm.py``: mode 0600, the name carries the creator's pid) and returns a tensor backed
+(``mpx/segments.py``: mode 0600, the name carries the creator's pid) and returns a tensor backed
 by it. serde pickles a tensor that lives in such a segment, or any view of one, as the
 segment's name, a byte offset, dtype, shape and strides; the receiver maps the same memory,
 so writes on either side are visible to both and the view keeps its strides.
@@ -10,7 +10,7 @@ Lifetime: the creator unlinks the name when the last tensor using the segment is
 collected, or when it exits (normally, or as a multiprocessing child). Mappings outlive
 the name, so receivers that already unpickled keep working; one that unpickles after the
 unlink gets ``SharedTensorGoneError``. A creator killed by a signal leaves its segments
-behind until ``shm.reap_stale()`` (every new queue, ``python -m mpx cleanup``) removes them.
+behind until ``segments.reap_stale()`` (every new queue, ``python -m mpx cleanup``) removes them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 
-from mpx import _debug, shm
+from mpx import _debug, segments
 from mpx.errors import DeserializationError, SharedTensorGoneError, ShmError
 
 _MIN_SEGMENT = 64  # a segment of 0 bytes cannot be mapped (empty tensors)
@@ -55,9 +55,9 @@ def _forget(base: int, name: str, creator_pid: int | None) -> None:
         m = by_base.pop(base, None)
         if m is not None and _by_name.get(name) is m:
             del _by_name[name]
-    _debug.dec("segments")  # shm.create/attach counted it; the mmap closes as the view goes
+    _debug.dec("segments")  # segments.create/attach counted it; the mmap closes as the view goes
     if creator_pid == os.getpid():
-        shm.unlink(name)
+        segments.unlink(name)
 
 
 def _unlink_mine() -> None:
@@ -67,7 +67,7 @@ def _unlink_mine() -> None:
     with _lock:
         names = [m.name for m in list(by_base.values()) if m.creator_pid == pid]
     for name in names:
-        shm.unlink(name)
+        segments.unlink(name)
 
 
 def _hook_exit() -> None:
@@ -126,15 +126,15 @@ def share(tensor):
     src = tensor.detach().resolve_conj().resolve_neg()
     nbytes = src.numel() * src.element_size()
     size = max(nbytes, _MIN_SEGMENT)
-    free = shm.free_bytes()
+    free = segments.free_bytes()
     if size > free:
         raise ShmError(f"mpx.share needs {size} bytes of shared memory but /dev/shm has only "
                        f"{free} bytes free; enlarge it (e.g. docker --shm-size)")
-    name, mm = shm.create(size)
+    name, mm = segments.create(size)
     try:
         flat = _register(name, mm, os.getpid())
     except BaseException:
-        shm.unlink(name)
+        segments.unlink(name)
         raise
     _hook_exit()
     out = flat[:nbytes].view(src.dtype).view(src.shape)
@@ -171,14 +171,14 @@ def _attach(name: str, size: int):
     if view is not None:
         return torch.frombuffer(view, dtype=torch.uint8)
     try:
-        mm = shm.attach(name)
+        mm = segments.attach(name)
     except ShmError as e:
         raise SharedTensorGoneError(
             f"the shared-memory segment {name} of a tensor sent with mpx.share() no longer "
             "exists: the sender freed the tensor or exited before this receiver unpickled it "
             "(keep the shared tensor alive until every receiver has it)", name) from e
     if len(mm) < size:
-        shm.close(mm)
+        segments.close(mm)
         raise DeserializationError(f"shared-memory segment {name} has {len(mm)} bytes, "
                                    f"the sender's has {size}: not the same segment")
     return _register(name, mm, None)

@@ -5,7 +5,7 @@ for ``Config.watchdog_timeout_s`` is a stall: every thread's stack goes to the w
 and to its dump file under ``Config.dump_dir``, and the driver is told. User code that is
 slow on purpose calls :func:`feed` now and then, or wraps the slow part in ``with
 paused():``. Outside a worker both do nothing. (The watchdog itself is
-:mod:`mpx._worker.watchdog`.)
+:mod:`mpx._worker.stall_watch`.)
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class _Watched(Protocol):
     wake: threading.Event
 
 
-# The running worker's watchdog, set by mpx._worker.watchdog.Watchdog.start().
+# The running worker's watchdog, set by mpx._worker.stall_watch.Watchdog.start().
 _current: _Watched | None = None
 
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from _env import IMPLS, START_METHOD
 
-from mpx import _debug, shm
+from mpx import _debug, segments
 from mpx._procinfo import pid_alive
 
 # Predicates over psutil.Process for long-lived children a module-scoped fixture started on
@@ -49,7 +49,7 @@ def _mpx_segments() -> set[str]:
     gone. Those of another live process (a test run beside this one) are not ours to judge
     or remove."""
     try:
-        names = [e for e in os.listdir("/dev/shm") if e.startswith(shm.PREFIX)]
+        names = [e for e in os.listdir("/dev/shm") if e.startswith(segments.PREFIX)]
     except OSError:
         return set()
     ours = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
@@ -101,7 +101,7 @@ def no_leaks():
     for k in kids:
         k.kill()
     for s in new_segs:
-        shm.unlink("/" + s)
+        segments.unlink("/" + s)
     assert not new_segs, f"test left shared-memory segments behind: {sorted(new_segs)}"
     assert not kids, f"test left child processes behind: {kids}"
     assert not new_threads, f"test left threads behind: {new_threads}"

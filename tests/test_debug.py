@@ -19,7 +19,7 @@ import textwrap
 import pytest
 from _env import START_METHOD
 
-from mpx import _debug, shm
+from mpx import _debug, segments
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -139,12 +139,12 @@ def test_doctor_lists_stale_segments():
     if can:
         res = subprocess.run(private, capture_output=True, text=True, timeout=120, cwd=ROOT)
     else:
-        name, mm = shm.create(4096)
-        shm.close(mm)
+        name, mm = segments.create(4096)
+        segments.close(mm)
         os.rename("/dev/shm" + name, "/dev/shm" + stale)  # as if that dead process made it
         try:
             res = subprocess.run(doctor, capture_output=True, text=True, timeout=120, cwd=ROOT)
         finally:
-            shm.unlink(stale)
+            segments.unlink(stale)
     assert res.returncode == 0 and "[WARN] stale mpx segments" in res.stdout, res.stdout
     assert stale in res.stdout and "python -m mpx cleanup" in res.stdout

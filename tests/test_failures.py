@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import mpx
-from mpx import shm
+from mpx import segments
 
 pytestmark = pytest.mark.usefixtures("impl")
 
@@ -135,7 +135,7 @@ def test_stale_segment_of_dead_creator_is_reaped(ctx):
     os.kill(w.pid, signal.SIGKILL)  # before any reader attached: the name is still there
     w.join(5)
     assert os.path.exists("/dev/shm" + name)
-    assert name in shm.stale_segments()
+    assert name in segments.stale_segments()
     out = subprocess.run([sys.executable, "-m", "mpx", "cleanup"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr

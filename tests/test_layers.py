@@ -18,7 +18,7 @@ FORBIDDEN = {
     "mpx.queue": ("mpx._driver", "mpx._worker", "mpx._node", "mpx._cli"),
     "mpx.transport": ("mpx.queue", "mpx._driver", "mpx._worker", "mpx._node", "mpx._cli"),
     "mpx.serde": ("mpx.transport", "mpx.queue", "mpx._driver", "mpx._worker", "mpx._node"),
-    "mpx.shm": ("mpx.serde", "mpx.transport", "mpx.queue", "mpx._driver", "mpx._worker"),
+    "mpx.segments": ("mpx.serde", "mpx.transport", "mpx.queue", "mpx._driver", "mpx._worker"),
     "mpx.wire": ("mpx.queue", "mpx._driver", "mpx._worker", "mpx._node", "mpx._cli"),
     "mpx.dumps": ("mpx.queue", "mpx._driver", "mpx._worker", "mpx._node", "mpx._cli"),
 }

@@ -39,7 +39,7 @@ import pytest
 from _env import START_METHOD
 
 import mpx
-from mpx import shm
+from mpx import segments
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # A worker's death is reported within a second (the monitor's sentinel wait answers at
@@ -515,12 +515,12 @@ REAP_SCENARIO = textwrap.dedent("""
     import json, os, subprocess, sys, time
     sys.path.insert(0, {tests!r})
     import mpx, _matrix_workers
-    from mpx import shm
+    from mpx import segments
     crashed = subprocess.run([sys.executable, "-c", {driver!r}], capture_output=True,
                              text=True, timeout=60)
     pid = int(crashed.stdout.split()[0])
     out = dict(rc=crashed.returncode,
-               left=[n for n in shm.stale_segments() if n.startswith(f"/mpx-{{pid}}-")])
+               left=[n for n in segments.stale_segments() if n.startswith(f"/mpx-{{pid}}-")])
     out["doctor"] = subprocess.run([sys.executable, "-m", "mpx", "doctor", "--no-torch"],
                                    capture_output=True, text=True, timeout=120).stdout
     t0 = time.monotonic()
@@ -614,7 +614,7 @@ def test_dev_shm_too_small(record, transport, how):
     if how == "config":
         # twice the free space: it cannot fit even if other segments go away meanwhile (a
         # ring that did fit would be fallocated in RAM: keep far from that)
-        overrides = dict(max_chunk_bytes=shm.free_bytes() + 64 & ~63, max_chunks=2)
+        overrides = dict(max_chunk_bytes=segments.free_bytes() + 64 & ~63, max_chunks=2)
     code = SMALL_SHM_DRIVER.format(tests=TESTS, method=START_METHOD, transport=transport,
                                    overrides=overrides)
     argv = [sys.executable, "-c", code]

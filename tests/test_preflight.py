@@ -10,7 +10,7 @@ import time
 import pytest
 
 import mpx
-from mpx import shm
+from mpx import segments
 
 
 def _too_big(free):
@@ -21,7 +21,7 @@ def _too_big(free):
 
 
 def test_too_little_shared_memory_is_shm_error_before_any_worker(executor):
-    free = shm.free_bytes("/dev/shm")
+    free = segments.free_bytes("/dev/shm")
     t0 = time.monotonic()
     with pytest.raises(mpx.ShmError) as ei:
         executor(n=1, transport="shm", **_too_big(free))
@@ -31,7 +31,7 @@ def test_too_little_shared_memory_is_shm_error_before_any_worker(executor):
 
 
 def test_doctor_fails_where_an_executor_cannot_start():
-    free = shm.free_bytes("/dev/shm")
+    free = segments.free_bytes("/dev/shm")
     geo = _too_big(free)
     env = dict(os.environ, MPX_TRANSPORT="shm", MPX_MAX_CHUNK_BYTES=str(geo["max_chunk_bytes"]),
                MPX_MAX_CHUNKS=str(geo["max_chunks"]))

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import mpx
-from mpx import serde, shm
+from mpx import segments, serde
 
 pytestmark = pytest.mark.usefixtures("impl")
 
@@ -366,7 +366,7 @@ def test_constructor_argument_errors():
 
 
 def test_shm_error_when_ring_does_not_fit():
-    free = shm.free_bytes()
+    free = segments.free_bytes()
     too_many = free // (1 << 30) + 2
     with pytest.raises(mpx.ShmError, match=r"free") as ei:
         mpx.MessageQueue(1, 1, max_chunk_bytes=1 << 30, max_chunks=too_many,
@@ -375,7 +375,7 @@ def test_shm_error_when_ring_does_not_fit():
 
 
 def test_auto_transport_falls_back_to_zmq_when_shm_is_too_small():
-    free = shm.free_bytes()
+    free = segments.free_bytes()
     cfg = mpx.Config(auth_key="k" * 16, max_chunk_bytes=1 << 30, max_chunks=free // (1 << 30) + 2)
     with pytest.warns(RuntimeWarning, match="ZeroMQ"):
         q = mpx.MessageQueue(1, 1, config=cfg)

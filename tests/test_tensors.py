@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import mpx  # noqa: E402
-from mpx import serde, sharing, shm  # noqa: E402
+from mpx import segments, serde, sharing  # noqa: E402
 from mpx.serde import K_PICKLE_OOB  # noqa: E402
 
 
@@ -446,8 +446,8 @@ def test_sigkilled_creator_segment_is_reaped(ctx):
         os.kill(p.pid, signal.SIGKILL)
         p.join(10)
         assert _segments_of(p.pid) == left         # nobody unlinked it
-        assert "/" + left[0] in shm.stale_segments()
-        assert "/" + left[0] in shm.reap_stale()
+        assert "/" + left[0] in segments.stale_segments()
+        assert "/" + left[0] in segments.reap_stale()
         assert _segments_of(p.pid) == []
         t.add_(1)                                  # our mapping outlives the name
         assert t.tolist() == list(range(1, 17))

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import mpx
-from mpx import MessageQueue, shm
+from mpx import MessageQueue, segments
 from mpx._procinfo import free_tcp_port
 
 KEY = "vllm-compat-test-key"
@@ -284,7 +284,7 @@ def test_reader_wait_until_ready_has_every_exit(impl, ctx):
         p.join(10)
     finally:
         r.close()
-        shm.reap_stale()  # the dead writer's segment: never every reader attached
+        segments.reap_stale()  # the dead writer's segment: never every reader attached
 
 
 class Celsius:
@@ -319,7 +319,7 @@ def test_copyreg_reducers_count_with_torch_imported():
 
 
 def test_too_little_shm_names_the_space_and_takes_no_fallback_that_cannot_work():
-    free = shm.free_bytes()
+    free = segments.free_bytes()
     chunks = free // (1 << 30) + 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "falling back to ZeroMQ" warning

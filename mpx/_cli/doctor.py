@@ -44,7 +44,7 @@ def machine_facts() -> list[tuple[str, str]]:
     import sys
 
     import mpx
-    from mpx import _debug, shm
+    from mpx import _debug, segments
     from mpx._impl import future_core_module
 
     rows = [("mpx", f"{mpx.__version__} ({os.path.dirname(mpx.__file__)})"),
@@ -54,7 +54,7 @@ def machine_facts() -> list[tuple[str, str]]:
             ("platform", platform.platform())]
     try:
         st = os.statvfs("/dev/shm")
-        free = shm.free_bytes()
+        free = segments.free_bytes()
         rows += [("/dev/shm size", human_size(st.f_blocks * st.f_frsize)),
                  ("/dev/shm free", f"{human_size(free)} ({free} bytes)")]
     except OSError as e:
@@ -108,7 +108,7 @@ def check_shm(cfg) -> list[Check]:
     """/dev/shm (and Config.shm_dir, where free space is checked): present, big enough for
     the rings of a 1-worker executor, and usable (a one-page segment is created and
     removed)."""
-    from mpx import shm
+    from mpx import segments
     from mpx._driver.preflight import ring_bytes
     from mpx.errors import ShmError
     out = []
@@ -120,14 +120,14 @@ def check_shm(cfg) -> list[Check]:
     fallback = "" if cfg.transport == "shm" else " (transport 'auto' will use ZeroMQ instead)"
     if cfg.transport == "zmq":
         return [Check(OK, "shared memory", "not used (transport 'zmq')")]
-    dirs = [shm.SHM_ROOT] + ([cfg.shm_dir] if cfg.shm_dir != shm.SHM_ROOT else [])
+    dirs = [segments.SHM_ROOT] + ([cfg.shm_dir] if cfg.shm_dir != segments.SHM_ROOT else [])
     for d in dirs:
         try:
             st = os.statvfs(d)
         except OSError as e:
             out.append(Check(short, d, f"unusable: {e}{fallback}"))
             continue
-        size, free = st.f_blocks * st.f_frsize, shm.free_bytes(d)
+        size, free = st.f_blocks * st.f_frsize, segments.free_bytes(d)
         text = (f"size {human_size(size)}, free {human_size(free)}; an executor of 1 worker "
                 f"needs {human_size(need)}, each further worker {human_size(more)}")
         out.append(Check(OK, d, text) if free >= need else
@@ -135,12 +135,12 @@ def check_shm(cfg) -> list[Check]:
                                    "--shm-size) or lower MPX_MAX_CHUNKS / MPX_MAX_CHUNK_BYTES"))
     if all(c.status == OK for c in out):
         try:
-            name, mm = shm.create(4096, cfg.shm_dir)
+            name, mm = segments.create(4096, cfg.shm_dir)
         except (ShmError, OSError) as e:
             out.append(Check(short, "shared-memory segment", f"cannot create one: {e}{fallback}"))
         else:
-            shm.close(mm)
-            shm.unlink(name)
+            segments.close(mm)
+            segments.unlink(name)
             out.append(Check(OK, "shared-memory segment", "created and removed a test segment"))
     return out
 
@@ -208,8 +208,8 @@ def check_torch(import_torch: bool = True) -> list[Check]:
 
 
 def check_stale() -> list[Check]:
-    from mpx import shm
-    stale = shm.stale_segments()
+    from mpx import segments
+    stale = segments.stale_segments()
     if not stale:
         return [Check(OK, "stale mpx segments", "none")]
     return [Check(WARN, "stale mpx segments",

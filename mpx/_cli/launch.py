@@ -44,8 +44,7 @@ import zmq
 from mpx import wire
 from mpx._cli.hostlist import first_host
 from mpx._node import control
-from mpx._node.local_workers import describe_exit
-from mpx._procinfo import set_parent_death_signal
+from mpx._procinfo import describe_exit, set_parent_death_signal
 from mpx.config import Config
 
 logger = logging.getLogger("mpx")

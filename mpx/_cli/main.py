@@ -10,10 +10,10 @@ import sys
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
-    from mpx import dumps, shm
+    from mpx import dumps, segments
     from mpx.config import Config
 
-    removed = shm.reap_stale()
+    removed = segments.reap_stale()
     for name in removed:
         print(f"removed {name}")
     if not removed:

@@ -25,7 +25,7 @@ import cloudpickle
 from mpx import dumps, wire
 from mpx._driver.calls import PendingCalls
 from mpx._driver.group import WorkerGroup
-from mpx._node.local_workers import describe_stall
+from mpx._procinfo import describe_stall
 from mpx.config import Config
 from mpx.errors import ExecutorFailed, NotOwnerError, SerializationError
 

@@ -23,8 +23,8 @@ from mpx._driver.calls import CallTable
 from mpx._driver.monitors import NodeMonitor, ProcessMonitor
 from mpx._driver.stalls import StallDiagnosis
 from mpx._node.leader import Leader
-from mpx._node.local_workers import EXIT_WAIT_S, LocalWorkers, describe_exit
-from mpx._procinfo import reserve_tcp_port
+from mpx._node.local_workers import EXIT_WAIT_S, LocalWorkers
+from mpx._procinfo import describe_exit, reserve_tcp_port
 from mpx.config import Config
 from mpx.errors import ExecutorFailed, PeerDiedError, WorkerDiedError
 from mpx.queue import MessageQueue

@@ -9,7 +9,7 @@ import multiprocessing
 import os
 import warnings
 
-from mpx import dumps, layout, shm
+from mpx import dumps, layout, segments
 from mpx._units import human_size
 from mpx.config import Config
 from mpx.errors import WorkerStartupError
@@ -34,7 +34,7 @@ def check_shared_memory(cfg: Config, n_local: int) -> None:
     ring of a ``transport='shm'`` executor (``auto`` falls back to ZeroMQ instead)."""
     if cfg.transport != "shm":
         return
-    shm.require_free(ring_bytes(cfg, n_local), cfg.shm_dir,
+    segments.require_free(ring_bytes(cfg, n_local), cfg.shm_dir,
                      f"an executor with {n_local} local worker(s), {n_local + 1} rings,")
 
 

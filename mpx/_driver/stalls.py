@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpx import dumps
-from mpx._node.local_workers import describe_stall
+from mpx._procinfo import describe_stall
 from mpx.config import Config
 from mpx.errors import WorkerStalledError
 

@@ -20,8 +20,9 @@ import zmq
 
 from mpx import _debug, dumps, wire
 from mpx._node import control
-from mpx._node.local_workers import LocalWorkers, describe_stall
+from mpx._node.local_workers import LocalWorkers
 from mpx._node.relay import Relay
+from mpx._procinfo import describe_stall
 from mpx.config import Config
 from mpx.errors import WorkerStartupError
 from mpx.wire import WorkerContext

@@ -24,7 +24,7 @@ import zmq
 
 from mpx import wire
 from mpx._node import control
-from mpx._node.local_workers import describe_exit
+from mpx._procinfo import describe_exit
 from mpx.config import Config
 from mpx.errors import NodeLostError, WorkerDiedError, WorkerStartupError
 

@@ -18,47 +18,14 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from mpx import shm
-from mpx._procinfo import pid_state
+from mpx import segments
+from mpx._procinfo import describe_exit
 from mpx._worker.main import worker_main
 from mpx.config import Config
 from mpx.errors import WorkerStartupError
 from mpx.wire import Ready, StartupFailed, WorkerContext, WorkerSpec
 
 logger = logging.getLogger("mpx")
-
-
-def describe_exit(exitcode: int | None) -> str:
-    """'exit code 3', 'killed by SIGKILL', or 'still running'."""
-    if exitcode is None:
-        return "still running"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
-
-
-def describe_stall(pid: int | None) -> str:
-    """How a process that has not answered looks from outside: 'alive but stopped
-    (SIGSTOP)', 'alive, running (state R)', 'gone'... (from /proc/<pid>/stat on Linux)."""
-    if pid is None:
-        return "in an unknown state"
-    state = pid_state(pid)
-    if state is None:
-        return "gone"
-    if state == "?":
-        return "alive"
-    if state == "T":
-        return "alive but stopped (SIGSTOP or a job-control signal); SIGCONT resumes it"
-    if state == "t":
-        return "alive but stopped by a debugger (tracing stop)"
-    if state in ("Z", "X"):
-        return "dead (exit not yet reported)"
-    if state == "D":
-        return "alive, in uninterruptible sleep (state D: blocked in the kernel, e.g. on I/O)"
-    return f"alive (state {state}) but still busy with the call or an earlier one"
 
 
 # The write ends of this process's death pipes. A child this process forks for its own
@@ -344,7 +311,7 @@ class LocalWorkers:
         for c in self.ready:
             c.close()
         self.ready = []
-        theirs = tuple(f"/{shm.PREFIX}{p.pid}-" for p in self.procs)
-        for name in shm.stale_segments():
+        theirs = tuple(f"/{segments.PREFIX}{p.pid}-" for p in self.procs)
+        for name in segments.stale_segments():
             if name.startswith(theirs):
-                shm.unlink(name)
+                segments.unlink(name)

@@ -44,7 +44,7 @@ import cloudpickle
 from mpx import _debug, dumps, serde
 from mpx._procinfo import set_parent_death_signal
 from mpx._worker.output import ENDS_THE_WORKER, AsyncOutput, InlineOutput, Replies
-from mpx._worker.watchdog import Watchdog, block_dump_signal
+from mpx._worker.stall_watch import Watchdog, block_dump_signal
 from mpx.errors import Cancelled, DeserializationError, PeerDiedError
 from mpx.queue import MessageQueue
 from mpx.wire import (

@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from mpx import _debug, layout, shm
+from mpx import _debug, layout, segments
 from mpx._impl import ring_module
 from mpx._procinfo import pid_alive
 from mpx._units import human_size
@@ -102,7 +102,7 @@ class _Unlinker:
     def __call__(self) -> None:
         if not self.done and os.getpid() == self.pid:
             self.done = True
-            shm.unlink(self.name)
+            segments.unlink(self.name)
 
 
 class ShmWriter(Writer):
@@ -114,9 +114,9 @@ class ShmWriter(Writer):
         super().__init__(config)
         self.ranks = list(ranks)
         n = len(ranks)
-        shm.reap_stale()
+        segments.reap_stale()
         size = layout.segment_size(config.max_chunk_bytes, config.max_chunks, n)
-        self.segment, self._mm = shm.create(size, config.shm_dir)
+        self.segment, self._mm = segments.create(size, config.shm_dir)
         self._unlink = _Unlinker(self.segment)
         self.token = secrets.randbits(63)
         try:
@@ -125,7 +125,7 @@ class ShmWriter(Writer):
             self._ring = ring_module().RingWriter(self._mm, **_ring_args(config))
         except BaseException:
             self._unlink()
-            shm.close(self._mm)
+            segments.close(self._mm)
             raise
         self._finalizer = weakref.finalize(self, self._unlink)
         # Writer.wake_readers and has_room are the ring's own, a frame less; no lock: a
@@ -233,7 +233,7 @@ class ShmWriter(Writer):
         self._unlink()
         self._ring.release()
         _debug.dec("rings")
-        shm.close(self._mm)
+        segments.close(self._mm)
         self._finalizer.detach()
 
 
@@ -249,7 +249,7 @@ class ShmReader(Reader):
         self.writer_pid = info["writer_pid"]
         self._shm_ranks = tuple(info["shm_ranks"])
         name = info["shm_name"]
-        self._mm = shm.attach(name)
+        self._mm = segments.attach(name)
         try:
             self._validate(info)
             try:
@@ -257,7 +257,7 @@ class ShmReader(Reader):
             except ValueError as e:
                 raise HandleError(f"reader rank {rank} cannot attach: {e}") from None
         except BaseException:
-            shm.close(self._mm)
+            segments.close(self._mm)
             raise
         # read_into() compiled, but for a wait with a cancel event
         self.read_into = ring_module().LockedRead(  # type: ignore[method-assign]
@@ -265,7 +265,7 @@ class ShmReader(Reader):
             weakref.WeakMethod(self._read_error), weakref.WeakMethod(self.read_into)).read_into
         _debug.inc("rings")
         if self._ring.all_attached():
-            shm.unlink(name)
+            segments.unlink(name)
 
     def _validate(self, info: dict[str, Any]) -> None:
         h = layout.read_header(self._mm)
@@ -459,4 +459,4 @@ class ShmReader(Reader):
         self._ring.mark_closed()
         self._ring.release()
         _debug.dec("rings")
-        shm.close(self._mm)
+        segments.close(self._mm)
