@@ -34,7 +34,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import mpx
-from mpx import shm
+from mpx import segments
 from mpx._procinfo import pid_alive
 
 CTX = mp.get_context("spawn")
@@ -291,7 +291,7 @@ def leftover_segments(pids: Iterable[int]) -> list[str]:
     except OSError:
         return []
     for e in names:
-        if e.startswith(shm.PREFIX):
+        if e.startswith(segments.PREFIX):
             try:
                 pid = int(e.split("-")[1])
             except (IndexError, ValueError):
