@@ -848,84 +848,108 @@ cdef class RingReader(_RingEnd):
         return (OK, out)
 
 
-cdef class LockedRead:
-    """A shared-memory transport end's hot read: ``read_into``, which the end binds in
-    place of its own (the same signature), is ``ring.read_with`` holding the end's
-    ``lock`` (under which the end's close() releases the ring), in one slice of
-    ``warn_ns`` if the caller warns of long waits. A status but OK and SLICE raises
-    ``error()(status)``, made under the lock. A wait with a cancel event, the end of a
-    slice and a released ring go to ``slow()``: the end's own ``read_into``, which waits
-    in slices, warns, and says the end is closed; it is told when the wait began. Both
-    are weakref.WeakMethods of the end (weak: the end holds this, and is freed when
-    dropped)."""
+cdef class _EndBase:
+    """What the compiled halves of a shared-memory transport end share: the end's state
+    that its hot path reads. ``_ring`` is the end's ring; ``_lock`` serialises the end's
+    threads with its ``close()``, which releases the ring under it; ``_closed`` is set by
+    ``close()``. A Python class extends this (mpx/transport/shm.py) with the policy the
+    hot path calls by name: ``_check_open()`` raises for a closed end, ``_write_error`` and
+    ``_read_error`` make the exception of a ring status."""
 
-    cdef RingReader ring
-    cdef object acquire, release, error, slow
-    cdef uint64_t in_place_min
-    cdef int64_t warn_ns
+    cdef object _lock_obj
+    cdef object _acquire, _release   # the lock's bound methods: one lookup, not two per call
+    cdef public bint _closed
 
-    def __init__(self, RingReader ring, lock, uint64_t in_place_min, int64_t warn_ns, error,
-                 slow):
-        self.ring = ring
-        self.acquire = lock.acquire
-        self.release = lock.release
-        self.in_place_min = in_place_min
-        self.warn_ns = warn_ns
-        self.error = error
-        self.slow = slow
+    property _lock:
+        def __get__(self):
+            return self._lock_obj
 
-    def read_into(self, int64_t deadline_ns, cancel, bint warn, decode, in_place_min=None):
-        cdef int st = SLICE
-        cdef object got = None
-        cdef int64_t started
-        if cancel is not None or in_place_min is not None:
-            return self.slow()(deadline_ns, cancel, warn, decode,
-                               self.in_place_min if in_place_min is None else in_place_min)
-        started = mpx_now_ns() if warn else -1  # (the slow path's warning counts from it)
-        self.acquire()
-        try:
-            if self.ring.has_buf:
-                st, _, got = self.ring._read_with(decode, self.in_place_min, deadline_ns,
-                                                  self.warn_ns if warn else -1)
-                if st != OK and st != SLICE:
-                    got = self.error()(st)
-        finally:
-            self.release()
-        if st == OK:
-            return got
-        if st != SLICE:
-            raise got
-        return self.slow()(deadline_ns, cancel, warn, decode, self.in_place_min, started)
+        def __set__(self, lock):
+            self._lock_obj = lock
+            self._acquire = lock.acquire
+            self._release = lock.release
 
 
-cdef class LockedWrite:
-    """A shared-memory transport end's ``write``, which the end binds in place of its own
-    (the same signature): ``ring.write`` holding the end's ``lock``. ``error()(status)``
-    is the exception of a status other than OK; a released ring goes to ``slow()`` (the
-    end's own ``write``, which says it is closed). Both are weakref.WeakMethods of the
-    end, which holds this."""
+cdef class WriterEnd(_EndBase):
+    """The compiled half of a shared-memory transport's writer end (ShmWriter extends it):
+    its hot ``write``, and ``send``, the channel's encode-and-write in one call."""
 
-    cdef RingWriter ring
-    cdef object acquire, release, error, slow
-
-    def __init__(self, RingWriter ring, lock, error, slow):
-        self.ring = ring
-        self.acquire = lock.acquire
-        self.release = lock.release
-        self.error = error
-        self.slow = slow
+    cdef public RingWriter _ring
+    cdef public object _encode       # serde.encode: (obj, local_only) -> (kind, parts)
 
     def write(self, uint32_t kind, parts, int64_t deadline_ns, int64_t total=-1):
+        """Deliver one message of ``kind`` made of ``parts`` to every reader (see
+        mpx.transport.base.Writer.write), holding the end's lock."""
+        self._write(kind, parts, deadline_ns, total)
+
+    def send(self, obj, int64_t deadline_ns=-1):
+        """Encode ``obj`` (``_encode``, serde's policy) and write it; an object that
+        cannot be encoded raises what encoding raised, and nothing is written."""
+        kind, parts = self._encode(obj, True)
+        self._write(kind, parts, deadline_ns, -1)
+
+    def has_room(self, pieces):
+        """Whether a message of ``pieces`` can be written now without waiting."""
+        return self._ring.has_room(pieces)
+
+    def wake_readers(self):
+        """A message follows: wake the parked readers (RingWriter.wake_readers)."""
+        self._ring.wake_readers()
+
+    cdef int _write(self, uint32_t kind, parts, int64_t deadline_ns, int64_t total) except -1:
         cdef int st
-        cdef bint released
-        self.acquire()
+        self._acquire()
         try:
-            released = not self.ring.has_buf
-            if not released:
-                st = self.ring._write(kind, parts, deadline_ns, total)
-                if st != OK:
-                    raise self.error()(st)
+            if self._closed or self._ring is None or not self._ring.has_buf:
+                self._check_open()
+                raise ValueError("write on a released ring")
+            st = self._ring._write(kind, parts, deadline_ns, total)
+            if st != OK:
+                raise self._write_error(st)
         finally:
-            self.release()
-        if released:  # closed: the end's own write says so
-            self.slow()(kind, parts, deadline_ns, total)
+            self._release()
+        return 0
+
+
+cdef class ReaderEnd(_EndBase):
+    """The compiled half of a shared-memory transport's reader end (ShmReader extends it):
+    its hot ``read_into``, and ``recv``, the channel's read-and-decode in one call. A read
+    with a cancel event, or one whose wait outlasts a slice (a signal handler ran, or a
+    warning is due), goes on in the subclass's ``_read_in_slices``."""
+
+    cdef public RingReader _ring
+    cdef public object _decode       # serde.decode_lent: (kind, data) -> object
+    cdef public uint64_t _in_place_min   # one-slot messages from this size up decode in place
+    cdef public int64_t _warn_ns     # a read that warns of long waits does so this often
+
+    def read_into(self, int64_t deadline_ns, cancel, bint warn, decode, in_place_min=None):
+        """``decode(kind, data)`` of the next message (see
+        mpx.transport.base.Reader.read_into), holding the end's lock."""
+        return self._read(deadline_ns, cancel, warn, decode,
+                          self._in_place_min if in_place_min is None else in_place_min)
+
+    def recv(self, int64_t deadline_ns=-1):
+        """The next message, decoded with ``_decode``; waits until ``deadline_ns``."""
+        return self._read(deadline_ns, None, False, self._decode, self._in_place_min)
+
+    cdef object _read(self, int64_t deadline_ns, cancel, bint warn, decode,
+                      uint64_t in_place_min):
+        cdef int st
+        cdef object got
+        cdef int64_t started = mpx_now_ns() if warn else -1
+        self._acquire()
+        try:
+            if self._closed or self._ring is None or not self._ring.has_buf:
+                self._check_open()
+                raise ValueError("read on a released ring")
+            if cancel is None:
+                st, _, got = self._ring._read_with(decode, in_place_min, deadline_ns,
+                                                   self._warn_ns if warn else -1)
+                if st == OK:
+                    return got
+                if st != SLICE:
+                    raise self._read_error(st)
+            return self._read_in_slices(deadline_ns, cancel, warn, decode, in_place_min,
+                                        started)
+        finally:
+            self._release()

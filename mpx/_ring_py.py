@@ -692,51 +692,71 @@ class RingReader(_RingEnd):
                 return (layout.OK, kind, out)
 
 
-class LockedRead:
-    """See ``mpx._ring.LockedRead``."""
+class WriterEnd:
+    """See ``mpx._ring.WriterEnd``."""
 
-    def __init__(self, ring: RingReader, lock: Any, in_place_min: int, warn_ns: int,
-                 error: Callable[[], Callable[[int], BaseException]],
-                 slow: Callable[[], Callable[..., Any]]) -> None:
-        self.ring, self.lock, self.in_place_min = ring, lock, in_place_min
-        self.warn_ns, self.error, self.slow = warn_ns, error, slow
+    _ring: RingWriter
+    _lock: Any
+    _closed: bool
+    _encode: Callable[[Any, bool], tuple[int, tuple]]
+
+    def write(self, kind: int, parts: Any, deadline_ns: int, total: int = -1) -> None:
+        """See ``mpx._ring.WriterEnd``."""
+        with self._lock:
+            if self._closed or self._ring._released:
+                self._check_open()  # type: ignore[attr-defined]
+                raise ValueError("write on a released ring")
+            st = self._ring.write(kind, parts, deadline_ns, total)
+            if st != layout.OK:
+                raise self._write_error(st)  # type: ignore[attr-defined]
+
+    def send(self, obj: Any, deadline_ns: int = -1) -> None:
+        """See ``mpx._ring.WriterEnd``."""
+        kind, parts = self._encode(obj, True)
+        self.write(kind, parts, deadline_ns)
+
+    def has_room(self, pieces: Any) -> bool:
+        """See ``mpx._ring.WriterEnd``."""
+        return self._ring.has_room(pieces)
+
+    def wake_readers(self) -> None:
+        """See ``mpx._ring.WriterEnd``."""
+        self._ring.wake_readers()
+
+
+class ReaderEnd:
+    """See ``mpx._ring.ReaderEnd``."""
+
+    _ring: RingReader
+    _lock: Any
+    _closed: bool
+    _decode: Callable[[int, Any], Any]
+    _in_place_min: int
+    _warn_ns: int
 
     def read_into(self, deadline_ns: int, cancel: Any, warn: bool,
                   decode: Callable[[int, Any], Any], in_place_min: int | None = None) -> Any:
-        """See ``mpx._ring.LockedRead``."""
-        if cancel is not None or in_place_min is not None:
-            return self.slow()(deadline_ns, cancel, warn, decode,
-                               self.in_place_min if in_place_min is None else in_place_min)
+        """See ``mpx._ring.ReaderEnd``."""
+        return self._read(deadline_ns, cancel, warn, decode,
+                          self._in_place_min if in_place_min is None else in_place_min)
+
+    def recv(self, deadline_ns: int = -1) -> Any:
+        """See ``mpx._ring.ReaderEnd``."""
+        return self._read(deadline_ns, None, False, self._decode, self._in_place_min)
+
+    def _read(self, deadline_ns: int, cancel: Any, warn: bool,
+              decode: Callable[[int, Any], Any], in_place_min: int) -> Any:
         started = time.monotonic_ns() if warn else -1
-        st: int = layout.SLICE
-        got: Any = None
-        with self.lock:
-            if not self.ring._released:
-                st, _, got = self.ring.read_with(decode, self.in_place_min, deadline_ns,
-                                                 self.warn_ns if warn else -1)
-                if st not in (layout.OK, layout.SLICE):
-                    got = self.error()(st)
-        if st == layout.OK:
-            return got
-        if st != layout.SLICE:
-            raise got
-        return self.slow()(deadline_ns, cancel, warn, decode, self.in_place_min, started)
-
-
-class LockedWrite:
-    """See ``mpx._ring.LockedWrite``."""
-
-    def __init__(self, ring: RingWriter, lock: Any,
-                 error: Callable[[], Callable[[int], BaseException]],
-                 slow: Callable[[], Callable[..., Any]]) -> None:
-        self.ring, self.lock, self.error, self.slow = ring, lock, error, slow
-
-    def write(self, kind: int, parts: Any, deadline_ns: int, total: int = -1) -> None:
-        with self.lock:
-            released = self.ring._released
-            if not released:
-                st = self.ring.write(kind, parts, deadline_ns, total)
-                if st != layout.OK:
-                    raise self.error()(st)
-        if released:
-            self.slow()(kind, parts, deadline_ns, total)
+        with self._lock:
+            if self._closed or self._ring._released:
+                self._check_open()  # type: ignore[attr-defined]
+                raise ValueError("read on a released ring")
+            if cancel is None:
+                st, _, got = self._ring.read_with(decode, in_place_min, deadline_ns,
+                                                  self._warn_ns if warn else -1)
+                if st == layout.OK:
+                    return got
+                if st != layout.SLICE:
+                    raise self._read_error(st)  # type: ignore[attr-defined]
+            return self._read_in_slices(  # type: ignore[attr-defined]
+                deadline_ns, cancel, warn, decode, in_place_min, started)

@@ -35,14 +35,14 @@ from mpx.config import Config
 from mpx.errors import (
     DeserializationError,
     HandleError,
-    MessageTooLargeError,
     QueueClosedError,
     QueueTimeout,
     RoleError,
     ShmError,
 )
+from mpx.transport import shm as shm_transport
 from mpx.transport.base import Handle, Reader, Writer
-from mpx.transport.shm import ShmReader, ShmWriter
+from mpx.transport.shm import ShmWriter
 from mpx.transport.zmq import ZmqReader, ZmqWriter
 
 logger = logging.getLogger("mpx")
@@ -87,16 +87,25 @@ _PARALLEL_MIN_BYTES = 4 << 20
 
 
 class _Broadcast:
-    """The writer side: one transport end per group of readers, one ``write`` reaching all."""
+    """The writer side of a queue with readers of both kinds: one transport end per group
+    of readers, one ``write`` or ``send`` reaching all. (A queue with one end uses that end
+    itself.)"""
 
     def __init__(self, ends: list[Writer]) -> None:
         # an end that lends its slots in place (shared memory) first: see slot()
         self.ends = sorted(ends, key=lambda e: not e.shares_memory)
         self.shares_memory = all(e.shares_memory for e in ends)
-        if len(self.ends) == 1:  # (one frame less)
-            self.write = self.ends[0].write  # type: ignore[method-assign, assignment]
-            self.wake_readers = self.ends[0].wake_readers  # type: ignore[method-assign]
-            self.has_room = self.ends[0].has_room  # type: ignore[method-assign, assignment]
+
+    def capacity(self) -> int | None:
+        """The least of the ends' capacities (see Writer.capacity)."""
+        caps = [c for c in (e.capacity() for e in self.ends) if c is not None]
+        return min(caps) if caps else None
+
+    def send(self, obj: Any, deadline_ns: int = -1) -> None:
+        """Encode ``obj`` once (references only if every reader shares memory) and write it
+        to every end."""
+        kind, parts = serde.encode(obj, self.shares_memory)
+        self.write(kind, parts, deadline_ns)
 
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         for e in self.ends:
@@ -110,11 +119,7 @@ class _Broadcast:
         return all(e.has_room(parts) for e in self.ends)
 
     def write(self, kind: int, parts: Any, deadline_ns: int, total: int = -1) -> None:
-        """Write to every end. ``parts`` may be an iterable taken as it streams (given
-        ``total``) when there is one end; for several it is gathered first."""
-        if len(self.ends) == 1:
-            self.ends[0].write(kind, parts, deadline_ns, total)
-            return
+        """Write to every end (``parts``, an iterable, is gathered first)."""
         parts = tuple(parts)
         if total < 0:
             total = sum(memoryview(p).nbytes for p in parts)
@@ -233,7 +238,7 @@ class MessageQueue:
         try:
             if shm_ranks:
                 try:
-                    shm_end = ShmWriter(shm_ranks, self.config)
+                    shm_end = shm_transport.open_writer(shm_ranks, self.config)
                 except ShmError as e:
                     if self.config.transport != "auto":
                         raise
@@ -251,14 +256,15 @@ class MessageQueue:
             if shm_end is not None:
                 shm_end.close()
             raise
-        self._writer: _Broadcast | None = _Broadcast([e for e in (shm_end, zmq_end) if e])
+        ends: list[Writer] = [e for e in (shm_end, zmq_end) if e]
+        self._writer: Writer | _Broadcast | None = ends[0] if len(ends) == 1 else _Broadcast(ends)
         # this queue's side, writer or reader: what waiting, shutdown and close act on
-        self._own_end: _Broadcast | Reader = self._writer
+        self._own_end: Writer | _Broadcast | Reader = self._writer
         self._handle = Handle(layout.VERSION, n_reader, n_local_reader, tuple(ranks),
                               shm_end.handle_info() if shm_end else None, connect_ip,
                               zmq_end.handle_info() if zmq_end else None,
                               self.config.max_chunk_bytes, self.config.max_chunks)
-        logger.debug("mpx: queue for %d readers (shared memory: %s, zmq: %s), %s", n_reader,
+        logger.debug("queue for %d readers (shared memory: %s, zmq: %s), %s", n_reader,
                      shm_ranks, zmq_ranks, self.config.describe())
 
     def _split(self, local: list[int]) -> tuple[list[int], list[int], int]:
@@ -306,7 +312,7 @@ class MessageQueue:
         self._closed = False
         self._implementation = ring_implementation()
         if handle.shm is not None and rank in handle.shm["shm_ranks"]:
-            self._reader = ShmReader(handle.shm, handle.shm["shm_ranks"].index(rank), rank,
+            self._reader = shm_transport.attach_reader(handle.shm, handle.shm["shm_ranks"].index(rank), rank,
                                      self.config)
         elif handle.zmq is not None and rank in handle.zmq["zmq_ranks"]:
             self._reader = ZmqReader(handle.zmq, rank, self.config)
@@ -412,7 +418,7 @@ class MessageQueue:
 
     # ------------------------------------------------------------------ operations
 
-    def _need_writer(self, what: str) -> _Broadcast:
+    def _need_writer(self, what: str) -> Writer | _Broadcast:
         if self._closed:
             raise QueueClosedError(f"{what}() on a closed queue")
         if self._writer is None:
@@ -426,19 +432,21 @@ class MessageQueue:
             raise RoleError(f"{what}() is for readers; this end is the writer")
         return self._reader
 
-    def writing_end(self) -> _Broadcast:
-        """This writer's transport ends as one: ``write(kind, parts, deadline_ns)`` of a
-        message ``serde.encode`` made (with ``local_only=shares_memory``) is ``enqueue``
-        without the argument handling (the executor's workers send replies with it). It
-        raises as ``enqueue`` does; kept past ``close()``, Cancelled."""
+    def writing_end(self) -> Writer | _Broadcast:
+        """This writer's end of the channel (its transport end, or one reaching all of
+        them): ``send(obj, deadline_ns)`` is ``enqueue`` without the argument handling (the
+        executor's workers send replies with it); ``write(kind, parts, deadline_ns)`` sends
+        a message ``serde.encode`` made (the executor's calls, which wait in the driver
+        while the ring is full), ``has_room(parts)`` says whether it fits now,
+        ``capacity()`` how large a message fits whole. They raise as ``enqueue`` does; kept
+        past ``close()``, Cancelled."""
         return self._need_writer("writing_end")
 
     def reading_end(self) -> Reader:
-        """This reader's transport end. Its ``read_into(deadline_ns, cancel, warn,
-        decode)`` (``decode`` is ``serde.decode_lent`` or one like it) is ``dequeue``
-        without the argument handling (the executor's compiled reply reading and its
-        workers' loop call it). It raises as ``dequeue`` does; kept past ``close()``,
-        Cancelled."""
+        """This reader's end of the channel: ``recv(deadline_ns)`` is ``dequeue`` without
+        the argument handling (the executor's reply reading and its workers' loop call
+        it), ``recv_ready(on_error)`` is ``dequeue_ready``. They raise as ``dequeue`` does;
+        kept past ``close()``, Cancelled."""
         return self._need_reader("reading_end")
 
     def wait_until_ready(self, timeout: float | None = None,
@@ -472,9 +480,11 @@ class MessageQueue:
             writer = self._need_writer("enqueue")
         deadline = -1 if timeout is None else deadline_of(timeout)
         writer.wake_readers()  # a parked reader wakes while the object is pickled
+        if while_full is None:
+            writer.send(obj, deadline)
+            return
         kind, parts = serde.encode(obj, writer.shares_memory)
-        if while_full is not None:
-            make_room(writer.has_room, parts, deadline, while_full)
+        make_room(writer.has_room, parts, deadline, while_full)
         writer.write(kind, parts, deadline)
 
     def wake_readers(self) -> None:
@@ -559,18 +569,7 @@ class MessageQueue:
         reader = self._reader
         if reader is None or self._closed:
             reader = self._need_reader("dequeue_ready")
-        try:
-            ready = reader.read_ready()
-        except MessageTooLargeError as e:
-            return [on_error(e)]
-        out: list = []
-        append, decode = out.append, serde.decode_lent  # (owned data: decode's result, in C)
-        for kind, data in ready:
-            try:
-                append(decode(kind, data))
-            except DeserializationError as e:
-                append(on_error(e))
-        return out
+        return reader.recv_ready(on_error)
 
     def dequeue_stream(self, timeout: float | None = None,
                        cancel: threading.Event | None = None) -> tuple[int, int, Any]:

@@ -86,7 +86,7 @@ def test_wake_readers_wakes_a_parked_reader_in_another_process(ctx):
         p, conn = _procs.start(ctx, _procs.echo_reader_yielding, q.export_handle(), 0, 300_000)
         q.wait_until_ready(30)
         assert conn.recv()[0] == "ready"
-        mm = q._writer.ends[0]._mm
+        mm = q.writing_end()._mm
 
         def parked():
             return _procs.reader_parked(mm)
@@ -588,7 +588,7 @@ def test_closed_and_dropped_queue_ends_are_freed_without_the_cycle_collector():
     try:
         q = mpx.MessageQueue(1, 1)
         r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
-        ends = [weakref.ref(e) for e in (*q.writing_end().ends, r.reading_end())]
+        ends = [weakref.ref(e) for e in (q.writing_end(), r.reading_end())]
         r.close()
         q.close()
         del q, r

@@ -89,7 +89,7 @@ def test_wrong_key_reader_is_refused_and_honest_one_works(cfg):
         try:
             with pytest.raises(mpx.QueueTimeout, match=r"ranks \[1\]"):
                 q.wait_until_ready(1.0)
-            assert q._writer.ends[-1].drops.count >= 1
+            assert q.writing_end().drops.count >= 1
         finally:
             bad.close()
             good.close()

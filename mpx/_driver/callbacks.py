@@ -70,7 +70,7 @@ class CallbackThread:
         try:
             fut._run_callbacks()
         except BaseException:  # (each callback's own errors are logged by the future)
-            logger.exception("mpx: running the done callbacks of %r failed", fut)
+            logger.exception("running the done callbacks of %r failed", fut)
 
     def close(self) -> None:
         """Run what was handed over, then stop the thread (waiting CLOSE_WAIT_S at most:
@@ -82,5 +82,5 @@ class CallbackThread:
         if thread is not None and thread is not threading.current_thread():
             thread.join(CLOSE_WAIT_S)
             if thread.is_alive():
-                logger.warning("mpx: a done callback has run for over %.0f s; shutdown goes "
+                logger.warning("a done callback has run for over %.0f s; shutdown goes "
                                "on without it", CLOSE_WAIT_S)

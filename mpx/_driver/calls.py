@@ -92,8 +92,8 @@ class CallTable(Sending, ReplyPump):
     def _read_rest(self, until: float) -> None:
         """Read what every rank wrote before its queue was shut down, waiting until
         ``until`` at most for what is still on its way (Reader.drain)."""
-        for drain in self._drains:
-            drain(until_ns(until))
+        for end in self._ends:
+            end.drain(until_ns(until))
         for rank in range(len(self.resp)):
             while True:
                 try:

@@ -98,8 +98,10 @@ class Executor:
             raise SerializationError(f"cannot pickle the worker class or its kwargs: {e}") from e
         self.config = cfg
         self.world_size = world_size
-        logger.info("mpx: starting %d workers of %s; config: %s", world_size,
-                    getattr(worker_cls, "__qualname__", worker_cls), cfg.describe())
+        logger.info("starting %d workers of %s (transport %s, start method %s)", world_size,
+                    getattr(worker_cls, "__qualname__", worker_cls), cfg.transport,
+                    cfg.start_method)
+        logger.debug("config: %s", cfg.describe())
         self._pid = os.getpid()
         group = self._group = WorkerGroup(cfg, world_size)
         self._finalizer = weakref.finalize(self, group.shutdown)

@@ -41,7 +41,7 @@ def _run_callback(cb: Callable[[], None]) -> None:
     try:
         cb()
     except Exception:
-        logger.exception("mpx: a failure callback raised")
+        logger.exception("a failure callback raised")
 
 
 class WorkerGroup:
@@ -179,7 +179,7 @@ class WorkerGroup:
         surviving workers unless ``Config.stop_on_failure`` is off, run the callbacks."""
         if not self.calls.fail(err):
             return  # failed already, or shutting down
-        logger.error("mpx: executor failed: %s", err)
+        logger.error("executor failed: %s", err)
         if self.config.stop_on_failure:
             self.stop_workers()
         with self.lock:
@@ -211,7 +211,7 @@ class WorkerGroup:
                         self.broadcast.enqueue(wire.stop(self.calls.next_seq),
                                         timeout=STOP_MESSAGE_TIMEOUT_S)
                     except Exception as e:
-                        logger.debug("mpx: no stop message for the workers (%s)", e)
+                        logger.debug("no stop message for the workers (%s)", e)
             finally:
                 try:
                     if self.node_monitor is not None:
@@ -239,7 +239,7 @@ class WorkerGroup:
                 if raised is None:
                     raised = e
                 if isinstance(e, Exception):
-                    logger.exception("mpx: shutdown step %s failed", step.__name__)
+                    logger.exception("shutdown step %s failed", step.__name__)
         if raised is not None and not isinstance(raised, Exception):
             raise raised
 

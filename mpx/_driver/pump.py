@@ -26,12 +26,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpx import _debug, serde, wire
 from mpx._driver.registry import Call, CallRegistry
 from mpx.errors import Cancelled, DeserializationError, ExecutorFailed, PeerDiedError, QueueTimeout
 from mpx.queue import MessageQueue
+
+if TYPE_CHECKING:
+    from mpx.transport.base import Reader
 
 logger = logging.getLogger("mpx")
 
@@ -84,25 +87,22 @@ class ReplyPump(CallRegistry):
         # until when the background reader leaves the reading to event loops, which read
         # in their own thread while their awaited futures' replies keep coming (futures.py)
         self.loops_until = 0.0
+        self._ends: list[Reader] = []  # each rank's reply channel (its queue's reading end)
         self._reads: list[Callable[..., Any]] = []
-        self._nudges: list[Callable[[], None]] = []
-        self._drains: list[Callable[[int], None]] = []  # (CallTable.fail's)
         # the sender's queue (sender.py): while calls wait in it, waits are sliced
         # (each entry: the call, its message's kind and parts, whether it fits the ring)
         self._outbox: collections.deque[tuple[Call, int, tuple, bool]] = collections.deque()
 
     def attach_replies(self, resp: list[MessageQueue]) -> None:
         self.resp = resp
-        ends = [q.reading_end() for q in resp]
-        self._reads = [end.read_into for end in ends]  # each rank's reply reader
-        self._nudges = [end.nudge for end in ends]
-        self._drains = [end.drain for end in ends]
+        self._ends = [q.reading_end() for q in resp]
+        self._reads = [end.read_into for end in self._ends]  # (Call.gather's)
 
     def nudge_reader(self) -> None:
         """End the wait of the thread that reads replies now (or its next wait), so that it
         looks at the deadlines and at who waits again."""
-        for nudge in self._nudges:
-            nudge()
+        for end in self._ends:
+            end.nudge()
 
     def _deadline_added(self, deadline: float) -> None:
         """A call with ``deadline`` was registered: shorten the reader's wait if it would
@@ -250,8 +250,7 @@ class ReplyPump(CallRegistry):
     def _read_one(self, rank: int, until: float | None) -> None:
         """Read and record rank's next reply, waiting until monotonic ``until`` at most."""
         try:
-            seq, status, payload = self._reads[rank](until_ns(until), None, False,
-                                                     serde.decode_lent)
+            seq, status, payload = self._ends[rank].recv(until_ns(until))
         except DeserializationError as e:
             seq, status, payload = self.next_reply[rank], wire.ERR, _undecodable(e)
         except PeerDiedError as e:
@@ -263,8 +262,8 @@ class ReplyPump(CallRegistry):
         """Read every reply that is already there, a batch per rank; how many."""
         got = 0
         try:
-            for rank, q in enumerate(self.resp):
-                replies = q.dequeue_ready(_undecodable)
+            for rank, end in enumerate(self._ends):
+                replies = end.recv_ready(_undecodable)
                 if replies:
                     self._record_batch(rank, replies)
                     got += len(replies)
@@ -392,7 +391,7 @@ class ReplyPump(CallRegistry):
             try:
                 self._read_some()
             except Exception as e:  # a broken queue: fail rather than leave futures hanging
-                logger.exception("mpx: the background reply reader failed")
+                logger.exception("the background reply reader failed")
                 broken = e
             except BaseException:  # an interrupt: its call failed with it; read on
                 self.repair()

@@ -61,24 +61,25 @@ class Sending(_Base):
     CallTable over the reply pump."""
 
     def attach_broadcast(self, broadcast: MessageQueue) -> None:
-        out = broadcast.writing_end()  # (enqueue's work without its frame)
-        self._out = out
-        self._write, self._has_room, self._local = out.write, out.has_room, out.shares_memory
-        # a call follows: workers asleep after idling start waking now, so that their
-        # wake-up overlaps the making of it (MessageQueue.wake_readers); the executor
-        # calls it first, when nothing is under way, and send() again
-        self.wake_workers = out.wake_readers
+        # the calls' channel (enqueue's work without its argument handling); a call is
+        # encoded first, and written only when the ring has room for it now
+        self._out = broadcast.writing_end()
+        self._local = self._out.shares_memory
         # a message larger than the ring streams through it, waiting for the readers
         # part way: only the sender thread writes such a one
-        cfg = broadcast.config
-        self._ring_bytes = cfg.max_chunks * cfg.max_chunk_bytes if any(
-            e.shares_memory for e in out.ends) else None
+        self._ring_bytes = self._out.capacity()
         self._ring_fits = sys.maxsize if self._ring_bytes is None else self._ring_bytes
         self.order = threading.Lock()
         self._queued_cv = threading.Condition(self.order)
         self._queued_seqs: set[int] = set()
         self._sender: threading.Thread | None = None
         self._sender_writes = False  # the sender thread is writing the outbox's head
+
+    def wake_workers(self) -> None:
+        """A call follows: workers asleep after idling start waking now, so that their
+        wake-up overlaps the making of it (MessageQueue.wake_readers); the executor calls
+        this first, when nothing is under way, and send() again."""
+        self._out.wake_readers()
 
     def pending_calls(self) -> PendingCalls:
         """Calls in flight and calls queued in the driver (see PendingCalls)."""
@@ -99,7 +100,7 @@ class Sending(_Base):
             if non_block:
                 call.future = RPCFuture(self, call)
             try:
-                self.wake_workers()  # (again: those that parked since)
+                self._out.wake_readers()  # (again: the workers that parked since)
                 kind, parts = serde.encode(wire.call(seq, method, args, kwargs, reply_rank),
                                            self._local)
             except BaseException as e:
@@ -117,10 +118,10 @@ class Sending(_Base):
             finally:
                 self.lock.release()
             first = parts[0] if len(parts) == 1 else None
-            if not self._outbox and self._has_room(parts) and (  # (one small piece: fits)
+            if not self._outbox and self._out.has_room(parts) and (  # (one small piece: fits)
                     type(first) is bytes and len(first) <= self._ring_fits or self._fits(parts)):
                 try:  # (room for all of it on the ring: it cannot wait there)
-                    self._write(kind, parts, until_ns(deadline))
+                    self._out.write(kind, parts, until_ns(deadline))
                 except BaseException as e:
                     self._forget(call)
                     raise self._send_error(e, name) from e
@@ -194,10 +195,10 @@ class Sending(_Base):
                 if not fits:
                     self._wake_sender()  # only a write that waits part way sends it
                     break
-                if not self._has_room(parts):
+                if not self._out.has_room(parts):
                     break
                 try:
-                    self._write(kind, parts, until_ns(call.deadline))  # (cannot wait)
+                    self._out.write(kind, parts, until_ns(call.deadline))  # (cannot wait)
                 except BaseException as e:
                     failed.append((call, e))
             outbox.popleft()
@@ -226,7 +227,7 @@ class Sending(_Base):
                 self._sender_writes = True
             try:
                 if not call.done:
-                    self._write(kind, parts, until_ns(call.deadline))
+                    self._out.write(kind, parts, until_ns(call.deadline))
             except BaseException as e:
                 self._unsent(call, e)  # (still queued: a timeout says so)
             finally:

@@ -38,7 +38,7 @@ class StallDiagnosis:
         if info["seq"] < answered_up_to:
             return  # that call has been answered since
         info["since"] = time.monotonic() - info["seconds"]
-        logger.warning("mpx: %s", dumps.describe(info))
+        logger.warning("%s", dumps.describe(info))
         self.reports[rank] = info
 
     def answered(self, rank: int, seq: int) -> None:

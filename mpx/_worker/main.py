@@ -41,7 +41,7 @@ from typing import Any
 
 import cloudpickle
 
-from mpx import _debug, dumps, serde
+from mpx import _debug, dumps
 from mpx._procinfo import set_parent_death_signal
 from mpx._worker.output import ENDS_THE_WORKER, AsyncOutput, InlineOutput, Replies
 from mpx._worker.stall_watch import Watchdog, block_dump_signal
@@ -387,11 +387,11 @@ def _call(worker: Any, method: Any, args: tuple, kwargs: dict | None) -> Any:
 def _serve(worker: Any, rank: int, broadcast: MessageQueue, out: InlineOutput | AsyncOutput,
            wd: Watchdog) -> None:
     expected = 0  # seq of the next broadcast message: names a call whose args won't unpickle
-    read, decode = broadcast.reading_end().read_into, serde.decode_lent
+    calls = broadcast.reading_end()  # the calls' channel: dequeue(indefinite=True)'s work
     begin, end, put = wd.begin, wd.end, out.put
     while True:
         try:
-            msg = read(-1, None, False, decode)  # dequeue(indefinite=True), a frame less
+            msg = calls.recv(-1)
         except DeserializationError as e:
             put(expected, ERR, error_payload(e), True)
             expected += 1

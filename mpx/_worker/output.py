@@ -23,9 +23,8 @@ import threading
 from typing import Any
 
 from mpx import _debug
-from mpx.errors import Cancelled, PeerDiedError
+from mpx.errors import Cancelled, PeerDiedError, QueueTimeout
 from mpx.queue import deadline_of
-from mpx.serde import encode
 from mpx.wire import ERR, OK, error_payload
 
 # Calls whose replies may wait in the async output thread's queue: 2 lets call N's output
@@ -36,6 +35,9 @@ _PUT_POLL_S = 0.1
 # What a call may raise that ends the worker instead of failing the call: requests to stop
 # the process (asyncio's rule for its callbacks).
 ENDS_THE_WORKER = (SystemExit, KeyboardInterrupt)
+# What a reply's send raises that is not about encoding the reply: the worker's ends, and
+# the channel's own errors (nothing was written; an error reply would fail the same way).
+_NOT_ENCODING = ENDS_THE_WORKER + (Cancelled, PeerDiedError, QueueTimeout)
 
 logger = logging.getLogger("mpx")
 
@@ -46,19 +48,23 @@ class Replies:
     end writes a message whole under its lock, so replies and stall reports never mix."""
 
     def __init__(self, resp: Any) -> None:
-        end = resp.writing_end()  # (enqueue's work without its frame: one per call)
-        self._wake, self._write, self._local = end.wake_readers, end.write, end.shares_memory
-        self.close = resp.close
+        self._resp = resp
+        self._out = resp.writing_end()  # the replies' channel: enqueue's work, one per call
+
+    def close(self) -> None:
+        self._resp.close()
 
     def send(self, seq: int, status: int, payload: Any, timeout: float | None = None) -> None:
-        self._wake()  # a parked driver wakes while the reply is pickled
+        """Send one reply; a result that cannot be encoded is sent as its error."""
+        out = self._out
+        out.wake_readers()  # a parked driver wakes while the reply is pickled
+        deadline = deadline_of(timeout)
         try:
-            kind, parts = encode((seq, status, payload), self._local)
-        except ENDS_THE_WORKER:
+            out.send((seq, status, payload), deadline)
+        except _NOT_ENCODING:  # (the channel's own: the driver is gone, or too slow)
             raise
         except BaseException as e:  # SerializationError, or what a __reduce__ raised
-            kind, parts = encode((seq, ERR, error_payload(e)), self._local)
-        self._write(kind, parts, deadline_of(timeout))
+            out.send((seq, ERR, error_payload(e)), deadline)
 
 
 def _bind_device(worker: Any) -> None:
@@ -173,7 +179,7 @@ def _end_the_worker(e: BaseException, replies: Replies) -> None:
     """End this worker from the failed output thread, with the exit code a SystemExit asks
     for (else 1). Left to the RPC loop, the end would wait for a next call, which may never
     come: the driver waits for the reply that was lost."""
-    logger.critical("mpx: the output thread failed, so this worker (pid %d) exits: %r",
+    logger.critical("the output thread failed, so this worker (pid %d) exits: %r",
                     os.getpid(), e, exc_info=e)
     code = e.code if isinstance(e, SystemExit) else 1
     try:

@@ -204,7 +204,7 @@ class Watchdog:
         try:
             self.report(info)
         except Exception:
-            logger.exception("mpx: the watchdog could not report a stall to the driver")
+            logger.exception("the watchdog could not report a stall to the driver")
 
     def stop(self) -> None:
         """Stop the thread, close the dump file, and remove it unless it holds a stall (the

@@ -2,14 +2,20 @@
 reader end that receives them, plus the handle a reader attaches with. The queue above
 talks to ``Writer`` and ``Reader`` only, never to a particular transport.
 
-A message is ``(kind, pieces)``: a kind the transport carries untouched (it looks only at
-``layout.KIND_AS_BYTES``, which says whether the reader gets ``bytes`` or a writable
-``bytearray``) and buffers to concatenate. Deadlines are absolute ``time.monotonic_ns()``
-values, ``-1`` for none. Every wait ends with QueueTimeout at its deadline, Cancelled on
-``shutdown()`` or a cancel event, or PeerDiedError when the other side is gone; a reader's
-wait also ends with WaitNudged (a QueueTimeout) on ``nudge()``. None of these, nor a signal
-handler's exception, consumes part of a message: a reader keeps what it received of one,
-and its next read goes on with it.
+The channel: ``Writer.send(obj, deadline_ns)`` encodes an object (serde's policy) and
+writes it; ``Reader.recv(deadline_ns)`` reads the next message and decodes it, and
+``Reader.recv_ready()`` decodes every message already there. The driver and the workers
+use these; a shared-memory end runs each in one compiled call (the ring module's
+``WriterEnd`` and ``ReaderEnd`` are its base classes).
+
+Below the channel, a message is ``(kind, pieces)``: a kind the transport carries untouched
+(it looks only at ``layout.KIND_AS_BYTES``, which says whether the reader gets ``bytes`` or
+a writable ``bytearray``) and buffers to concatenate. Deadlines are absolute
+``time.monotonic_ns()`` values, ``-1`` for none. Every wait ends with QueueTimeout at its
+deadline, Cancelled on ``shutdown()`` or a cancel event, or PeerDiedError when the other
+side is gone; a reader's wait also ends with WaitNudged (a QueueTimeout) on ``nudge()``.
+None of these, nor a signal handler's exception, consumes part of a message: a reader
+keeps what it received of one, and its next read goes on with it.
 """
 
 from __future__ import annotations
@@ -21,8 +27,15 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
+from mpx import serde
 from mpx.config import Config
-from mpx.errors import Cancelled, QueueTimeout, RoleError
+from mpx.errors import (
+    Cancelled,
+    DeserializationError,
+    MessageTooLargeError,
+    QueueTimeout,
+    RoleError,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +136,21 @@ class Writer(Endpoint):
         ``pieces`` may be any iterable, taken as the message goes out; pieces that do not
         add up to ``total`` raise ValueError, and readers never see the message."""
 
+    def send(self, obj: Any, deadline_ns: int = -1) -> None:
+        """Encode ``obj`` (serde.encode; references only where every reader shares this
+        process's memory) and write it. What encoding raises propagates, and nothing is
+        written; then write()'s errors."""
+        kind, parts = serde.encode(obj, self.shares_memory)
+        self.write(kind, parts, deadline_ns)
+
     @abc.abstractmethod
     def handle_info(self) -> dict[str, Any]:
         """What a reader needs to attach (picklable)."""
+
+    def capacity(self) -> int | None:
+        """The largest message that can be written whole without a reader taking part of
+        it first (a ring's size); None: no such limit."""
+        return None
 
     def has_room(self, pieces: tuple) -> bool:
         """Whether a message of ``pieces`` can be written now without waiting."""
@@ -167,6 +192,30 @@ class Reader(Endpoint):
         only): ``decode`` must return objects that own their memory."""
         kind, data = self.read(deadline_ns, cancel, warn)
         return decode(kind, data)
+
+    def recv(self, deadline_ns: int = -1) -> Any:
+        """The next message, decoded (serde.decode_lent), waiting until ``deadline_ns``; the
+        errors of read(), and DeserializationError for a message that does not decode (it
+        is consumed: the next recv() reads the one after it)."""
+        return self.read_into(deadline_ns, None, False, serde.decode_lent)
+
+    def recv_ready(self, on_error: Callable[[DeserializationError], Any]) -> list:
+        """Every message already whole, decoded, in order, without waiting (read_ready()); a
+        message that does not decode is ``on_error(its DeserializationError)`` in its
+        place, and those after it still come. A message this process could not allocate
+        memory for (skipped: MessageTooLargeError) is the list's only one, so replaced."""
+        try:
+            ready = self.read_ready()
+        except MessageTooLargeError as e:  # (skipped; the list's only message)
+            return [on_error(e)]
+        out: list = []
+        append, decode = out.append, serde.decode_lent  # (owned data: decode's result, in C)
+        for kind, data in ready:
+            try:
+                append(decode(kind, data))
+            except DeserializationError as e:
+                append(on_error(e))
+        return out
 
     def drain(self, deadline_ns: int) -> None:
         """After shutdown(): let the reads that follow take, besides what has arrived, what

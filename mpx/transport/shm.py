@@ -8,6 +8,7 @@ the peer. Only the ring reads and writes the segment's words.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -15,10 +16,11 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
-from mpx import _debug, layout, segments
+from mpx import _debug, layout, segments, serde
 from mpx._impl import ring_module
 from mpx._procinfo import pid_alive
 from mpx._units import human_size
@@ -106,9 +108,13 @@ class _Unlinker:
 
 
 class ShmWriter(Writer):
-    """The writer end of a ring for ``ranks`` (global reader ranks, by ring index)."""
+    """The writer end of a ring for ``ranks`` (global reader ranks, by ring index): the
+    segment's lifetime, readiness and the errors that name a reader. Its hot path
+    (``write``, ``send``, ``has_room``, ``wake_readers``) is the ring module's
+    ``WriterEnd``, a base class of the end :func:`open_writer` makes."""
 
     shares_memory = True
+    _rings: ModuleType  # the ring module (compiled or pure) of this end's class
 
     def __init__(self, ranks: list[int], config: Config) -> None:
         super().__init__(config)
@@ -122,21 +128,13 @@ class ShmWriter(Writer):
         try:
             layout.init_header(self._mm, config.max_chunk_bytes, config.max_chunks, n, self.token,
                           os.getpid())
-            self._ring = ring_module().RingWriter(self._mm, **_ring_args(config))
+            self._ring = self._rings.RingWriter(self._mm, **_ring_args(config))
         except BaseException:
             self._unlink()
             segments.close(self._mm)
             raise
         self._finalizer = weakref.finalize(self, self._unlink)
-        # Writer.wake_readers and has_room are the ring's own, a frame less; no lock: a
-        # ring call holds the GIL throughout, so close() cannot release the mapping under
-        # it (on a released ring, wake_readers does nothing and has_room raises ValueError)
-        self.wake_readers = self._ring.wake_readers  # type: ignore[method-assign]
-        self.has_room = self._ring.has_room  # type: ignore[method-assign]
-        # write() compiled: the lock, the ring's write and its status in one call
-        self.write = ring_module().LockedWrite(  # type: ignore[method-assign]
-            self._ring, self._lock, weakref.WeakMethod(self._write_error),
-            weakref.WeakMethod(self.write)).write
+        self._encode = serde.encode
         _debug.inc("rings")
         if n == 0:
             self._unlink()
@@ -174,20 +172,12 @@ class ShmWriter(Writer):
         return PeerDiedError(f"reader rank {rank} (pid {pid}) {what} while the writer {waiting_for}",
                              role="reader", rank=rank, pid=pid)
 
+    def capacity(self) -> int:
+        return self.config.max_chunks * self.config.max_chunk_bytes
+
     def free_slots(self) -> int:
         """Slots the writer can fill now without waiting for any reader."""
         return self._ring.free_slots()
-
-    def write(self, kind: int, pieces: Iterable, deadline_ns: int, total: int = -1) -> None:
-        self._lock.acquire()  # (not `with`: this is the hot path, and it costs half)
-        try:
-            if self._closed:
-                self._check_open()
-            st = self._ring.write(kind, pieces, deadline_ns, total)
-            if st != layout.OK:
-                raise self._write_error(st)
-        finally:
-            self._lock.release()
 
     @contextlib.contextmanager
     def slot(self, deadline_ns: int, kind: int) -> Iterator[memoryview]:
@@ -238,9 +228,13 @@ class ShmWriter(Writer):
 
 
 class ShmReader(Reader):
-    """Reader ``index`` of the ring in ``info`` (global rank ``rank``)."""
+    """Reader ``index`` of the ring in ``info`` (global rank ``rank``): attaching,
+    readiness, slices and warnings of long waits, and the errors that name the writer.
+    Its hot path (``read_into``, ``recv``) is the ring module's ``ReaderEnd``, a base class
+    of the end :func:`attach_reader` makes."""
 
     shares_memory = True
+    _rings: ModuleType
 
     def __init__(self, info: dict[str, Any], index: int, rank: int, config: Config) -> None:
         super().__init__(config)
@@ -253,16 +247,15 @@ class ShmReader(Reader):
         try:
             self._validate(info)
             try:
-                self._ring = ring_module().RingReader(self._mm, index, **_ring_args(config))
+                self._ring = self._rings.RingReader(self._mm, index, **_ring_args(config))
             except ValueError as e:
                 raise HandleError(f"reader rank {rank} cannot attach: {e}") from None
         except BaseException:
             segments.close(self._mm)
             raise
-        # read_into() compiled, but for a wait with a cancel event
-        self.read_into = ring_module().LockedRead(  # type: ignore[method-assign]
-            self._ring, self._lock, IN_PLACE_MIN_BYTES, WAIT_WARNING_NS,
-            weakref.WeakMethod(self._read_error), weakref.WeakMethod(self.read_into)).read_into
+        self._decode = serde.decode_lent
+        self._in_place_min = IN_PLACE_MIN_BYTES
+        self._warn_ns = WAIT_WARNING_NS
         _debug.inc("rings")
         if self._ring.all_attached():
             segments.unlink(name)
@@ -336,31 +329,11 @@ class ShmReader(Reader):
     def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool):
         return self.read_into(deadline_ns, cancel, warn, _as_read, _NEVER_IN_PLACE)
 
-    def read_into(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
-                  decode: Callable[[int, Any], Any], in_place_min: int = IN_PLACE_MIN_BYTES,
-                  since_ns: int = -1) -> Any:
-        # a message of one slot from in_place_min bytes up is decoded from the slot;
-        # since_ns: when the wait began, if before this call (the compiled read's slice)
-        self._lock.acquire()  # (not `with`: this is the hot path, and it costs half)
-        try:
-            if self._closed:
-                self._check_open()
-            if cancel is None and not warn:  # the executor's and the worker's reads
-                st, _, got = self._ring.read_with(decode, in_place_min, deadline_ns, -1)
-                if st == layout.OK:
-                    return got
-                if st != layout.SLICE:  # (SLICE: a signal came, and its handler ran)
-                    raise self._read_error(st)
-            return self._read_in_slices(deadline_ns, cancel, warn, decode, in_place_min,
-                                        since_ns)
-        finally:
-            self._lock.release()
-
     def _read_in_slices(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
                         decode: Callable[[int, Any], Any], in_place_min: int,
                         since_ns: int) -> Any:
-        """read_into() that returns to Python every slice: to look at ``cancel``, and to warn
-        of a long wait."""
+        """(lock held) read_into() that returns to Python every slice: to look at
+        ``cancel``, and to warn of a long wait; ``since_ns``: when the wait began (-1: now)."""
         slice_ns = CANCEL_POLL_NS if cancel is not None else (WAIT_WARNING_NS if warn else -1)
         warn_at = (time.monotonic_ns() if since_ns < 0 else since_ns) + WAIT_WARNING_NS
         while True:
@@ -368,7 +341,7 @@ class ShmReader(Reader):
                 raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
             if warn and time.monotonic_ns() >= warn_at:
                 warn_at = time.monotonic_ns() + WAIT_WARNING_NS
-                logger.warning("mpx: reader rank %d (pid %d) has waited %g s for the writer "
+                logger.warning("reader rank %d (pid %d) has waited %g s for the writer "
                                "(pid %d), which is alive but sent nothing", self.rank,
                                os.getpid(), WAIT_WARNING_NS / 1e9, self.writer_pid)
             st, _, got = self._ring.read_with(decode, in_place_min, deadline_ns, slice_ns)
@@ -460,3 +433,31 @@ class ShmReader(Reader):
         self._ring.release()
         _debug.dec("rings")
         segments.close(self._mm)
+
+
+@functools.cache
+def _end_classes(rings: ModuleType) -> tuple[type[ShmWriter], type[ShmReader]]:
+    """The shared-memory ends over ``rings`` (mpx._ring or mpx._ring_py): the ring
+    module's end half first, so that its hot methods are the ones that run, then the
+    policy class."""
+
+    class ShmWriterEnd(rings.WriterEnd, ShmWriter):  # type: ignore[misc, name-defined]
+        __doc__ = ShmWriter.__doc__
+        _rings = rings
+
+    class ShmReaderEnd(rings.ReaderEnd, ShmReader):  # type: ignore[misc, name-defined]
+        __doc__ = ShmReader.__doc__
+        _rings = rings
+
+    return ShmWriterEnd, ShmReaderEnd
+
+
+def open_writer(ranks: list[int], config: Config) -> ShmWriter:
+    """A new ring's writer end for ``ranks``, on the ring implementation in use now."""
+    return _end_classes(ring_module())[0](ranks, config)
+
+
+def attach_reader(info: dict[str, Any], index: int, rank: int, config: Config) -> ShmReader:
+    """Reader ``index`` (global rank ``rank``) of the ring in ``info``, on the ring
+    implementation in use now."""
+    return _end_classes(ring_module())[1](info, index, rank, config)

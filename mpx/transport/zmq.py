@@ -149,7 +149,7 @@ class _DropLog:
         self.count += 1
         if peer not in self._logged and len(self._logged) < self._LOGGED_PEERS:
             self._logged.add(peer)
-            logger.warning("mpx: %s dropped a message from %r: %s (further drops from this "
+            logger.warning("%s dropped a message from %r: %s (further drops from this "
                            "peer are counted, not logged)", self.where, peer, why)
 
 
@@ -169,7 +169,7 @@ class ZmqWriter(Writer):
                              "unauthenticated pickles over TCP (anyone who can reach the port "
                              "can then run code in your processes)")
         if not config.auth_key:
-            logger.warning("mpx: MPX_ALLOW_INSECURE=1: remote queue traffic is not "
+            logger.warning("MPX_ALLOW_INSECURE=1: remote queue traffic is not "
                            "authenticated; anyone who can reach %s can run code here", host)
         super().__init__(config)
         self.ranks = list(ranks)
