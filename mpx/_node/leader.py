@@ -84,7 +84,7 @@ class Leader:
         if msg is None:
             if ident not in self._unsigned:
                 self._unsigned.add(ident)
-                logger.warning("mpx: leader dropped a control message that failed "
+                logger.warning("leader dropped a control message that failed "
                                "authentication: is MPX_AUTH_KEY the same on every node?")
             return None, None
         node = next((n for n, i in self.nodes.items() if i == ident), None)
@@ -105,7 +105,7 @@ class Leader:
     def _join(self, ident: bytes, msg: wire.Join) -> bool:
         """Whether ``msg`` (from routing id ``ident``, no joined node's) joins its node."""
         if self._challenges.get(ident) != (msg.node_rank, msg.nonce):
-            logger.warning("mpx: leader dropped a join that answers no challenge")
+            logger.warning("leader dropped a join that answers no challenge")
             return False
         del self._challenges[ident]
         if msg.node_rank in self.nodes:
@@ -113,12 +113,12 @@ class Leader:
             # would hide that (and its workers, with their queues, went with it)
             self._refused.add(ident)
             self._rejoined.append(msg.node_rank)
-            logger.warning("mpx: leader refused a second follower for node %d", msg.node_rank)
+            logger.warning("leader refused a second follower for node %d", msg.node_rank)
             return False
         if not 0 < msg.node_rank < self.config.nnodes:
             self._refused.add(ident)
             self._strays.append(msg.node_rank)
-            logger.warning("mpx: leader refused node %d: this group has nnodes=%d",
+            logger.warning("leader refused node %d: this group has nnodes=%d",
                            msg.node_rank, self.config.nnodes)
             return False
         self.nodes[msg.node_rank] = ident

@@ -290,12 +290,12 @@ class LocalWorkers:
         try:
             alive = wait(self.config.shutdown_grace_s)
             for p in alive:
-                logger.warning("mpx: worker pid %d did not exit in %.1f s; sending SIGTERM",
+                logger.warning("worker pid %d did not exit in %.1f s; sending SIGTERM",
                                p.pid, self.config.shutdown_grace_s)
                 p.terminate()
             alive = wait(self.config.terminate_grace_s) if alive else []
             for p in alive:
-                logger.warning("mpx: worker pid %d ignored SIGTERM; sending SIGKILL", p.pid)
+                logger.warning("worker pid %d ignored SIGTERM; sending SIGKILL", p.pid)
         finally:
             self._kill_and_reap()
 

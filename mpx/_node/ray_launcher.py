@@ -133,7 +133,7 @@ class RayPlacement:
         where = placement_group_table(self.pg)["bundles_to_node_id"]
         #: Ray's node id of each mpx node, by node rank (node 0: the driver's)
         self.node_ids = [where[i] for i in range(self.nnodes)]
-        logger.info("mpx: Ray placement group %s: nodes %s", name, self.node_ids)
+        logger.info("Ray placement group %s: nodes %s", name, self.node_ids)
 
     def _shortfall(self, waited: float) -> str:
         """What was asked for and what the cluster has (its alive nodes' resources)."""
@@ -214,7 +214,7 @@ class RayPlacement:
                 from ray.util.placement_group import remove_placement_group
                 remove_placement_group(self.pg)
         except Exception as e:
-            logger.warning("mpx: could not release the Ray actors and placement group: %s", e)
+            logger.warning("could not release the Ray actors and placement group: %s", e)
         self.actors, self.wheres, self.runs, self.pg = [], [], [], None
 
 

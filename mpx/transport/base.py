@@ -186,10 +186,11 @@ class Reader(Endpoint):
         ``warn``: log the wait when it grows long."""
 
     def read_into(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
-                  decode: Callable[[int, Any], Any]) -> Any:
+                  decode: Callable[[int, Any], Any], in_place_min: int | None = None) -> Any:
         """``decode(kind, data)`` of the next message, waiting as read() does. A transport
         may lend ``data`` in place (a memoryview of shared memory, valid for the call
-        only): ``decode`` must return objects that own their memory."""
+        only), for messages from ``in_place_min`` bytes up (None: its own threshold):
+        ``decode`` must return objects that own their memory."""
         kind, data = self.read(deadline_ns, cancel, warn)
         return decode(kind, data)
 
