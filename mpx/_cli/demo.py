@@ -12,13 +12,14 @@ The child entry points live here, not in ``mpx.__main__``, so that spawn can imp
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import sys
 import time
 import zlib
 from typing import Any
 
-from mpx._cli.benchkit import CTX, PipePeers, time_calls
+CTX = multiprocessing.get_context("spawn")
 
 N_READERS = 2
 N_ROUND_TRIPS = 2000
@@ -95,7 +96,20 @@ def reader_main(rank: int, handle: Any, conn: Any) -> None:
 
 def _median_us(ping: Any) -> float:
     """Median microseconds of N_ROUND_TRIPS calls of ``ping``, after N_WARMUP."""
-    return statistics.median(time_calls(ping, N_ROUND_TRIPS, warm=N_WARMUP)) * 1e6
+    for _ in range(N_WARMUP):
+        ping()
+    took = []
+    for _ in range(N_ROUND_TRIPS):
+        t0 = time.perf_counter_ns()
+        ping()
+        took.append(time.perf_counter_ns() - t0)
+    return statistics.median(took) / 1e3
+
+
+def pipe_echo_main(conn: Any) -> None:
+    """The Pipe baseline's child: answer every object with itself until None."""
+    while (obj := conn.recv()) is not None:
+        conn.send(obj)
 
 
 def _bench_mpx_ping(queue: Any, reply: Any) -> float:
@@ -109,17 +123,29 @@ def _bench_mpx_ping(queue: Any, reply: Any) -> float:
 
 
 def _bench_pipe_ping() -> float:
-    peer = PipePeers(1, name="mpx-demo-pipe-echo")
+    conn, child = CTX.Pipe()
+    p = CTX.Process(target=pipe_echo_main, args=(child,), name="mpx-demo-pipe-echo",
+                    daemon=True)
+    p.start()
+    child.close()
 
     def ping() -> None:
-        got = peer.call(PING_PAYLOAD, timeout=REPLY_TIMEOUT_S)[0]
+        conn.send(PING_PAYLOAD)
+        if not conn.poll(REPLY_TIMEOUT_S):
+            raise DemoError(f"the Pipe echo process did not answer within {REPLY_TIMEOUT_S} s")
+        got = conn.recv()
         if got != PING_PAYLOAD:
             raise DemoError(f"the Pipe echo process sent {got!r}")
 
     try:
         return _median_us(ping)
     finally:
-        peer.close()
+        conn.send(None)
+        p.join(JOIN_TIMEOUT_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        conn.close()
 
 
 def _bench_broadcast(queue: Any, replies: list) -> tuple[float, float]:
