@@ -1,34 +1,26 @@
-"""Benchmark of async output copying (Config.async_output) against inline replies, in the
-same run.
+"""Async output copying (Config.async_output) against inline replies, in the same run.
 
     python bench/bench_async_output.py [--quick] [--png out.png] [--json out.json]
 
-One worker; each call "computes" for 5 ms (a sleep: it leaves the GIL, as torch kernels
-and device work do) and returns an object whose get_output() takes 5 ms more (a sleep: the
-wait on a device-to-host copy). The driver keeps calls in flight with non_block=True
-(up to 8), as an engine overlapping step N's output with step N+1 does. Inline, each call
-costs compute + copy (~10 ms); with async_output the worker starts the next call while its
-output thread resolves the previous reply, so a call costs ~max(compute, copy) (~5 ms).
-Blocks of 40 calls alternate between the two executors (both up all along).
-                                                  target: >= 1.7x the calls/s of inline
+One worker; each call "computes" for 5 ms (a sleep: it leaves the GIL, as torch kernels and
+device work do) and returns an object whose get_output() takes 5 ms more (the wait on a
+device-to-host copy). The driver keeps up to 8 calls in flight (non_block=True), as an
+engine overlapping step N's output with step N+1 does. Inline, a call costs compute + copy
+(~10 ms); with async_output the worker starts the next call while its output thread
+resolves the previous reply (~5 ms). Blocks of 40 calls alternate between the two
+executors, both up all along.                      target: >= 1.7x the calls/s of inline
 
-It is a benchmark, not a test: the exit code is 0 whatever the results.
+A benchmark, not a test: the exit code is 0 whatever the results.
 """
 
 from __future__ import annotations
 
 import collections
-import os
-import sys
 import time
 
-from _report import finish, parse_args, row
+import kit
 
-import mpx
-from mpx._cli.benchkit import print_header, stats
-
-COMPUTE_S = 0.005
-COPY_S = 0.005
+COMPUTE_S = COPY_S = 0.005
 IN_FLIGHT = 8
 
 
@@ -43,7 +35,7 @@ class Deferred:
 
 class StepWorker:
     def __init__(self, ctx):
-        self.ctx = ctx
+        pass
 
     def step(self, i):
         time.sleep(COMPUTE_S)
@@ -56,49 +48,37 @@ def run_block(ex, calls):
     t0 = time.perf_counter()
     for i in range(calls):
         pending.append((i, ex.collective_rpc("step", args=(i,), non_block=True)))
-        if len(pending) >= IN_FLIGHT:
+        while pending and (len(pending) >= IN_FLIGHT or i == calls - 1):
             j, f = pending.popleft()
             if f.result(timeout=60) != [j]:
                 raise RuntimeError("wrong reply")
-    while pending:
-        j, f = pending.popleft()
-        if f.result(timeout=60) != [j]:
-            raise RuntimeError("wrong reply")
     return calls / (time.perf_counter() - t0)
 
 
 def main():
-    args = parse_args(__doc__, "fewer blocks (~5 s instead of ~20 s)")
-    blocks = 4 if args.quick else 16
-    t_start = time.perf_counter()
-    header = print_header(args.quick, "async output benchmark",
-                          "the driver and the worker's two threads share them")
-    exs = {}
+    args = kit.parse_args(__doc__, "fewer blocks (~5 s instead of ~20 s)")
+    header = kit.print_header(args.quick, "async output benchmark",
+                              "the driver and the worker's two threads share them")
+    exs, rates = {}, {False: [], True: []}
     try:
         for mode in (False, True):
-            exs[mode] = mpx.Executor(StepWorker, 1, async_output=mode)
+            exs[mode] = kit.new_executor(1, StepWorker, async_output=mode)
             run_block(exs[mode], 10)  # warm-up
-        rates = {False: [], True: []}
-        for b in range(blocks):
+        for b in range(4 if args.quick else 16):
             for mode in ((False, True) if b % 2 == 0 else (True, False)):
                 rates[mode].append(run_block(exs[mode], 40))
     finally:
         for ex in exs.values():
             ex.shutdown()
-    a, s = stats(rates[True]), stats(rates[False])
-    ratio = a["median"] / s["median"]
-    rows = [row("calls/s, 5 ms compute + 5 ms output copy, 1 worker", "calls/s", a, s, ratio,
-                ">= 1.70x inline", ratio >= 1.7, better="higher",
-                note=(f"async_output=True vs False, {IN_FLIGHT} calls in flight (non_block); "
-                      f"ideal: {1 / max(COMPUTE_S, COPY_S):.0f} vs "
-                      f"{1 / (COMPUTE_S + COPY_S):.0f} calls/s, 2.0x"))]
-    finish(args, header, rows, {"async_calls_per_s": rates[True],
-                                "inline_calls_per_s": rates[False]},
-           time.perf_counter() - t_start, timed=None,
-           png_title=f"mpx async output (os.cpu_count()={os.cpu_count()})", png_pad=1.0)
-    return 0
+    a, s = kit.stats(rates[True]), kit.stats(rates[False])
+    rows = [kit.row("calls/s, 5 ms compute + 5 ms output copy, 1 worker", "calls/s", a, s,
+                    ">= 1.70x inline", a["median"] / s["median"] >= 1.7,
+                    note=f"async_output=True vs False, {IN_FLIGHT} calls in flight; ideal "
+                         f"{1 / max(COMPUTE_S, COPY_S):.0f} vs {1 / (COMPUTE_S + COPY_S):.0f} "
+                         "calls/s, 2.0x")]
+    kit.finish(args, header, rows, {"async": rates[True], "inline": rates[False]},
+               "mpx async output")
 
 
 if __name__ == "__main__":
     main()
-    sys.exit(0)

@@ -2,7 +2,7 @@
 
 One Ray cluster (ray.cluster_utils.Cluster) for the module: raylets on this machine, all on
 127.0.0.1, each a "node" with 2 CPUs; the driver is connected to the head node. Ray's
-processes run with a HOME of their own (``ray_loopback_env`` in mpx/_cli/benchkit.py), so
+processes run with a HOME of their own (``ray_loopback_env`` in tests/_ray_env.py), so
 that none of them asks the cloud metadata address anything: nothing leaves 127.0.0.1. Skipped when ray is not
 installed (pip install 'mpx[ray]').
 """
@@ -18,9 +18,9 @@ import psutil
 import pytest
 from _nodes import TESTS
 from _procs import wait_gone
+from _ray_env import ray_loopback_env
 
 import mpx
-from mpx._cli.benchkit import ray_loopback_env
 
 # Ray reads this once, at import: with it, a node started without an address and a driver
 # connecting to 127.0.0.1 stay on loopback instead of the machine's outward address

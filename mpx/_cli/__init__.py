@@ -6,9 +6,9 @@
   torchrun-style job (and Slurm's host lists);
 - ``doctor``: what mpx finds on this machine, and whether an executor can start here;
 - ``demo``, ``demo_mlp``: the demos (the MessageQueue alone; a tensor-parallel MLP);
-- ``bench``: ``python -m mpx bench``, mpx against Pipe, Queue, zmq and ProcessPoolExecutor.
-- ``benchkit``: what ``bench``, ``demo`` and the scripts in bench/ share: the Pipe
-  baseline, the timed loop, the header, table, cleanup check, JSON and PNG writers.
+- ``bench``: ``python -m mpx bench``, mpx against Pipe, Queue, zmq and ProcessPoolExecutor:
+  it runs bench/bench_compare.py of the source checkout beside the package (the benchmarks
+  and their kit, bench/kit.py, are not shipped in the package).
 
 Runs in the user's shell process; it may import anything in mpx, and nothing imports it.
 """

@@ -90,8 +90,6 @@ def _cmd_node(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mpx._cli import benchkit
-
     parser = argparse.ArgumentParser(
         prog="python -m mpx",
         description="mpx: collective RPC to worker processes over shared memory.")
@@ -134,8 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="-- then the program and its arguments, run on node 0")
     launchp.set_defaults(func=lambda args: importlib.import_module("mpx._cli.launch").run(args))
     bench = sub.add_parser("bench", help="compare mpx.Executor with Pipe, Queue, zmq and "
-                           "ProcessPoolExecutor (~4 min; --quick under 1 min)")
-    benchkit.add_arguments(bench, "fewer repetitions")
+                           "ProcessPoolExecutor (~4 min; --quick under 1 min; runs "
+                           "bench/bench_compare.py of a source checkout)")
+    bench.add_argument("--quick", action="store_true", help="fewer repetitions")
+    bench.add_argument("--png", metavar="PATH", help="also plot the results (needs matplotlib)")
+    bench.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
     bench.set_defaults(func=lambda args: importlib.import_module("mpx._cli.bench").run(args))
     return parser
 
