@@ -44,7 +44,8 @@ CANCEL_POLL_NS = 20_000_000
 WAIT_WARNING_NS = 60_000_000_000
 # A message in one slot from this size up is unpickled straight from the slot, without a
 # copy into memory of the reader's first: a round trip of 64 KiB-768 KiB in band takes
-# 0.69-0.76x the time, 4-16 KiB 0.95-0.96x, 2 KiB 1.05x (bench_inband.py --sections p).
+# 0.69-0.76x the time, 4-16 KiB 0.95-0.96x, 2 KiB 1.05x (bench_inband.py --sections p as of
+# 98ffa97, which set this threshold).
 IN_PLACE_MIN_BYTES = 8 << 10
 _NEVER_IN_PLACE = (1 << 64) - 1  # read(): every message as an owned copy
 
