@@ -1,4 +1,5 @@
-"""Builds mpx/_ring.pyx, mpx/_buffers.pyx and mpx/_future_core.pyx.
+"""Builds mpx/_ring.pyx, mpx/_codec.py (Cython's pure-Python mode: its C types are in
+mpx/_codec.pxd) and mpx/_future_core.pyx.
 
 Without a C compiler or the Python headers the build warns and installs mpx without the
 extension: it then runs on the pure-Python ring (slower). Set MPX_REQUIRE_EXTENSION=1 to make
@@ -42,10 +43,10 @@ class OptionalBuildExt(build_ext):
 
 
 
-def _extension(name: str) -> Extension:
+def _extension(name: str, source: str = "pyx") -> Extension:
     return Extension(
         f"mpx.{name}",
-        [f"mpx/{name}.pyx"],
+        [f"mpx/{name}.{source}"],
         include_dirs=["mpx"],
         extra_compile_args=["-O0", "-g"] if debug else ["-O3"],
         # MPX_DEBUG: mpx._ring.DEBUG, which turns on mpx._debug's live-resource counters
@@ -53,8 +54,9 @@ def _extension(name: str) -> Extension:
     )
 
 
-# _ring cimports _buffers: both are built, or (without a compiler) neither is used.
-extensions = [_extension("_buffers"), _extension("_ring"), _extension("_future_core")]
+# _ring cimports _codec: both are built, or (without a compiler) neither is used (mpx/_codec.py
+# then runs as plain Python).
+extensions = [_extension("_codec", "py"), _extension("_ring"), _extension("_future_core")]
 
 setup(
     ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),

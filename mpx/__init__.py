@@ -19,7 +19,8 @@ The public API::
 Everything else is internal. The tree, bottom up (each layer imports only those below it):
 
     _ring.pyx, _ring_py.py, layout.py   the shared-memory ring (compiled, and its Python twin)
-    _buffers.pyx, _buffers_py.py        memory a received message is copied into; the pickler's sink
+    _codec.py (+ .pxd)                  serde's mechanism, compiled from Python (Cython pure mode):
+                                        owned message memory, the pickler's sink, the small codec
     segments.py, serde.py, sharing.py   named POSIX segments; objects <-> bytes; tensors by reference
     transport/                          one interface: shm (local) and zmq (remote) readers
     queue.py                            MessageQueue over the transports

@@ -21,7 +21,7 @@ from libc.stdlib cimport malloc, free
 from libc.stdint cimport uint32_t, uint64_t, int64_t
 from posix.unistd cimport getpid
 
-from mpx._buffers cimport owned_buffer
+from mpx._codec cimport owned_buffer
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals()

@@ -2,20 +2,20 @@
 
 A small tuple of scalars (most calls and replies: ``(CALL, seq, "method", (1, 2.0),
 None, None)``, ``(seq, OK, None)``) is a ``K_SMALL`` message in a codec of its own
-(``mpx._buffers.small_encode``): tags and values, no pickle. Anything else is pickle
+(``mpx._codec.small_encode``): tags and values, no pickle. Anything else is pickle
 protocol 5 with out-of-band buffers, so numpy arrays, CPU tensors and large
 ``bytes``, ``bytearray`` and ``memoryview`` objects (``OOB_MIN_BYTES`` and up), wherever
 they sit in the object, are copied straight from their memory into ring slots. The pickle
 itself is not joined either: the message is the pickler's chunks as they came. Callables
 that plain pickle refuses (lambdas, local functions) go through cloudpickle. A
-K_PICKLE_OOB message is::
+K_PICKLE_OOB message is a prelude (the buffers' lengths and what each becomes), the pickle
+and the buffers, 64-byte aligned (``mpx/_codec.py`` frames it). Decoded objects own their
+memory: buffers are views of a bytearray the reader allocated, or copies.
 
-    u64 n_buffers, u64 pickle_len, u64 buffer_len[n_buffers], pickle bytes,
-    then each buffer at the next 64-byte-aligned offset of the message.
-
-The top byte of a buffer_len says what the reader makes of it: 0 a view of its message
-(numpy, tensors), 1 a bytes, 2 a bytearray of its own. Decoded objects own their memory:
-buffers are views of a bytearray the reader allocated, or copies.
+This module is the policy: what goes out of band, the picklers (dispatch tables, the
+tensor and memoryview reducers, cloudpickle), the message kinds and the errors. The
+mechanism is ``mpx._codec`` (compiled where a compiler is), which gets the settings as
+constructor arguments: ``configure`` rebuilds it with others.
 
 Tensors (``torch.Tensor`` and ``nn.Parameter``, dense, strided):
 
@@ -40,14 +40,13 @@ from __future__ import annotations
 import collections
 import copyreg
 import pickle
-import struct
 import sys
 from typing import Any
 
 import cloudpickle
 
 from mpx import sharing
-from mpx._impl import buffers_module
+from mpx._impl import codec_module
 from mpx.errors import DeserializationError, SerializationError
 from mpx.layout import KIND_AS_BYTES
 
@@ -58,17 +57,10 @@ K_PICKLE_OOB = 2              # prelude + pickle + out-of-band buffers (views of
 K_BYTES = 3 | KIND_AS_BYTES   # a raw bytes object
 K_SMALL = 4 | KIND_AS_BYTES   # a small tuple of scalars (calls and replies), not a pickle
 
-_ALIGN = 64
-_PAD = bytes(_ALIGN)
-
 # What unpickling may raise and still be no DeserializationError: an interrupt is the
 # process's (a signal, sys.exit), not the message's. Anything else (CancelledError, a user's
 # BaseException from __setstate__) marks the message undecodable.
 _NOT_UNDECODABLE = (DeserializationError, KeyboardInterrupt, SystemExit)
-
-
-def _aligned(n: int) -> int:
-    return (n + _ALIGN - 1) & ~(_ALIGN - 1)
 
 
 def _rebuild_tensor(buf, dtype, shape, requires_grad, is_param, device=None):
@@ -177,79 +169,9 @@ def _table(local_only: bool, with_torch: bool) -> dict:
 # per message below 1 MiB (64 KiB 1.36-1.42x, 256 KiB 1.15-1.19x, 1 MiB in band 1.09x of
 # out of band, one run 0.80x) and is 0.80-0.88x from 1-2 MiB up, where fresh memory
 # dominates (bench/bench_inband.py --sections t, a shared 2-core VM): 1 MiB it is.
-OOB_MIN_BYTES = 1 << 20
+OOB_MIN_BYTES = 1 << 20  # (configure() changes it)
 
-_NEXT_BUFFER = b"\x97"          # pickle protocol 5: push the next out-of-band buffer
-_BINBYTES, _BINBYTES8, _BYTEARRAY8 = 0x42, 0x8E, 0x96
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-
-# Out-of-band buffer tags, in the top byte of a buffer's length in the prelude: what the
-# reader makes of the bytes (a view of its message, or an object of its own).
-_TAG_VIEW, _TAG_BYTES, _TAG_BYTEARRAY = 0, 1, 2
-_TAG_SHIFT = 56
-_LEN_MASK = (1 << _TAG_SHIFT) - 1
-
-
-def _payload_refs() -> int:
-    """The reference count (as sys.getrefcount sees it in ``_take_out_of_band``, called by
-    the sink's write) above which a write is an object of the caller's, not a chunk the
-    pickler made for it; 0 when this Python's pickler does not hand large bytes over as
-    they are (everything stays in band).
-
-    The pickler's own chunks are fresh bytes it owns alone when it calls write(); a bytes
-    or bytearray of the caller's is also held by its container (or a reducer's args)."""
-    seen: list[tuple[int, int]] = []
-
-    def probe(sink, b, n: int) -> bool:
-        seen.append((n, sys.getrefcount(b)))
-        return False
-
-    big = bytes(OOB_MIN_BYTES)
-    pickle.Pickler(_buffers.Sink(0, probe), protocol=5).dump([big])
-    payload = [refs for n, refs in seen if n == len(big)]
-    chunks = [refs for n, refs in seen if n != len(big)]
-    if len(payload) != 1 or not chunks or payload[0] <= max(chunks):
-        return 0
-    return max(chunks)
-
-
-def _take_out_of_band(sink, b, n: int) -> bool:
-    """The sink's policy for a write of OOB_MIN_BYTES or more: a bytes or bytearray of the
-    caller's (not a chunk of the pickler's) goes out of band, and the pickle gets
-    NEXT_BUFFER in place of its header (the end of the last part). True if taken."""
-    if not (_CHUNK_REFS and sys.getrefcount(b) > _CHUNK_REFS) or \
-            not (type(b) is bytes or type(b) is bytearray) or not sink.parts:
-        return False
-    prev = sink.parts[-1]
-    if type(b) is bytes and len(prev) >= 5 and prev[-5] == _BINBYTES and \
-            _U32.unpack_from(prev, len(prev) - 4)[0] == n:
-        head = 5
-    elif len(prev) >= 9 and prev[-9] == (_BINBYTES8 if type(b) is bytes else _BYTEARRAY8) \
-            and _U64.unpack_from(prev, len(prev) - 8)[0] == n:
-        head = 9
-    else:
-        return False
-    if len(prev) == head:
-        sink.parts[-1] = _NEXT_BUFFER
-    else:
-        sink.parts[-1] = memoryview(prev)[:-head]
-        sink.parts.append(_NEXT_BUFFER)
-    sink.size += 1 - head
-    sink.oob.append(b)
-    return True
-
-
-def _new_sink():
-    """The pickler's file: collects its output as parts, without joining them, and takes
-    the caller's large bytes and bytearrays out of band (the objects themselves become
-    buffers, copied once, into the ring). PickleBuffers come in ``oob`` too, through the
-    pickler's buffer_callback."""
-    return _buffers.Sink(OOB_MIN_BYTES, _take_out_of_band)
-
-
-_buffers = buffers_module()
-_CHUNK_REFS = _payload_refs()
+_codec = codec_module()
 
 
 def _reduce_memoryview(m: memoryview):
@@ -271,24 +193,22 @@ def _rebuild_memoryview(data, fmt: str, shape: tuple, readonly: bool) -> memoryv
     return m.toreadonly() if readonly else m
 
 
-def _new_pickler(local_only: bool, with_torch: bool) -> tuple[Any, pickle.Pickler, dict]:
-    """A pickler to keep (see ``_picklers``): its sink, itself, and the copyreg table its
-    dispatch table was built from."""
-    sink = _new_sink()
+def _kept_encode(enc: Any, obj: Any, local_only: bool) -> tuple[int, tuple]:
+    """``encode`` when this thread keeps no pickler the encoder can use for ``local_only``
+    (none yet, torch imported or a reducer registered with copyreg since, or it is in use:
+    a reducer that encodes): a new one, whose dispatch table carries copyreg's reducers,
+    the memoryview reducer and, once torch is imported, the tensor reducers (see
+    ``_table``), which the encoder keeps."""
+    with_torch = "torch" in sys.modules
+    sink = enc.sink()
     p = pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append)
     p.dispatch_table = _table(local_only, with_torch)
-    return sink, p, _merged[(local_only, with_torch)][0]
+    return enc.keep(obj, p, sink, local_only, with_torch, _merged[(local_only, with_torch)][0])
 
 
-# Each thread keeps its picklers, with their sinks: building one costs ~1 us, more than
-# pickling a small call (0.25 us). ``_picklers.dumps(obj, local_only)``: ``(parts, sink)``;
-# ``parts`` is None when something went out of band (the message is in the sink then: the
-# caller resets it when done).
-_picklers = _buffers.Picklers(_new_pickler, globals())
-
-
-def _cloud_dumps(obj: Any, local_only: bool) -> tuple[tuple | None, Any]:
-    """``_picklers.dumps`` with cloudpickle (lambdas, local functions), a pickler per call."""
+def _cloud_encode(enc: Any, obj: Any, local_only: bool, first: Exception) -> tuple[int, tuple]:
+    """``encode`` of an object the kept pickler refused (``first``): with cloudpickle
+    (lambdas, local functions), a pickler per call, else SerializationError."""
     with_torch = "torch" in sys.modules
     cls = _cloud_picklers.get((local_only, with_torch))
     if cls is None:
@@ -301,121 +221,53 @@ def _cloud_dumps(obj: Any, local_only: bool) -> tuple[tuple | None, Any]:
         table = collections.ChainMap(mine, base.dispatch_table)
         cls = _cloud_picklers[(local_only, with_torch)] = type(
             "_MpxCloudPickler", (base,), {"dispatch_table": table})
-    sink = _new_sink()
-    return sink.dump(cls(sink, protocol=5, buffer_callback=sink.oob.append), obj), sink
-
-
-def _encode_refused(obj: Any, local_only: bool, first: Exception) -> tuple[int, tuple]:
-    """encode() of an object the kept pickler refused (``first``): with cloudpickle
-    (lambdas, local functions), else SerializationError."""
+    sink = enc.sink()
     try:
-        parts, sink = _cloud_dumps(obj, local_only)
+        return enc.dump(obj, cls(sink, protocol=5, buffer_callback=sink.oob.append), sink)
     except Exception as e:
         raise SerializationError(
             f"cannot pickle {type(obj).__name__} object for mpx: {e}") from first
-    if parts is not None:
-        return K_PICKLE, parts
+
+
+def encode(obj: Any, local_only: bool = False) -> tuple[int, tuple]:
+    """``(kind, parts)``: ``obj`` as a message, its buffers to concatenate; raises
+    SerializationError. ``local_only``: every receiver is a process on this node that maps
+    shared memory, so ``mpx.share`` tensors travel by reference and CUDA tensors as CUDA
+    IPC handles; otherwise both are copied (CUDA ones through host memory). Bytes travel as
+    they are, a small tuple (most calls and replies) in the small codec (``K_SMALL``),
+    anything else as one pickle by this thread's kept pickler: all in the codec (compiled),
+    which leaves to this module only what it returns None or raises for."""
+    enc = _encoder
     try:
-        return _oob_message(sink)
-    finally:
-        sink.reset()
+        got = enc.encode(obj, local_only)
+        return got if got is not None else _kept_encode(enc, obj, local_only)
+    except Exception as e:
+        return _cloud_encode(enc, obj, local_only, e)
 
 
-def _oob_message(sink: Any) -> tuple[int, tuple]:
-    """The K_PICKLE_OOB message of a sink whose pickle sent buffers out of band."""
-    raws: list = []
-    lens: list[int] = []
-    for b in sink.oob:
-        t = type(b)
-        if t is bytes or t is bytearray:
-            raws.append(b)
-            lens.append(len(b) | (_TAG_BYTES if t is bytes else _TAG_BYTEARRAY) << _TAG_SHIFT)
-            continue
-        try:
-            r = b.raw()
-        except BufferError as e:
-            raise SerializationError(f"out-of-band buffer is not contiguous: {e}") from e
-        raws.append(r)
-        lens.append(r.nbytes)
-    n = len(raws)
-    prelude = struct.pack(f"<QQ{n}Q", n, sink.size, *lens)
-    parts: list = [prelude, *sink.parts]
-    off = len(prelude) + sink.size
-    for r, ln in zip(raws, lens):
-        ln &= _LEN_MASK
-        pad = _aligned(off) - off
-        if pad:
-            parts.append(_PAD[:pad])
-        parts.append(r)
-        off += pad + ln
-    return K_PICKLE_OOB, tuple(parts)
+def configure(*, oob_min_bytes: int) -> None:
+    """Rebuild the encoder with ``oob_min_bytes`` as the size from which bytes, bytearrays
+    and memoryviews travel out of band (``OOB_MIN_BYTES``). The compiled encoder takes its
+    settings as constants: this, not assigning the module's global, is how a test or a
+    benchmark changes them (``configure(oob_min_bytes=old)`` undoes it). Every later
+    encode in any thread uses it; each thread's kept picklers are made again."""
+    global OOB_MIN_BYTES, _encoder
+    OOB_MIN_BYTES = oob_min_bytes
+    _encoder = _codec.Encoder(oob_min_bytes, K_BYTES, K_SMALL, K_PICKLE, K_PICKLE_OOB)
 
 
-# ``encode(obj, local_only=False)``: ``(kind, parts)``, the message as buffers to
-# concatenate; raises SerializationError. ``local_only``: every receiver is a process on
-# this node that maps shared memory, so ``mpx.share`` tensors travel by reference and CUDA
-# tensors as CUDA IPC handles; otherwise both are copied (CUDA ones through host memory).
-# Compiled: bytes as they are, a small tuple (most calls and replies) in the small codec
-# (``K_SMALL``), or one pickle by this thread's kept pickler, in C.
-encode = _buffers.Encoder(_picklers, K_BYTES, K_SMALL, K_PICKLE, _encode_refused,
-                          _oob_message).encode
+_encoder: Any = None
+configure(oob_min_bytes=OOB_MIN_BYTES)
 
+_decoder = _codec.Decoder(K_BYTES, K_SMALL, K_PICKLE, K_PICKLE_OOB, DeserializationError,
+                          _NOT_UNDECODABLE)
 
-def _owned_bytes(view: memoryview) -> bytes:
-    return bytes(view)
+# ``decode(kind, data)``: the object of a received message (``data`` of its own). Raises
+# DeserializationError.
+decode = _decoder.decode
 
-
-def decode(kind: int, data) -> Any:
-    """The object of a received message. Raises DeserializationError."""
-    if kind == K_BYTES:
-        return data
-    try:
-        if kind == K_PICKLE:
-            return pickle.loads(data)
-        if kind == K_SMALL:
-            return _buffers.small_decode(data)
-        if kind != K_PICKLE_OOB:
-            raise ValueError(f"unknown message kind {kind}")
-        mv = memoryview(data)
-        n, plen = struct.unpack_from("<QQ", mv, 0)
-        lens = struct.unpack_from(f"<{n}Q", mv, 16)
-        off = 16 + 8 * n
-        payload = mv[off:off + plen]
-        off += plen
-        bufs: list = []
-        for ln in lens:
-            tag = ln >> _TAG_SHIFT
-            ln &= _LEN_MASK
-            off = _aligned(off)
-            view = mv[off:off + ln]
-            if tag == _TAG_BYTES:
-                bufs.append(_owned_bytes(view))
-            elif tag == _TAG_BYTEARRAY:
-                bufs.append(bytearray(view))
-            else:
-                bufs.append(view)
-            off += ln
-        return pickle.loads(payload, buffers=bufs)
-    except _NOT_UNDECODABLE:
-        raise
-    except BaseException as e:
-        raise _undecodable(e) from e
-
-
-def _decode_lent_other(kind: int, data) -> Any:
-    """decode_lent of any kind but a plain pickle."""
-    if type(data) is memoryview:
-        data = bytes(data) if kind & KIND_AS_BYTES else bytearray(data)
-    return decode(kind, data)
-
-
-def _undecodable(e: BaseException) -> DeserializationError:
-    return DeserializationError(f"cannot unpickle a received message: {type(e).__name__}: {e}")
-
-
-# ``decode`` of a message whose ``data`` may be lent: a read-only memoryview of a ring slot,
-# valid during the call only. What it returns owns its memory (an in-band pickle copies what
-# it builds out of its input). A plain pickle and a small message, the common ones, are
-# decoded in C.
-decode_lent = _buffers.LentDecoder(K_PICKLE, K_SMALL, pickle.loads, _decode_lent_other,
-                                   _undecodable, _NOT_UNDECODABLE)
+# ``decode_lent(kind, data)``: ``decode`` of a message whose ``data`` may be lent: a
+# read-only memoryview of a ring slot, valid during the call only. What it returns owns its
+# memory (an in-band pickle copies what it builds out of its input). A plain pickle and a
+# small message, the common ones, are decoded in C without a copy first.
+decode_lent = _decoder

@@ -19,6 +19,10 @@ FORBIDDEN = {
     "mpx.transport": ("mpx.queue", "mpx._driver", "mpx._worker", "mpx._node", "mpx._cli"),
     "mpx.serde": ("mpx.transport", "mpx.queue", "mpx._driver", "mpx._worker", "mpx._node"),
     "mpx.segments": ("mpx.serde", "mpx.transport", "mpx.queue", "mpx._driver", "mpx._worker"),
+    # serde's mechanism (compiled): it knows nothing above it, not even serde
+    "mpx._codec": ("mpx.serde", "mpx.sharing", "mpx.wire", "mpx.errors", "mpx.segments",
+                   "mpx.transport", "mpx.queue", "mpx._driver", "mpx._worker", "mpx._node",
+                   "mpx._cli"),
     "mpx.wire": ("mpx.queue", "mpx._driver", "mpx._worker", "mpx._node", "mpx._cli"),
     "mpx.dumps": ("mpx.queue", "mpx._driver", "mpx._worker", "mpx._node", "mpx._cli"),
 }
@@ -61,6 +65,10 @@ def test_imports_respect_the_layers(path):
     wrong = sorted(m for m in _imports(path) for bad in rules for b in bad
                    if m == b or m.startswith(b + "."))
     assert not wrong, f"{name} imports {wrong}, which its layer must not"
+
+
+def test_the_codec_imports_no_mpx_module_but_its_cython_shim():
+    assert _imports(ROOT / "_codec.py") <= {"mpx", "mpx._cython_shim"}
 
 
 def test_only_the_public_names_are_exported():

@@ -427,11 +427,11 @@ def test_handle_with_other_geometry_is_refused():
 def test_missing_extension_falls_back_with_one_warning(tmp_path):
     import subprocess
     import sys
-    # as without a C compiler: none of the extensions (the ring, its buffers, the futures'
-    # core) was built; importing mpx and using it warns once in all
+    # as without a C compiler: none of the extensions (the ring, the codec, the futures'
+    # core) is there; importing mpx and using it warns once in all
     code = (
         "import sys, warnings\n"
-        "for m in ('mpx._ring', 'mpx._buffers', 'mpx._future_core'): sys.modules[m] = None\n"
+        "for m in ('mpx._ring', 'mpx._codec', 'mpx._future_core'): sys.modules[m] = None\n"
         "with warnings.catch_warnings(record=True) as w:\n"
         "    warnings.simplefilter('always')\n"
         "    import mpx\n"

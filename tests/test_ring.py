@@ -420,7 +420,7 @@ def test_streamed_write_takes_pieces_as_they_come(ring):
 
 @pytest.mark.parametrize("as_bytes", [True, False])
 def test_assembler_builds_an_owned_message(impl, as_bytes):
-    out = _impl.buffers_module().Assembler(10, as_bytes)
+    out = _impl.codec_module().Assembler(10, as_bytes)
     out.add(b"abc")
     assert not out.complete
     with pytest.raises(ValueError, match="incomplete"):

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import copyreg
 import importlib
+import os
 import pickle
 import struct
+import subprocess
+import sys
 import threading
 import tracemalloc
 
 import numpy as np
 import pytest
-from _env import IMPLS
 
-from mpx import serde
+from mpx import _impl, serde
 from mpx.errors import DeserializationError, SerializationError
 from mpx.serde import K_BYTES, K_PICKLE, K_PICKLE_OOB
 
@@ -82,79 +84,127 @@ def test_bad_messages_raise_deserialization_error(kind, data):
         serde.decode(kind, data)
 
 
-def test_a_changed_out_of_band_threshold_takes_effect(monkeypatch):
-    # each thread keeps its pickler and sink; a new threshold makes new ones
+def test_a_changed_out_of_band_threshold_takes_effect():
+    # the encoder takes the threshold as a constant: configure() makes a new one, and each
+    # thread's kept picklers with it
     big = bytes(2 << 20)
     assert serde.encode([big], True)[0] == serde.K_PICKLE_OOB
-    monkeypatch.setattr(serde, "OOB_MIN_BYTES", 1 << 62)
-    assert serde.encode([big], True)[0] == serde.K_PICKLE
-    monkeypatch.setattr(serde, "OOB_MIN_BYTES", 64 << 10)
-    small = bytes(range(256)) * 400  # 100 KiB
-    kind, parts = serde.encode([small], True)
-    assert kind == serde.K_PICKLE_OOB
-    assert serde.decode(kind, bytearray(b"".join(bytes(p) for p in parts))) == [small]
+    kept = serde.OOB_MIN_BYTES
+    try:
+        serde.configure(oob_min_bytes=1 << 62)
+        assert serde.encode([big], True)[0] == serde.K_PICKLE
+        assert serde.encode([memoryview(big)], True)[0] == serde.K_PICKLE  # (its reducer too)
+        serde.configure(oob_min_bytes=64 << 10)
+        small = bytes(range(256)) * 400  # 100 KiB
+        kind, parts = serde.encode([small], True)
+        assert kind == serde.K_PICKLE_OOB
+        assert serde.decode(kind, bytearray(b"".join(bytes(p) for p in parts))) == [small]
+    finally:
+        serde.configure(oob_min_bytes=kept)
+    assert serde.encode([big], True)[0] == serde.K_PICKLE_OOB
 
 
-@pytest.fixture(params=IMPLS)
-def buffers(request):
-    """The compiled buffers module, or its twin."""
-    if request.param == "cython":
-        return pytest.importorskip("mpx._buffers", reason="extension not built")
-    return importlib.import_module("mpx._buffers_py")
+def _compiled():
+    mod = importlib.import_module("mpx._codec")
+    if mod.IMPLEMENTATION != "cython":
+        pytest.skip("extension not built")
+    return mod
 
 
-def test_encoder_sends_bytes_as_they_are_pickles_once_and_hands_off_the_rest(buffers):
-    def make(local_only, with_torch):
-        sink = buffers.Sink(1 << 10, lambda *a: False)
-        return sink, pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append), \
-            copyreg.dispatch_table.copy()
+@pytest.fixture(params=["compiled", "plain"])
+def codec(request):
+    """The codec compiled, or its source run as plain Python: the same cases, no branches."""
+    return _compiled() if request.param == "compiled" else _impl._plain("_codec")
 
-    refused: list = []
-    oob: list = []
-    enc = buffers.Encoder(buffers.Picklers(make, {"OOB_MIN_BYTES": 1 << 10}), 1, 4, 2,
-                          lambda obj, local, e: refused.append((obj, local, e)) or (9, ()),
-                          lambda sink: oob.append(list(sink.oob)) or (3, ("oob",)))
+
+KINDS = dict(bytes_kind=1, small_kind=4, pickle_kind=2, oob_kind=3)
+
+
+def _encoder(codec, oob_min_bytes=1 << 10):
+    return codec.Encoder(oob_min_bytes, **KINDS)
+
+
+def _encode(enc, obj, local_only=False, made=None):
+    """serde.encode's use of an encoder, with a plain pickler of each thread's kept."""
+    got = enc.encode(obj, local_only)
+    if got is None:
+        sink = enc.sink()
+        if made is not None:
+            made.append(sink)
+        p = pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append)
+        got = enc.keep(obj, p, sink, local_only, "torch" in sys.modules,
+                       copyreg.dispatch_table.copy())
+    return got
+
+
+def test_encoder_sends_bytes_as_they_are_pickles_once_and_frames_the_rest(codec):
+    enc = _encoder(codec)
     assert enc.encode(b"raw") == (1, (b"raw",))
-    kind, parts = enc.encode((0, "call", None))
-    if buffers.IMPLEMENTATION == "cython":  # (the twin pickles: faster in Python)
-        assert (kind, parts) == (4, (buffers.small_encode((0, "call", None)),))
-    else:
-        assert kind == 2 and pickle.loads(b"".join(parts)) == (0, "call", None)
-    kind, parts = enc.encode((0, "call", [1]))  # a list: not small
-    assert kind == 2 and pickle.loads(b"".join(parts)) == (0, "call", [1])
-    kind, parts = enc.encode({"a": 1}, True)
+    assert enc.encode((0, "call", None)) == (4, (codec.small_encode((0, "call", None)),))
+    assert enc.encode({"a": 1}) is None  # no pickler kept yet: serde's to make
+    kind, parts = _encode(enc, {"a": 1}, True)
     assert kind == 2 and pickle.loads(b"".join(parts)) == {"a": 1}
-    big = pickle.PickleBuffer(bytearray(4 << 10))
-    assert enc.encode([big]) == (3, ("oob",)) and len(oob[0]) == 1
-    assert enc.encode([big])[0] == 3 and len(oob[1]) == 1  # the sink was reset after
-    lock = threading.Lock()
-    assert enc.encode(lock, True) == (9, ())
-    assert refused[0][:2] == (lock, True) and isinstance(refused[0][2], TypeError)
+    kind, parts = enc.encode((0, "call", [1]), True)  # a list: not small; the kept pickler
+    assert kind == 2 and pickle.loads(b"".join(parts)) == (0, "call", [1])
+    big = np.arange(1000, dtype=np.float32)
+    for _ in range(2):  # (the sink is reset after)
+        kind, parts = enc.encode([big, bytes(100 << 10)], True)  # (64 KiB up: as it is)
+        assert kind == 3
+        data = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+        assert struct.unpack_from("<QQ", data)[0] == 2
+        back = serde.decode(serde.K_PICKLE_OOB, bytearray(data))
+        assert np.array_equal(back[0], big) and back[1] == bytes(100 << 10)
+    with pytest.raises(TypeError):  # refused: serde tries cloudpickle
+        enc.encode(threading.Lock(), True)
+    assert enc.encode(("after", 1), True)[0] == 4
+    kind, parts = enc.dump({"b": 2}, pickle.Pickler(s := enc.sink(), protocol=5), s)
+    assert kind == 2 and pickle.loads(b"".join(parts)) == {"b": 2}
 
 
-def test_lent_decoder_unpickles_in_c_and_names_what_failed(buffers):
-    class Refused(Exception):
-        pass
+def test_compiled_and_plain_encoders_make_the_same_messages():
+    plain, compiled = _impl._plain("_codec"), _compiled()
+    arrays = [np.arange(n, dtype=np.float64) for n in (3, 1000)]
+    for obj in [b"raw", (0, 5, "noop", (), None, None), (5, 0, None), {"a": [1, 2.5]},
+                [arrays, "t"], [bytes(100 << 10), bytearray(70 << 10)], (1 << 63, "x"),
+                [pickle.PickleBuffer(bytearray(b"x" * 2000))]]:
+        got = [_encode(_encoder(m), obj) for m in (plain, compiled)]
+        kinds = {kind for kind, _ in got}
+        joined = {b"".join(bytes(memoryview(p).cast("B")) for p in parts) for _, parts in got}
+        assert len(kinds) == 1 and len(joined) == 1, obj
 
-    def refuse(data):
-        raise Refused("mine")
 
-    others: list = []
-    decode = buffers.LentDecoder(7, 4, pickle.loads,
-                                 lambda k, d: others.append((k, d)) or "other",
-                                 lambda e: ValueError(f"undecodable: {e}"), Refused)
-    assert decode(7, memoryview(pickle.dumps({"a": 1}))) == {"a": 1}
-    assert decode(4, memoryview(buffers.small_encode((1, "x")))) == (1, "x")
-    assert decode(3, b"raw") == "other" and others == [(3, b"raw")]
-    with pytest.raises(ValueError, match="undecodable: ") as info:
-        decode(7, b"not a pickle")
+def test_decoder_decodes_every_kind_and_names_what_failed(codec):
+    decode = codec.Decoder(1, 4, 2, 3, ValueError, (_Refused,))
+    for lend in (memoryview, bytes):
+        assert decode(2, lend(pickle.dumps({"a": 1}))) == {"a": 1}
+        assert decode(4, lend(codec.small_encode((1, "x")))) == (1, "x")
+        back = decode(1, lend(b"raw"))
+        assert back == b"raw" and type(back) is bytes  # (its own, not the lent view)
+    assert decode.decode(1, b"raw") == b"raw"
+    with pytest.raises(ValueError, match="cannot unpickle a received message: ") as info:
+        decode(2, b"not a pickle")
     assert isinstance(info.value.__cause__, pickle.UnpicklingError)
-    with pytest.raises(ValueError, match="undecodable: .*truncated") as info:
+    with pytest.raises(ValueError, match="cannot unpickle.*truncated"):
         decode(4, b"\x07\x02\x00")
-    passing = buffers.LentDecoder(7, 4, refuse, None, None, Refused)
-    with pytest.raises(Refused, match="mine"):  # passthrough errors are not wrapped
-        passing(7, b"")
+    with pytest.raises(ValueError, match="unknown message kind 9"):
+        decode(9, memoryview(b""))
 
+    class Boom:
+        def __reduce__(self):
+            return _refuse, ()
+
+    for call in (decode, decode.decode):
+        with pytest.raises(_Refused, match="mine") as info:  # passthrough: not wrapped
+            call(2, pickle.dumps(Boom()))
+        assert info.value.__cause__ is None
+
+
+def _refuse():
+    raise _Refused("mine")
+
+
+class _Refused(Exception):
+    pass
 
 SMALL = [
     (0, 5, "noop", (), None, None),  # a call
@@ -187,33 +237,33 @@ class _MyTuple(tuple):
 
 
 @pytest.mark.parametrize("obj", SMALL)
-def test_small_tuples_round_trip_exactly_in_both_twins(buffers, obj):
-    other = importlib.import_module("mpx._buffers_py")
-    data = buffers.small_encode(obj)
+def test_small_tuples_round_trip_exactly_compiled_and_plain(codec, obj):
+    other = _impl._plain("_codec")
+    data = codec.small_encode(obj)
     assert data is not None and data == other.small_encode(obj)  # one layout
-    for decode in (buffers.small_decode, other.small_decode):
+    for decode in (codec.small_decode, other.small_decode):
         for form in (data, memoryview(data), bytearray(data)):
             back = decode(form)
             assert back == obj and repr(back) == repr(obj)  # types, -0.0, bools kept
     kind, parts = serde.encode(obj)
-    assert kind == (serde.K_SMALL if serde._buffers.IMPLEMENTATION == "cython" else K_PICKLE)
+    assert kind == serde.K_SMALL
     assert serde.decode(kind, _joined(parts)) == obj
     assert serde.decode_lent(kind, memoryview(_joined(parts))) == obj
 
 
 @pytest.mark.parametrize("obj", NOT_SMALL + [(_MyInt(1),), (_MyStr("s"),), (_MyTuple(),),
                                              _MyTuple((1,)), [1], None, 1, "s"])
-def test_anything_else_is_pickled(buffers, obj):
-    assert buffers.small_encode(obj) is None
+def test_anything_else_is_pickled(codec, obj):
+    assert codec.small_encode(obj) is None
     kind, parts = serde.encode(obj)
     assert kind in (K_PICKLE, K_PICKLE_OOB)
     back = serde.decode(kind, _joined(parts))
     assert repr(back) == repr(obj) and type(back) is type(obj)
 
 
-def test_a_nan_keeps_its_bits(buffers):
+def test_a_nan_keeps_its_bits(codec):
     nan = struct.unpack("<d", b"\x01\x00\x00\x00\x00\x00\xf8\x7f")[0]
-    back = buffers.small_decode(buffers.small_encode((nan,)))[0]
+    back = codec.small_decode(codec.small_encode((nan,)))[0]
     assert struct.pack("<d", back) == struct.pack("<d", nan)
 
 
@@ -221,74 +271,84 @@ def test_a_nan_keeps_its_bits(buffers):
                                   b"\x07\x00\x00", b"\x07\x01\x05\x05ab", b"\x07\x01\x08",
                                   b"\x07\x01\x05\x01\xe9",
                                   b"\x07\x01" * 4 + b"\x07\x00"])
-def test_malformed_small_messages_raise_value_error_and_deserialization_error(buffers, data):
+def test_malformed_small_messages_raise_value_error_and_deserialization_error(codec, data):
     with pytest.raises(ValueError):
-        buffers.small_decode(data)
+        codec.small_decode(data)
     with pytest.raises(DeserializationError, match="cannot unpickle"):
         serde.decode(serde.K_SMALL, data)
     with pytest.raises(DeserializationError):
         serde.decode_lent(serde.K_SMALL, memoryview(data))
 
 
-def test_kept_picklers_per_thread_nested_and_remade(buffers):
-    made = []
-    settings = {"OOB_MIN_BYTES": 1 << 20}
-
-    def make(local_only, with_torch):
-        sink = buffers.Sink(settings["OOB_MIN_BYTES"], lambda *a: False)
-        made.append(sink)
-        return sink, pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append), \
-            copyreg.dispatch_table.copy()
-
-    kept = buffers.Picklers(make, settings)
-    parts, sink = kept.dumps((1, "a"), True)
-    assert pickle.loads(b"".join(parts)) == (1, "a")
-    assert kept.dumps(2, True)[1] is sink and len(made) == 1  # kept
-    assert kept.dumps(2, False)[1] is not sink  # one per local_only
+def test_kept_picklers_per_thread_nested_and_remade(codec):
+    made: list = []
+    enc = _encoder(codec, 1 << 20)
+    parts = _encode(enc, {1: "a"}, True, made)[1]
+    assert pickle.loads(b"".join(parts)) == {1: "a"} and len(made) == 1
+    _encode(enc, [2], True, made)
+    assert len(made) == 1  # kept
+    _encode(enc, [2], False, made)
+    assert len(made) == 2  # one per local_only
 
     class Nested:  # a reducer that pickles in the same thread gets a pickler of its own
         def __reduce__(self):
-            inner, inner_sink = kept.dumps("inner", True)
-            assert inner_sink is not sink
-            return str, (pickle.loads(b"".join(inner)),)
+            inner = _encode(enc, ["inner"], True, made)[1]
+            return str, (pickle.loads(b"".join(inner))[0],)
 
-    parts, again = kept.dumps([Nested()], True)
-    assert again is sink and pickle.loads(b"".join(parts)) == ["inner"]
-    other: list = []
-    t = threading.Thread(target=lambda: other.append(kept.dumps(3, True)[1]))
+    parts = _encode(enc, [Nested()], True, made)[1]
+    assert pickle.loads(b"".join(parts)) == ["inner"] and len(made) == 3
+    _encode(enc, [4], True, made)
+    assert len(made) == 3  # the outer one is still the one kept
+    t = threading.Thread(target=lambda: _encode(enc, [3], True, made))
     t.start()
     t.join()
-    assert other[0] is not sink  # each thread keeps its own
-    settings["OOB_MIN_BYTES"] = 1 << 10  # a new out-of-band floor: a new sink
-    assert kept.dumps(4, True)[1] is not sink
-    sink = kept.dumps(4, True)[1]
-    copyreg.pickle(Nested, lambda n: (str, ("registered",)))  # a new registration too
+    assert len(made) == 4  # each thread keeps its own
+    copyreg.pickle(Nested, lambda n: (str, ("registered",)))  # a new registration: a new one
     try:
-        assert kept.dumps(5, True)[1] is not sink
+        _encode(enc, [5], True, made)
+        assert len(made) == 5
     finally:
         del copyreg.dispatch_table[Nested]
 
 
-def test_a_kept_pickler_does_not_keep_a_large_message_s_memo_table(buffers):
+def test_a_kept_pickler_does_not_keep_a_large_message_s_memo_table(codec):
     """A pickler's memo table never shrinks and clear_memo() walks all of it: kept after a
     message of many objects, it made every later small message slow (~110 us a no-op
     call). After a large message the kept pickler has a new, small table."""
-    def make(local_only, with_torch):
-        sink = buffers.Sink(1 << 20, lambda *a: False)
-        return sink, pickle.Pickler(sink, protocol=5, buffer_callback=sink.oob.append), \
-            copyreg.dispatch_table.copy()
-
-    kept = buffers.Picklers(make, {"OOB_MIN_BYTES": 1 << 20})
-    kept.dumps(("warm", 1), True)
+    made: list = []
+    enc = _encoder(codec, 1 << 20)
+    _encode(enc, ["warm", 1], True, made)
     big = [[i] for i in range(40000)]  # ~40000 memo entries: a table of a megabyte or more
     tracemalloc.start()
     try:
-        parts, sink = kept.dumps(big, True)
+        parts = _encode(enc, big, True, made)[1]
         assert pickle.loads(b"".join(parts)) == big
         del parts
         left = tracemalloc.get_traced_memory()[0]
-        parts, again = kept.dumps(("small", 2), True)
+        parts = _encode(enc, ["small", 2], True, made)[1]
     finally:
         tracemalloc.stop()
-    assert again is sink and pickle.loads(b"".join(parts)) == ("small", 2)
+    assert len(made) == 1 and pickle.loads(b"".join(parts)) == ["small", 2]
     assert left < 64 << 10, f"{left} bytes still held after pickling a large message"
+
+
+def test_pure_python_is_the_codec_s_source_run_plain_without_cython():
+    """MPX_PURE_PYTHON=1 runs mpx/_codec.py itself, uncompiled, though the extension sits
+    beside it; and it needs no Cython (a build dependency only)."""
+    code = (
+        "import sys\n"
+        "sys.modules['cython'] = None  # (import cython raises ImportError)\n"
+        "from mpx import serde\n"
+        "c = serde._codec\n"
+        "assert c.IMPLEMENTATION == 'python' and c.__file__.endswith('_codec.py'), c\n"
+        "assert c.cython.__name__ == 'mpx._cython_shim', c.cython\n"
+        "for obj in [(0, 5, 'noop', (), None, None), {'a': 1}, [bytes(2 << 20)], b'x']:\n"
+        "    kind, parts = serde.encode(obj)\n"
+        "    data = b''.join(bytes(memoryview(p).cast('B')) for p in parts)\n"
+        "    assert serde.decode_lent(kind, memoryview(data)) == obj\n"
+        "print(kind, c.CHUNK_REFS > 0)\n")
+    env = dict(os.environ, MPX_PURE_PYTHON="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(serde.K_BYTES), "True"]

@@ -49,7 +49,7 @@ import zmq
 import zmq.utils.monitor
 
 from mpx import layout
-from mpx._impl import buffers_module
+from mpx._impl import codec_module
 from mpx._units import human_size
 from mpx.auth import seal, unseal
 from mpx.config import Config
@@ -389,7 +389,7 @@ class ZmqReader(Reader):
         self._sock.send(seal(self.key, _HELLO.pack(MAGIC, VERSION, 0, self.token, rank,
                                                    self._routing_id), ()))
         self._seq = 0          # the lowest sequence number a new message may have
-        self._assembler = buffers_module().Assembler
+        self._assembler = codec_module().Assembler
         self._stash: _Chunk | None = None  # a chunk read ahead: the start of a message
         self._skipping = -1  # the sequence number of a message skipped (too large)
         self._too_large: MessageTooLargeError | None = None  # for the next read to raise
