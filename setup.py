@@ -1,5 +1,6 @@
-"""Builds mpx/_ring.pyx, mpx/_codec.py (Cython's pure-Python mode: its C types are in
-mpx/_codec.pxd) and mpx/_future_core.pyx.
+"""Builds mpx/_ring.pyx and, in Cython's pure-Python mode (the .py, with the C types of its
+.pxd, runs as plain Python where it is not compiled), mpx/_codec.py and
+mpx/_driver/future_core.py.
 
 Without a C compiler or the Python headers the build warns and installs mpx without the
 extension: it then runs on the pure-Python ring (slower). Set MPX_REQUIRE_EXTENSION=1 to make
@@ -43,10 +44,10 @@ class OptionalBuildExt(build_ext):
 
 
 
-def _extension(name: str, source: str = "pyx") -> Extension:
+def _extension(name: str, source: str) -> Extension:
     return Extension(
-        f"mpx.{name}",
-        [f"mpx/{name}.{source}"],
+        name,
+        [source],
         include_dirs=["mpx"],
         extra_compile_args=["-O0", "-g"] if debug else ["-O3"],
         # MPX_DEBUG: mpx._ring.DEBUG, which turns on mpx._debug's live-resource counters
@@ -56,7 +57,8 @@ def _extension(name: str, source: str = "pyx") -> Extension:
 
 # _ring cimports _codec: both are built, or (without a compiler) neither is used (mpx/_codec.py
 # then runs as plain Python).
-extensions = [_extension("_codec", "py"), _extension("_ring"), _extension("_future_core")]
+extensions = [_extension("mpx._codec", "mpx/_codec.py"), _extension("mpx._ring", "mpx/_ring.pyx"),
+              _extension("mpx._driver.future_core", "mpx/_driver/future_core.py")]
 
 setup(
     ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),

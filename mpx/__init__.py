@@ -18,15 +18,19 @@ The public API::
 
 Everything else is internal. The tree, bottom up (each layer imports only those below it):
 
-    _ring.pyx, _ring_py.py, layout.py   the shared-memory ring (compiled, and its Python twin)
+    _ring.pyx, _ring_py.py, layout.py   the shared-memory ring (compiled, and its Python twin),
+                                        with the compiled halves of its transport ends
     _codec.py (+ .pxd)                  serde's mechanism, compiled from Python (Cython pure mode):
                                         owned message memory, the pickler's sink, the small codec
     segments.py, serde.py, sharing.py   named POSIX segments; objects <-> bytes; tensors by reference
-    transport/                          one interface: shm (local) and zmq (remote) readers
+    transport/                          one interface, the channel (send, recv): shm (local)
+                                        and zmq (remote) ends
     queue.py                            MessageQueue over the transports
     wire.py, config.py, errors.py,      shared by every process of a group
     auth.py, dumps.py
-    _driver/                            runs in the driver: Executor and what it owns
+    _driver/                            runs in the driver: Executor and what it owns;
+                                        future_core.py (+ .pxd), the futures' hot part,
+                                        compiled from its one source where it was built
     _worker/                            runs in each worker process
     _node/                              starts a node's workers; multi-node leader/follower
     _cli/                               python -m mpx

@@ -1,8 +1,8 @@
-"""Chooses the implementation of the mechanism modules: compiled (``mpx._ring``,
-``mpx._codec``, ``mpx._future_core``) or pure Python. The ring and the futures' core have
-pure-Python twins (``mpx._ring_py``, ``mpx._future_core_py``); the codec is one source,
-``mpx/_codec.py``, compiled by Cython's pure-Python mode, whose pure version is that file
-run as plain Python (``mpx._codec_py``, see ``_plain``)."""
+"""Chooses the implementation of the mechanism modules: compiled or pure Python. The ring
+(``mpx._ring``) has a pure-Python twin, ``mpx._ring_py``; serde's codec (``mpx._codec``)
+and the driver's futures core (``mpx._driver.future_core``) are one source each, in
+Cython's pure-Python mode: compiled where they were built, and that same file run as plain
+Python where they were not or under ``MPX_PURE_PYTHON=1`` (``_plain``)."""
 
 from __future__ import annotations
 
@@ -17,17 +17,15 @@ from types import ModuleType
 _warned = False
 _loading = threading.Lock()
 
-# the modules written once, in Cython's pure-Python mode: their pure version is their source
-_ONE_SOURCE = frozenset({"_codec"})
-
 
 def _pure_requested() -> bool:
     return os.environ.get("MPX_PURE_PYTHON", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _choose(name: str) -> ModuleType:
+def _choose(name: str, one_source: bool = False) -> ModuleType:
     """``mpx.<name>`` unless ``MPX_PURE_PYTHON=1`` or it is missing (then one warning that
-    says how to build it), else its pure-Python version: ``mpx.<name>_py``."""
+    says how to build it), else its pure version: ``mpx.<name>_py``, or for a module of one
+    source its .py run as plain Python."""
     global _warned
     if not _pure_requested():
         try:
@@ -41,22 +39,25 @@ def _choose(name: str) -> ModuleType:
                     "them with `pip install .` or `python setup.py build_ext --inplace` (needs "
                     "Cython and a C compiler), or set MPX_PURE_PYTHON=1 to silence this "
                     "warning.", RuntimeWarning, stacklevel=4)
-    if name in _ONE_SOURCE:
-        return _plain(name)
+    if one_source:
+        return _plain(f"mpx.{name}")
     return importlib.import_module(f"mpx.{name}_py")
 
 
 def _plain(name: str) -> ModuleType:
-    """``mpx/<name>.py`` run as plain Python, as the module ``mpx.<name>_py`` (made once,
-    then kept in sys.modules), even where its compiled extension sits beside it: an import
-    of ``mpx.<name>`` finds the extension first. (Where the extension is not built, that
-    import runs the same file as plain Python too.)"""
-    alias = f"mpx.{name}_py"
+    """Module ``name`` (a .py file that Cython compiles in pure-Python mode) run from its
+    source, uncompiled, as module ``<name>_plain``, loaded once. A plain import would load
+    the compiled extension where one sits beside the .py."""
+    alias = f"{name}_plain"
+    module = sys.modules.get(alias)
+    if module is not None:
+        return module
     with _loading:
         module = sys.modules.get(alias)
         if module is None:
-            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-            spec = importlib.util.spec_from_file_location(alias, path)
+            package, _, leaf = name.rpartition(".")
+            folder = os.path.dirname(importlib.import_module(package).__file__ or "")
+            spec = importlib.util.spec_from_file_location(alias, os.path.join(folder, f"{leaf}.py"))
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
             sys.modules[alias] = module
@@ -76,13 +77,17 @@ def ring_module() -> ModuleType:
 def codec_module() -> ModuleType:
     """serde's codec to use now (``Encoder``, ``Decoder``, ``Assembler``, the small codec),
     of the same implementation as the ring."""
-    return _choose("_codec")
+    return _choose("_codec", one_source=True)
 
 
 def future_core_module() -> ModuleType:
-    """The module of RPCFuture's core (``FutureCore``), of the same implementation as the
-    ring."""
-    return _choose("_future_core")
+    """The driver's futures core, mpx/_driver/future_core.py (``Call``, ``FutureCore``):
+    compiled where it was built, else plain Python (without a compiler the ring's warning
+    says so); under MPX_PURE_PYTHON=1 its source, uncompiled, although the extension is
+    there."""
+    if _pure_requested():
+        return _plain("mpx._driver.future_core")
+    return importlib.import_module("mpx._driver.future_core")
 
 
 def ring_implementation() -> str:

@@ -1,6 +1,6 @@
 """RPCFuture's completion in three steps (``_complete``, ``_hand_off``, ``_run_callbacks``,
 and ``complete_each`` with its ``due`` list), and asyncio over it, in one process, against
-both cores (``mpx._future_core`` and ``mpx._future_core_py``): asyncio.wait, as_completed,
+the core compiled and as plain Python (mpx/_driver/future_core.py): asyncio.wait, as_completed,
 shield, a loop that closed, a loop that moved threads, uvloop. tests/test_asyncio_executor.py
 runs the same across real worker processes."""
 
@@ -31,7 +31,9 @@ def split(done, pending, want_done, want_pending=()):
         all(f.done() for f in want_done) and not any(f.done() for f in want_pending)
 
 
-make = test_future_core.make  # the fixture: ``make(value)``, a future of each core
+# the fixtures: ``core``, the compiled core or the plain one, and ``make(value)``, a future
+# of that core
+core, make = test_future_core.core, test_future_core.make
 
 
 def settled(fut, value=None, error=None):

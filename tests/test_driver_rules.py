@@ -346,3 +346,40 @@ def test_a_reply_read_and_lost_fails_its_call_alone(executor):
     t.join(20)
     assert blocking_later == [[3, 3]]
     assert not e.is_failed and e.pending_calls() == (0, 0)
+
+
+def test_done_callbacks_keep_completion_order_while_other_threads_complete_calls(executor):
+    """Callers' blocking calls, the background reader and a caller's send each set the
+    futures of the calls they settled: whichever thread takes a batch, the callbacks run in
+    the order the calls were settled (call order here: replies come in order)."""
+    e = executor(Journal)
+    seen: list = []
+    stop = threading.Event()
+
+    def blocking_caller():
+        while not stop.is_set():
+            e.collective_rpc("ident", args=(-1,), timeout=10)
+
+    others = [threading.Thread(target=blocking_caller) for _ in range(2)]
+    for t in others:
+        t.start()
+    try:
+        futures = []
+        for i in range(400):
+            f = e.collective_rpc("ident", args=(i,), non_block=True)
+            f.add_done_callback(
+                lambda f, i=i: seen.append((i, threading.current_thread().name)))
+            futures.append(f)
+        for f in futures:
+            f.result(timeout=30)
+    finally:
+        stop.set()
+        for t in others:
+            t.join(30)
+    deadline = time.monotonic() + 10
+    while len(seen) < 400 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(i for i, _ in seen) == list(range(400))
+    # (a callback added to a future already finished runs at once in the caller)
+    on_thread = [i for i, name in seen if name == "mpx-callbacks"]
+    assert on_thread == sorted(on_thread)

@@ -1,20 +1,45 @@
-"""RPCFuture's core (``mpx._future_core`` and its twin ``mpx._future_core_py``), each under
-RPCFuture's own methods, in one process: the completing thread, waiters, callbacks and the
-asyncio hand-off. The executor's tests run the same paths across processes with whichever
-core this run imports."""
+"""RPCFuture's core (mpx/_driver/future_core.py), compiled and run as plain Python from
+the same source, each under RPCFuture's own methods, in one process: the completing thread,
+waiters, callbacks and the asyncio hand-off. The executor's tests run the same paths across
+processes with whichever core this run imports."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import importlib
+import os
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 from _env import IMPLS
 
+from mpx import _impl, wire
 from mpx._driver import futures as F
+
+
+def load_core(impl: str):
+    """The core of ``impl``: "cython", the compiled extension (skipped where it was not
+    built), or "python", its source run as plain Python (as MPX_PURE_PYTHON=1 loads it)."""
+    if impl == "cython":
+        core = importlib.import_module("mpx._driver.future_core")
+        if core.IMPLEMENTATION != "cython":
+            pytest.skip("extension not built")
+    else:
+        core = _impl._plain("mpx._driver.future_core")
+    assert core.IMPLEMENTATION == impl
+    core.configure_loops(F._delivery)
+    core.configure_replies(wire.OK, wire.ERR)
+    return core
+
+
+@pytest.fixture(params=IMPLS)
+def core(request):
+    """The compiled core module, or the same source run as plain Python."""
+    return load_core(request.param)
 
 
 class Source:
@@ -40,18 +65,12 @@ class Source:
         pass
 
 
-@pytest.fixture(params=IMPLS)
-def make(request):
+@pytest.fixture
+def make(core):
     """``make(value)``: a future of that core whose call, once waited for, gives ``value``."""
-    name = "mpx._future_core" if request.param == "cython" else "mpx._future_core_py"
-    if request.param == "cython":
-        pytest.importorskip("mpx._future_core", reason="extension not built")
-    core = importlib.import_module(name)
-    core.configure(F._last, F._delivery)
     methods = {k: v for k, v in F.RPCFuture.__dict__.items()
                if k in ("_condition", "result", "exception", "set_result", "set_exception")}
     cls = type("RPCFuture", (core.FutureCore, concurrent.futures.Future), methods)
-    assert core.IMPLEMENTATION == request.param
     source = Source()
 
     def factory(value=None):
@@ -182,15 +201,6 @@ def test_complete_each_sets_the_settled_futures_in_order(make):
     assert isinstance(done[4].exception(), KeyError)
 
 
-@pytest.fixture(params=IMPLS)
-def core(request):
-    """The compiled core module, or its twin."""
-    if request.param == "cython":
-        pytest.importorskip("mpx._future_core", reason="extension not built")
-        return importlib.import_module("mpx._future_core")
-    return importlib.import_module("mpx._future_core_py")
-
-
 def test_call_gathers_replies_in_rank_order(core):
     before = time.monotonic()
     call = core.Call(7, "step", 3, None, None, None)
@@ -221,49 +231,62 @@ def test_call_of_one_reply_rank_and_errors(core):
     assert aggregated.add(0, True, [1]) == core.ANSWERED  # the table runs the aggregator
 
 
-def test_call_gather_reads_in_rank_order_and_hands_back_what_is_not_its_reply(core):
-    from mpx import wire
-    inbox = {0: [(5, wire.OK, "a")], 1: [(5, wire.ERR, ("E", "m", "")), (5, wire.OK, "b")],
-             2: [(4, wire.OK, "old"), (5, wire.STALL, {}), "junk", (5, wire.OK, "c")]}
-    asked = []
-
-    def reader(rank):
-        def read_into(deadline_ns, cancel, warn, decode):
-            asked.append((rank, deadline_ns, cancel, warn, decode))
-            return inbox[rank].pop(0)
-        return read_into
-
-    reads, next_reply = [reader(r) for r in range(3)], [5, 5, 4]
+def test_call_take_records_its_own_next_replies_and_leaves_the_rest(core):
     call = core.Call(5, "step", 3, None, None, None)
-    # rank 2's reply of call 4 (timed out) goes back to the table, which records it
-    assert call.gather(reads, next_reply, 123, len) == (core.MORE, 2, (4, wire.OK, "old"))
-    assert asked == [(0, 123, None, False, len), (1, 123, None, False, len),
-                     (2, 123, None, False, len)]
+    next_reply = [5, 5, 4]
+    assert call.take(0, (5, wire.OK, "a"), next_reply) == core.MORE
+    assert call.take(1, (5, wire.ERR, ("E", "m", "")), next_reply) == core.MORE
+    assert next_reply == [6, 6, 4] and call.missing() == [2] and call.first_missing() == 2
+    # left to the table, nothing recorded: an older call's reply (call 4 timed out), a stall
+    # report, what is no reply, and this call's reply after a gap (next_reply[2] is 4)
+    for reply in [(4, wire.OK, "old"), (5, wire.STALL, {}), "junk", [5, wire.OK, "c"],
+                  (5, wire.OK), (6, wire.OK, "next"), (5, wire.OK, "c")]:
+        assert call.take(2, reply, next_reply) == core.LEAVE
     assert next_reply == [6, 6, 4] and call.missing() == [2]
     assert call.errors == {1: ("E", "m", "")} and call.results == {0: "a"}
-    next_reply[2] = 5  # (the table recorded it)
-    assert call.gather(reads, next_reply, -1, len) == (core.MORE, 2, (5, wire.STALL, {}))
-    assert call.gather(reads, next_reply, -1, len) == (core.MORE, 2, "junk")
-    assert call.gather(reads, next_reply, -1, len) == (core.ANSWERED, 2, None)
+    next_reply[2] = 5  # (the table recorded call 4's)
+    assert call.take(2, (5, wire.OK, "c"), next_reply) == core.ANSWERED
     assert next_reply == [6, 6, 6] and call.results == {0: "a", 2: "c"}
     ok = core.Call(6, "step", 2, 1, None, None)
-    inbox.update({0: [(6, wire.OK, None)], 1: [(6, wire.OK, "mine")]})
-    assert ok.gather(reads, next_reply, -1, len) == (core.ALL_OK, 1, None)
-    assert ok.ok_value() == "mine"
-    # a reply that follows a gap in its rank's replies (one was lost) goes to the table
-    gap = core.Call(8, "step", 2, None, None, None)
-    inbox.update({0: [(8, wire.OK, None)]})
-    assert gap.gather(reads, next_reply, -1, len) == (core.MORE, 0, (8, wire.OK, None))
-    assert next_reply == [7, 7, 6] and gap.missing() == [0, 1]
-    failing = core.Call(7, "step", 2, None, None, None)
-    inbox[0].append((7, wire.OK, 1))
+    assert ok.take(0, (6, wire.OK, None), next_reply) == core.MORE
+    assert ok.take(1, (6, wire.OK, "mine"), next_reply) == core.ALL_OK
+    assert ok.ok_value() == "mine" and next_reply == [7, 7, 6]
+    assert len({core.MORE, core.ALL_OK, core.ANSWERED, core.LEAVE}) == 4
 
-    def dead(*args):
-        raise ConnectionError("gone")
 
-    with pytest.raises(ConnectionError):  # the reader's error propagates, rank 1 still missing
-        failing.gather([reads[0], dead], next_reply, -1, len)
-    assert failing.first_missing() == 1 and failing.results == {0: 1}
+def test_the_states_are_concurrent_futures_own():
+    # (concurrent.futures' Future compares _state with these: wait, as_completed, repr)
+    from concurrent.futures import _base
+    for impl in IMPLS:
+        core = load_core(impl)
+        assert (core.RUNNING, core.FINISHED) == (_base.RUNNING, _base.FINISHED)
+
+
+def test_the_plain_core_runs_from_its_source_without_cython(tmp_path):
+    # MPX_PURE_PYTHON=1 with the extension built beside the .py, and Cython not importable
+    # (a build dependency only): the .py itself runs, and a call goes through it
+    code = (
+        "import sys\n"
+        "sys.modules['cython'] = None  # (import cython fails)\n"
+        "import mpx, mpx._impl\n"
+        "core = mpx._impl.future_core_module()\n"
+        "assert core.IMPLEMENTATION == 'python' and core.__file__.endswith('future_core.py')\n"
+        "from _workers import Echo\n"
+        "ex = mpx.Executor(Echo, world_size=2, start_method='spawn')\n"
+        "try:\n"
+        "    assert ex.collective_rpc('ident', args=(1,)) == [1, 1]\n"
+        "    assert ex.collective_rpc('ident', args=(2,), non_block=True).result(30) == [2, 2]\n"
+        "finally:\n"
+        "    ex.shutdown()\n"
+        "print('ok', 'cython' in sys.modules and sys.modules['cython'] is None)\n")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests)
+    env = dict(os.environ, MPX_PURE_PYTHON="1",
+               PYTHONPATH=os.pathsep.join([root, tests, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok", "True"]
 
 
 def test_call_outcome(core):
@@ -276,7 +299,6 @@ def test_call_outcome(core):
 
 
 def test_record_each_records_a_batch_and_stops_at_what_is_not_a_call_reply(core):
-    from mpx import wire
     calls = {s: core.Call(s, "step", 2, None, None, None) for s in (3, 4, 5)}
     calls[3].add(0, True, "a3")
     calls[4].add(0, False, ("E", "m", ""))

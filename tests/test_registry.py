@@ -83,3 +83,64 @@ def test_an_undecodable_reply_recorded_by_itself():
     reg.finish_answered()
     err = _outcome(calls[0])
     assert isinstance(err, mpx.RPCError) and err.ranks == [0]
+
+
+def _pump(n_ranks: int, seqs: list[int], inbox: dict[int, list]):
+    """A reply pump with calls ``seqs`` pending, whose rank r reads ``inbox[r]`` in order (a
+    reply, or an exception to raise), and the list of what each read was asked."""
+    from mpx._driver.pump import ReplyPump
+    pump = ReplyPump(n_ranks, StallDiagnosis(mpx.Config(), lambda: [0] * n_ranks,
+                                             lambda rank: False), lambda rank, err: None)
+    calls = {seq: Call(seq, "m", n_ranks, None, None, None) for seq in seqs}
+    pump.pending.update(calls)
+    pump.next_seq = max(seqs) + 1
+    asked: list = []
+
+    class End:  # a rank's reply channel
+        def __init__(self, rank):
+            self.rank = rank
+
+        def recv(self, deadline_ns):
+            asked.append((self.rank, deadline_ns))
+            got = inbox[self.rank].pop(0)
+            if isinstance(got, BaseException):
+                raise got
+            return got
+
+    pump._ends = [End(r) for r in range(n_ranks)]
+    return pump, calls, asked
+
+
+def test_the_pump_gathers_a_call_in_rank_order():
+    from mpx._driver.pump import until_ns
+    pump, calls, asked = _pump(3, [0], {0: [(0, wire.OK, "a")], 1: [(0, wire.OK, "b")],
+                                        2: [(0, wire.OK, "c")]})
+    pump._gather(calls[0], 12.5)
+    assert _outcome(calls[0]) == ["a", "b", "c"] and not pump.pending
+    assert pump.next_reply == [1, 1, 1]
+    assert asked == [(r, until_ns(12.5)) for r in range(3)]
+
+
+def test_the_pump_hands_what_is_not_the_calls_next_reply_to_the_table():
+    # rank 0 first answers call 0, which timed out (no longer pending): recorded by the
+    # table, and the gathering stops there; next time rank 1's reply is undecodable
+    pump, calls, asked = _pump(2, [1], {0: [(0, wire.OK, "late"), (1, wire.OK, "x")],
+                                        1: [mpx.DeserializationError("no such class")]})
+    pump.next_reply = [0, 1]
+    pump._gather(calls[1], None)
+    assert [a[0] for a in asked] == [0] and pump.next_reply == [1, 1]
+    assert not calls[1].done and calls[1].missing() == [0, 1]
+    pump._gather(calls[1], None)
+    assert [a[0] for a in asked] == [0, 0, 1] and pump.next_reply == [2, 2]
+    pump.finish_answered()
+    err = _outcome(calls[1])
+    assert isinstance(err, mpx.RPCError) and err.ranks == [1]
+    assert err.exc_type == "DeserializationError"
+
+
+def test_the_pump_names_the_rank_whose_queue_died():
+    pump, calls, asked = _pump(2, [0], {0: [(0, wire.OK, "a")],
+                                        1: [mpx.PeerDiedError("gone", role="writer")]})
+    with pytest.raises(mpx.PeerDiedError) as raised:
+        pump._gather(calls[0], None)
+    assert raised.value.rank == 1 and calls[0].missing() == [1]

@@ -114,7 +114,7 @@ def _compiled():
 @pytest.fixture(params=["compiled", "plain"])
 def codec(request):
     """The codec compiled, or its source run as plain Python: the same cases, no branches."""
-    return _compiled() if request.param == "compiled" else _impl._plain("_codec")
+    return _compiled() if request.param == "compiled" else _impl._plain("mpx._codec")
 
 
 KINDS = dict(bytes_kind=1, small_kind=4, pickle_kind=2, oob_kind=3)
@@ -162,7 +162,7 @@ def test_encoder_sends_bytes_as_they_are_pickles_once_and_frames_the_rest(codec)
 
 
 def test_compiled_and_plain_encoders_make_the_same_messages():
-    plain, compiled = _impl._plain("_codec"), _compiled()
+    plain, compiled = _impl._plain("mpx._codec"), _compiled()
     arrays = [np.arange(n, dtype=np.float64) for n in (3, 1000)]
     for obj in [b"raw", (0, 5, "noop", (), None, None), (5, 0, None), {"a": [1, 2.5]},
                 [arrays, "t"], [bytes(100 << 10), bytearray(70 << 10)], (1 << 63, "x"),
@@ -238,7 +238,7 @@ class _MyTuple(tuple):
 
 @pytest.mark.parametrize("obj", SMALL)
 def test_small_tuples_round_trip_exactly_compiled_and_plain(codec, obj):
-    other = _impl._plain("_codec")
+    other = _impl._plain("mpx._codec")
     data = codec.small_encode(obj)
     assert data is not None and data == other.small_encode(obj)  # one layout
     for decode in (codec.small_decode, other.small_decode):

@@ -7,7 +7,9 @@
   reading replies (in the waiting thread, or a background reader), deadlines.
 - :mod:`.monitors`: the threads that notice a dead worker process or a lost node.
 - :mod:`.stalls`: why a rank has not answered (watchdog reports, dumps, process state).
-- :mod:`.futures`: ``RPCFuture``, awaitable.
+- :mod:`.futures`: ``RPCFuture``, awaitable, over :mod:`.future_core` (a call's record and
+  the future's hot part: one source, compiled where it was built, else run as plain Python;
+  it imports no other mpx module).
 - :mod:`.preflight`: the checks made before any worker starts.
 
 The driver talks to worker processes only through the messages of :mod:`mpx.wire`. It may

@@ -35,15 +35,25 @@ class CallbackThread:
     def run_soon(self, futures: list) -> None:
         """Queue the done callbacks of ``futures`` (in this order); after close(), run
         them here and now."""
+        if not self.queue(futures):
+            self.run_here(futures)
+
+    def queue(self, futures: list) -> bool:
+        """Queue the done callbacks of ``futures`` (in this order) for the thread; False,
+        queuing nothing, after close(). Runs no user code (callers may hold a lock)."""
         with self._cv:
-            if not self._closed:
-                self._due.extend(futures)
-                if self._thread is None:
-                    self._thread = threading.Thread(target=_debug.counted_thread(self._run),
-                                                    name="mpx-callbacks", daemon=True)
-                    self._thread.start()
-                self._cv.notify()
-                return
+            if self._closed:
+                return False
+            self._due.extend(futures)
+            if self._thread is None:
+                self._thread = threading.Thread(target=_debug.counted_thread(self._run),
+                                                name="mpx-callbacks", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+            return True
+
+    def run_here(self, futures: list) -> None:
+        """Run the done callbacks of ``futures`` in this thread, in order."""
         for fut in futures:
             self._run_one(fut)
 

@@ -48,7 +48,12 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def _shutdown_before_thread_join(finalizer: Callable[[], Any]) -> None:
     """Run ``finalizer`` as the interpreter starts to exit, before it joins non-daemon
     threads (concurrent.futures does the same): a thread blocked in a call then gets
-    ExecutorFailed instead of holding the exit up for as long as the workers take."""
+    ExecutorFailed instead of holding the exit up for as long as the workers take.
+
+    CPython's private ``threading._register_atexit`` is the only hook that runs then: the
+    public ``atexit`` runs its functions after those threads were joined, too late
+    (tests/test_matrix.py's interpreter exit with calls pending); a thread of mpx's joining
+    the main thread would see it too, but would be one more thread in every process."""
     try:
         threading._register_atexit(finalizer)  # type: ignore[attr-defined]
     except (AttributeError, RuntimeError):

@@ -37,8 +37,13 @@ class _LoopDelivery:
     A reply read in another thread wakes the loop once for every batch (where
     ``asyncio.wrap_future`` wakes it once for each future). While futures are awaited, the
     loop then reads the replies itself, a step per loop iteration, with no thread hand-off;
-    when a step finds none, the background reader waits for the next one.
+    when a step finds none, the background reader waits for the next one. While a step
+    reads (and while the core's LoopWakeups resumes the loop's tasks), ``running_thread``
+    is the loop's thread: a future completed there wakes its awaiting task at once, in the
+    loop's thread; one completed anywhere else goes through ``add``.
     """
+
+    __slots__ = ("loop", "lock", "batch", "awaiting", "reading", "wakeups", "running_thread")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = weakref.ref(loop)  # the registry is keyed by the loop: no cycle
@@ -48,6 +53,11 @@ class _LoopDelivery:
         self.awaiting: dict[ReplySource, int] = {}  # futures awaited in this loop, by source
         self.reading: set[ReplySource] = set()      # sources this loop reads now
         self.wakeups: Any = None  # the core's batch of its tasks' wake-ups (made on first use)
+        # the ident of the thread that runs a callback of mpx's for this loop right now
+        # (_step, the core's LoopWakeups.run), else 0: written only there, in the loop's
+        # thread, so that it equals a thread's ident only while that thread runs the loop
+        # (the core's runs_here)
+        self.running_thread = 0
 
     def forget(self, source: ReplySource) -> None:
         """A future of ``source`` awaited in this loop was handed to its awaiting task (or
@@ -69,7 +79,7 @@ class _LoopDelivery:
         with self.lock:
             first = not self.batch
             self.batch.append((target, done, source))
-        if _runs_here(loop):  # (where the loop runs now, not where it was made)
+        if _runs_here(self):  # (where the loop runs now, not where it was made)
             if first:
                 loop.call_soon(self.deliver)  # (a step delivers before that)
             return
@@ -113,7 +123,11 @@ class _LoopDelivery:
         loop.call_soon(self._step, source)
 
     def _step(self, source: ReplySource) -> None:
-        got = source.read_ready()
+        outer, self.running_thread = self.running_thread, threading.get_ident()
+        try:
+            got = source.read_ready()  # (this loop runs here, now)
+        finally:
+            self.running_thread = outer
         self._deliver_batch()
         loop = self.loop()
         if got and self.awaiting.get(source) and loop is not None:
@@ -130,10 +144,7 @@ _deliveries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopDelivery]
 _deliveries_lock = threading.Lock()
 
 
-# concurrent.futures' states (stable since Python 3.2): an RPCFuture is RUNNING from the
-# start and FINISHED once its call is settled; it is never PENDING nor CANCELLED.
-_FINISHED = concurrent.futures._base.FINISHED  # type: ignore[attr-defined]
-_last = threading.local()  # this thread's loop and its delivery, the common case's lookup
+_last = threading.local()  # this thread's last loop's delivery, the common case's lookup
 
 
 def _delivery(loop: asyncio.AbstractEventLoop) -> _LoopDelivery:
@@ -150,8 +161,9 @@ def _delivery(loop: asyncio.AbstractEventLoop) -> _LoopDelivery:
 
 # the state, completion and asyncio hand-off, in C fields when the extension is built
 _core = future_core_module()
-_core.configure(_last, _delivery)
+_core.configure_loops(_delivery)
 _runs_here = _core.runs_here
+_FINISHED = _core.FINISHED
 # The call table sets the futures of the calls it settled with this: complete_each(completed,
 # due) completes each and wakes the loops that await it, in the thread that read the
 # replies, and appends to ``due`` the futures whose done callbacks are left to run (the

@@ -3,8 +3,11 @@
 Rules (see mpx/_driver/calls.py for the whole model):
 
 - One thread at a time holds the baton and reads. While it holds it, it only reads and
-  records (mpx/_driver/registry.py); it runs no user code. Once it lets go (``_hand_over``)
-  it makes the outcomes of what it answered and sets their futures (``after_reading``).
+  records (mpx/_driver/registry.py); it runs no user code. The pump does the reading (the
+  transport's read, serde's decode) and hands each reply to a record: the call's own
+  (``Call.take``, mpx/_driver/future_core.py) or the registry's; the records never read.
+  Once it lets go (``_hand_over``) it makes the outcomes of what it answered and sets
+  their futures (``after_reading``).
 - A thread that waits for its call (a blocking ``collective_rpc``, ``future.result()``)
   takes the baton when it is free and reads its replies itself: the hot path has no
   hand-off. While another thread holds the baton, it sleeps on ``turn`` until its call is
@@ -28,8 +31,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mpx import _debug, serde, wire
+from mpx import _debug, wire
 from mpx._driver.registry import Call, CallRegistry
+from mpx._impl import future_core_module
 from mpx.errors import Cancelled, DeserializationError, ExecutorFailed, PeerDiedError, QueueTimeout
 from mpx.queue import MessageQueue
 
@@ -38,7 +42,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("mpx")
 
-_ALL_OK = 1  # Call.gather's and Call.add's ALL_OK (mpx._future_core)
+_core = future_core_module()
+_MORE, _ALL_OK, _ANSWERED = _core.MORE, _core.ALL_OK, _core.ANSWERED  # (Call.take's)
 
 # How long the background reader leaves the reading to an event loop (renewed at each of
 # the loop's reading steps): a loop whose thread is blocked elsewhere holds the replies of
@@ -88,7 +93,6 @@ class ReplyPump(CallRegistry):
         # in their own thread while their awaited futures' replies keep coming (futures.py)
         self.loops_until = 0.0
         self._ends: list[Reader] = []  # each rank's reply channel (its queue's reading end)
-        self._reads: list[Callable[..., Any]] = []
         # the sender's queue (sender.py): while calls wait in it, waits are sliced
         # (each entry: the call, its message's kind and parts, whether it fits the ring)
         self._outbox: collections.deque[tuple[Call, int, tuple, bool]] = collections.deque()
@@ -96,7 +100,6 @@ class ReplyPump(CallRegistry):
     def attach_replies(self, resp: list[MessageQueue]) -> None:
         self.resp = resp
         self._ends = [q.reading_end() for q in resp]
-        self._reads = [end.read_into for end in self._ends]  # (Call.gather's)
 
     def nudge_reader(self) -> None:
         """End the wait of the thread that reads replies now (or its next wait), so that it
@@ -226,26 +229,33 @@ class ReplyPump(CallRegistry):
             raise
 
     def _gather(self, call: Call, until: float | None) -> None:
-        """Read ``call``'s replies in rank order until it is answered or a reply needs
-        _record (a stall report, an older call's reply): what _read_one does reply by
-        reply, in one compiled loop (Call.gather)."""
-        try:
-            answered, rank, reply = call.gather(self._reads, self.next_reply, until_ns(until),
-                                                serde.decode_lent)
-        except DeserializationError as e:
-            rank = call.first_missing()
-            self._record(rank, self.next_reply[rank], wire.ERR, _undecodable(e))
-        except PeerDiedError as e:
-            e.rank = call.first_missing()
-            raise
-        else:
+        """Read ``call``'s replies in rank order, until it is answered or a reply needs
+        _record (a stall report, an older call's reply, one after a gap): what _read_one
+        does reply by reply, with ``call.take`` recording each reply of this call."""
+        ends, next_reply = self._ends, self.next_reply
+        deadline_ns = until_ns(until)
+        rank = call.first_missing()
+        while True:
+            try:
+                reply = ends[rank].recv(deadline_ns)
+            except DeserializationError as e:
+                self._record(rank, next_reply[rank], wire.ERR, _undecodable(e))
+                return
+            except PeerDiedError as e:
+                e.rank = rank
+                raise
+            answered = call.take(rank, reply, next_reply)
             if answered == _ALL_OK:
                 self._settle(call, call.ok_value())
-            elif answered:
+            elif answered == _MORE:
+                rank = call.first_missing()
+                continue
+            elif answered == _ANSWERED:
                 self._answer(call)
-            else:
+            else:  # (LEAVE) not this call's next reply: the table records it
                 seq, status, payload = reply
                 self._record(rank, seq, status, payload)
+            return
 
     def _read_one(self, rank: int, until: float | None) -> None:
         """Read and record rank's next reply, waiting until monotonic ``until`` at most."""

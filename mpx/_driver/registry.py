@@ -8,7 +8,11 @@ Rules (see mpx/_driver/calls.py for the whole model):
   updates only: never while reading or writing a queue, never while user code runs.
 - A call moves ``pending`` -> (``answered``, when every rank replied but its outcome needs
   user code: an aggregator, or an error to build) -> done. A done call's future is set by
-  ``complete_futures`` outside every lock; its done callbacks run on the callback thread.
+  ``complete_futures`` outside the registry's lock; its done callbacks run on the callback
+  thread, in the order the calls were settled: ``completing`` makes taking a batch of
+  settled calls and queuing its callbacks one step, so that two threads completing at once
+  (a caller after its send, the reader after its reads) cannot queue a later batch first.
+  No user code runs under it.
 - The counters (``outstanding``, ``with_deadline``) are derived from ``pending`` and can be
   rebuilt from it (``repair``), which an interrupt arriving mid-update relies on.
 """
@@ -36,8 +40,9 @@ from mpx.errors import (
 from mpx.wire import ERR, OK, STALL
 
 _core = future_core_module()
+_core.configure_replies(OK, ERR)  # (the statuses of a call's reply that the core records)
 if TYPE_CHECKING:
-    from mpx._future_core import Call
+    from mpx._driver.future_core import Call
 else:
     # one call in flight: its replies so far and, once done, its outcome (C fields when
     # the extension is built)
@@ -71,6 +76,7 @@ class CallRegistry:
         self.stopping = False  # a failure or shutdown is under way: nobody takes the baton
         self.closed = False
         self._completed: collections.deque[Call] = collections.deque()  # futures to set
+        self.completing = threading.Lock()  # (see the module docstring)
         self._answered: collections.deque[Call] = collections.deque()   # outcomes to make
         self.callbacks = CallbackThread()
 
@@ -250,11 +256,15 @@ class CallRegistry:
         """Set the futures of the settled calls, in order, and wake the event loops that
         await them (outside every lock); their done callbacks go to the callback thread."""
         due: list = []
-        try:
-            complete_each(self._completed, due)
-        finally:
-            if due:
-                self.callbacks.run_soon(due)
+        queued = True
+        with self.completing:
+            try:
+                complete_each(self._completed, due)  # (hands the callbacks to `due`)
+            finally:
+                if due:
+                    queued = self.callbacks.queue(due)
+        if not queued:  # (closed)
+            self.callbacks.run_here(due)
 
     def after_reading(self) -> None:
         """What a thread does once it has let go of the baton: the outcomes of the calls it

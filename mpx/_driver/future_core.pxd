@@ -1,0 +1,111 @@
+# The C types of mpx/_driver/future_core.py (Cython's pure-Python mode): compiled, the fields
+# declared here are C fields, the functions and methods C functions (cpdef: also callable
+# from Python), the locals C variables. What each one does, the .py says; where it is not
+# compiled, the .py runs as it reads, and this file plays no part.
+
+cimport cython
+
+cdef int _MORE, _ALL_OK, _ANSWERED, _LEAVE
+cdef int _W_PENDING, _W_DONE, _W_CANCELLED
+cdef int _F_HAND_OFF, _F_CALLBACKS
+cdef object _OK, _ERR
+
+cpdef bint runs_here(delivery) except -1
+cdef object _running_loop()
+
+
+@cython.final
+cdef class Call:
+    cdef readonly object seq
+    cdef readonly object method
+    cdef readonly Py_ssize_t n_ranks
+    cdef readonly object reply_rank
+    cdef readonly object aggregator
+    cdef readonly object deadline
+    cdef readonly double started
+    cdef public object future
+    cdef readonly dict results
+    cdef readonly dict errors
+    cdef public bint done
+    cdef public object value
+    cdef public object error
+
+    cpdef int take(self, rank, reply, list next_reply) except -1
+    cpdef int add(self, rank, bint ok, payload) except -1
+    @cython.locals(results=dict, r=Py_ssize_t)
+    cpdef object ok_value(self)
+    @cython.locals(r=Py_ssize_t)
+    cpdef Py_ssize_t first_missing(self) except -1
+
+
+@cython.locals(n=Py_ssize_t, i=Py_ssize_t, call=Call)
+cpdef Py_ssize_t record_each(list replies, Py_ssize_t start, rank, list next_reply,
+                             dict pending, list answered) except -1
+
+@cython.locals(n=Py_ssize_t, i=Py_ssize_t, with_deadline=Py_ssize_t, futures=Py_ssize_t,
+               call=Call)
+cpdef tuple settle_ok(list calls, Py_ssize_t start, dict pending, completed)
+
+
+@cython.final
+cdef class LoopWakeups:
+    cdef list due
+    cdef object delivery
+
+    cdef schedule(self, Waiter waiter)
+    @cython.locals(due=list, waiter=Waiter)
+    cpdef run(self)
+
+
+@cython.final
+cdef class Waiter:
+    cdef public object _asyncio_future_blocking
+    cdef object _loop
+    cdef LoopWakeups _wakeups
+    cdef int _state
+    cdef object _result
+    cdef object _exception
+    cdef object _cancel_message
+    cdef object _callback
+    cdef object _context
+    cdef list _more
+
+    cdef object _cancelled_error(self)
+    cdef _settle(self, result, exc)
+    cdef _schedule(self)
+    cdef _run_callbacks(self)
+    cdef _call(self, fn, context)
+
+
+cdef object _asyncio_loop(fn)
+cdef bint _call_in_loop(delivery, fn, arg, context) except -1
+
+
+cdef class FutureCore:
+    cdef public object _lock
+    cdef public object _state
+    cdef public object _result
+    cdef public object _exception
+    cdef object _waiting
+    cdef public object _done_callbacks
+    cdef public object _loop_waits
+    cdef public object _cond
+    cdef public object _call
+    cdef public object _source
+    cdef public object _target
+    cdef public object _delivery
+
+    @cython.locals(follow=int, finished=bint)
+    cdef int _finish(self, result, exc) except -1
+    @cython.locals(target=Waiter)
+    cdef _do_hand_off(self, thread)
+    cdef _hand_off_rest(self, list waits)
+    @cython.locals(follow=int)
+    cdef int _follow(self)
+    cdef _run_callbacks_in(self, bint here)
+
+
+@cython.locals(follow=int)
+cdef int _complete_one(FutureCore fut, value, error, list due, bint by_hand, thread) except -1
+@cython.locals(fut=FutureCore)
+cpdef complete_each(completed, list due=*)
