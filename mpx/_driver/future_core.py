@@ -628,7 +628,7 @@ class FutureCore:
                 else:
                     delivery.add(target, self, source)
             except Exception:
-                _LOGGER.exception("mpx: handing %r to the task that awaits it failed", self)
+                _LOGGER.exception("handing %r to the task that awaits it failed", self)
             except BaseException as e:  # an interrupt: the others are handed off first
                 raised = e
         if waits is not None:
@@ -652,7 +652,7 @@ class FutureCore:
                 else:  # asyncio's callback: dropped with its loop if that has closed
                     _call_in_loop(entry[0], entry[1], self, entry[2])
             except Exception:
-                _LOGGER.exception("mpx: waking the event loop of %r failed", self)
+                _LOGGER.exception("waking the event loop of %r failed", self)
             except BaseException as e:
                 if raised is None:
                     raised = e
