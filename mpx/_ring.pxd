@@ -75,6 +75,8 @@ cdef class RingWriter(_RingEnd):
                        uint64_t total) noexcept nogil
     cdef void _wake_parked(self) noexcept nogil
     cdef int _write(self, uint32_t kind, parts, int64_t deadline_ns, int64_t total) except? -9
+    cpdef bint has_room(self, pieces) except -1
+    cpdef wake_readers(self)
 
 
 cdef class RingReader(_RingEnd):

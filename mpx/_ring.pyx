@@ -434,7 +434,7 @@ cdef class RingWriter(_RingEnd):
         self._has_space(self.n_chunks + 1)  # never true: refreshes min_read
         return self.n_chunks - (self.seq - self.min_read)
 
-    def has_room(self, pieces):
+    cpdef bint has_room(self, pieces) except -1:
         """Whether a message of ``pieces`` (buffers to concatenate) could be written now
         without waiting for a reader; one larger than the ring streams through it, and
         needs every slot free."""
@@ -474,7 +474,7 @@ cdef class RingWriter(_RingEnd):
                 mpx_futex_wake(self._u32(OFF_DATA_FUTEX))
                 break
 
-    def wake_readers(self):
+    cpdef wake_readers(self):
         """Wake the parked readers ahead of a message (they spin and yield again, and park
         again if none comes within their yield time): their wake-up, tens of microseconds
         on a VM, then overlaps the work of making the message. Costs nothing when no
