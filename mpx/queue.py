@@ -312,8 +312,8 @@ class MessageQueue:
         self._closed = False
         self._implementation = ring_implementation()
         if handle.shm is not None and rank in handle.shm["shm_ranks"]:
-            self._reader = shm_transport.attach_reader(handle.shm, handle.shm["shm_ranks"].index(rank), rank,
-                                     self.config)
+            self._reader = shm_transport.attach_reader(
+                handle.shm, handle.shm["shm_ranks"].index(rank), rank, self.config)
         elif handle.zmq is not None and rank in handle.zmq["zmq_ranks"]:
             self._reader = ZmqReader(handle.zmq, rank, self.config)
         else:
