@@ -235,7 +235,9 @@ def blocking_rate(ex, calls):
     return calls / (time.perf_counter() - t0)
 
 
-def asyncio_rate(ex, calls, in_flight=64):
+def asyncio_rate(ex, calls, in_flight=64, loop=None):
+    """Calls/s of ``calls`` no-ops kept ``in_flight`` from one event loop (``loop``, kept
+    from block to block; None: a new one)."""
     async def caller(k):  # each keeps one call in flight, as an engine's request does
         for _ in range(k):
             await ex.collective_rpc("noop", non_block=True)
@@ -244,7 +246,7 @@ def asyncio_rate(ex, calls, in_flight=64):
         t0 = time.perf_counter()
         await asyncio.gather(*[caller(calls // in_flight) for _ in range(in_flight)])
         return calls // in_flight * in_flight / (time.perf_counter() - t0)
-    return asyncio.run(run())
+    return loop.run_until_complete(run()) if loop is not None else asyncio.run(run())
 
 
 def callback_rate(ex, calls, in_flight=64):
@@ -331,10 +333,12 @@ def ab_child(kind, n, block, warm, idle_ms):
     calls = (lambda: ex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT),
              lambda: ex.collective_rpc("nbytes", args=(payload,), timeout=kit.CALL_TIMEOUT),
              lambda: ex.collective_rpc("take", args=(payload,), timeout=kit.CALL_TIMEOUT),
-             lambda: asyncio_rate(ex, 640))
+             lambda: asyncio_rate(ex, 640, loop=loop))
+    loop = asyncio.new_event_loop()  # (one for every block: a new loop per block is noise)
     try:
         kit.serve_ab(calls[kind], block, warm, idle_ms / 1e3)
     finally:
+        loop.close()
         ex.shutdown()
 
 
