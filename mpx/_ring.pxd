@@ -15,6 +15,7 @@ cdef extern from "_ring_sync.h" nogil:
     void mpx_yield()
     int mpx_futex_wait(uint32_t* addr, uint32_t expected, int64_t timeout_ns)
     void mpx_futex_wake(uint32_t* addr)
+    void mpx_wake_stamped(uint32_t* addr, uint64_t* woken_ns)
     int mpx_pidfd_open(int pid)
     int mpx_pidfd_exited(int fd)
     void mpx_close_fd(int fd)
@@ -39,17 +40,27 @@ cdef class _RingEnd:
     cdef int64_t spin_ns
     cdef int64_t yield_ns            # the most its yield phase lasts (Config.yield_us)
     cdef readonly int64_t yield_budget_ns  # how long it lasts now: adapts in [0, yield_ns]
+    cdef readonly int64_t yield_cost_ns    # how long one yield takes (running mean)
+    cdef readonly int64_t wake_cost_ns     # from the peer's wake to this end running (mean)
+    cdef readonly bint parks_first   # yielding costs more than a wake: it parks at once
+    cdef readonly int park_waits     # how many waits parks_first lasts
+    cdef int parked_waits            # while parks_first: the waits since it began
+    cdef bint probing                # parks_first just ended: this window judges again
+    cdef int window_n                # the waits a yield ended in this window so far
+    cdef int64_t window_lost_ns      # how much later than a wake those yields found it
     cdef int64_t poll_ns
     cdef int* pidfds                 # writer: one per reader; reader: [writer]
     cdef int n_pidfds
     cdef uint32_t* futex             # the word this end parks on
     cdef uint32_t* parked            # set while it is parked, so the peer knows to wake it
     cdef uint32_t* gate              # it parks only while this word is 0 (NULL: no gate)
+    cdef uint64_t* woken_ns          # when the peer last woke its futex word (the peer writes)
 
     cdef int _map(self, buf, int64_t spin_ns, int64_t yield_ns, int64_t poll_ns,
                   bint writer) except -1
     cdef inline uint64_t* _u64(self, size_t off) noexcept nogil
     cdef void _adapt(self, int64_t waited, bint found) noexcept nogil
+    cdef void _judge(self, int64_t took) noexcept nogil
     cdef inline uint32_t* _u32(self, size_t off) noexcept nogil
     cdef inline char* _slot(self, uint64_t seq) noexcept nogil
     cdef inline int _live(self) except -1

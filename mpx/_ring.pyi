@@ -7,6 +7,11 @@ DEBUG: bool
 
 class _RingEnd:
     seq_number: int
+    yield_budget_ns: int
+    yield_cost_ns: int
+    wake_cost_ns: int
+    parks_first: bool
+    park_waits: int
     def release(self) -> None: ...
     def interrupt(self) -> None: ...
     def state(self) -> int: ...

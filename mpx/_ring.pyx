@@ -36,6 +36,18 @@ cdef enum:
     SPIN_BATCH = 64
     # the least a yield budget grows by when it was too short (from 0: 20, 60, 140... us)
     YIELD_STEP_NS = 20000
+    # what a park's wake is taken to cost until one is measured: a futex wake on a VM
+    WAKE_COST_PRIOR_NS = 50000
+    # whether yielding pays is judged over this many waits that a yield ended: it does not
+    # once they lost more to late yields than parking would cost them (a wake each)
+    COST_WINDOW = 32
+    # an end that found yielding does not pay parks at once for this many waits, twice as
+    # many each time the next window finds the same (at most PARK_WAITS_MAX), then yields
+    # again for a window
+    PARK_WAITS_MIN = 256
+    PARK_WAITS_MAX = 16384
+    # the costs' running means move by 1/COST_WEIGHT of each sample
+    COST_WEIGHT = 8
     # _terminal(): no reason to stop waiting
     NOT_TERMINAL = -1
     # _wait(): a Python signal handler raised while parked; the exception propagates
@@ -86,6 +98,22 @@ cdef class _RingEnd:
     that an end whose waits are long parks at once instead of taking a core from the
     process that would answer; a wait that parked but a full yield phase would have
     ended doubles it (plus YIELD_STEP_NS), back to ``yield_ns``.
+
+    Whether to spin and yield at all adapts to the host (``_judge``). A yield returns at
+    once when nothing else wants the core, and after another task's whole time slice (ms)
+    when the host is crowded: a waiter that is still runnable then sees its message up to a
+    slice late, while a parked one is woken, and scheduled, at once. So each end keeps two
+    running means: ``wake_cost_ns``, from the peer's wake (stamped in the segment) to this
+    end running after a park (WAKE_COST_PRIOR_NS until measured), and ``yield_cost_ns``, how
+    long one yield took. A yield slower than a wake ends the yield phase of its wait (it
+    parks). A yield that found the message after longer than a wake made that wait late by
+    the difference; when the waits that a yield ended lose more that way within COST_WINDOW
+    of them than a wake each would cost them, the end ``parks_first``: its next
+    ``park_waits`` waits skip the spin and the yield phase; then it yields again for a
+    window, which tells whether the host is still crowded: if it is, ``park_waits`` doubles
+    (PARK_WAITS_MIN to PARK_WAITS_MAX), so that a host that stays crowded pays a slice for
+    knowing ever more rarely; a window without that resets it. On a quiet host a yield takes
+    ~1 us against ~50 us for a wake on a VM, and nothing changes.
     """
 
     def __cinit__(self):
@@ -122,6 +150,13 @@ cdef class _RingEnd:
         self.spin_ns = spin_ns
         self.yield_ns = yield_ns
         self.yield_budget_ns = yield_ns
+        self.yield_cost_ns = 0
+        self.wake_cost_ns = WAKE_COST_PRIOR_NS
+        self.parks_first = False
+        self.park_waits = PARK_WAITS_MIN
+        self.probing = False
+        self.window_n = self.parked_waits = 0
+        self.window_lost_ns = 0
         self.poll_ns = poll_ns
         self.interrupted = 0
         self.nudged = 0
@@ -186,17 +221,25 @@ cdef class _RingEnd:
 
         No wake-up is lost: the end announces it is parked and then re-checks, and the peer
         publishes and then looks for parked ends (with a full fence on each side)."""
-        cdef int64_t t0, now, start
+        cdef int64_t t0, now, start, took
         cdef int k, st
+        cdef bint skip = False
         t0 = mpx_now_ns()
         now = start = t0
         if deadline >= 0 and now >= deadline:
             return self._not_waiting()
         if self.resting:
             self.resting = False
-            t0 -= self.spin_ns + self.yield_budget_ns
+            skip = True
+        elif self.parks_first:
+            self.parked_waits += 1
+            if self.parked_waits <= self.park_waits:
+                skip = True
+            else:  # (a window of yielding again tells whether the host is still crowded)
+                self.parks_first = False
+                self.probing = True
         while True:
-            while now - t0 < self.spin_ns:
+            while not skip and now - t0 < self.spin_ns:
                 for k in range(SPIN_BATCH):
                     if self._ready():
                         return OK
@@ -204,15 +247,20 @@ cdef class _RingEnd:
                 if mpx_take_flag(&self.nudged):
                     return NUDGED
                 now = mpx_now_ns()
-            while now - t0 < self.spin_ns + self.yield_budget_ns:
+            while not skip and now - t0 < self.spin_ns + self.yield_budget_ns:
                 mpx_yield()
+                took = mpx_now_ns() - now
+                now += took
+                self.yield_cost_ns += (took - self.yield_cost_ns) // COST_WEIGHT
                 if self._ready():
+                    self._judge(took)
                     return OK
+                if took > self.wake_cost_ns:  # (another task has this core: park instead)
+                    skip = True
                 if mpx_get_flag(&self.interrupted):
                     return INTERRUPTED
                 if mpx_take_flag(&self.nudged):
                     return NUDGED
-                now = mpx_now_ns()
                 if deadline >= 0 and now >= deadline:
                     return TIMEOUT
                 if slice_end >= 0 and now >= slice_end:
@@ -223,6 +271,27 @@ cdef class _RingEnd:
                 return st
             now = mpx_now_ns()
             t0 = now
+            skip = self.parks_first  # (a wake ahead of the message: it is near)
+
+    cdef void _judge(self, int64_t took) noexcept nogil:
+        """Count a wait that a yield of ``took`` ns ended: if the window's waits lost more to
+        yields slower than a wake than a wake each would cost, this end parks at once (see
+        the class docstring)."""
+        self.window_n += 1
+        if took > self.wake_cost_ns:
+            self.window_lost_ns += took - self.wake_cost_ns
+        if self.window_lost_ns > COST_WINDOW * self.wake_cost_ns:
+            if self.probing:  # (the window after parking first: the host is still crowded)
+                self.park_waits = min(2 * self.park_waits, PARK_WAITS_MAX)
+            self.parks_first = True
+            self.probing = False
+            self.parked_waits = self.window_n = 0
+            self.window_lost_ns = 0
+        elif self.window_n == COST_WINDOW:
+            self.park_waits = PARK_WAITS_MIN
+            self.probing = False
+            self.window_n = 0
+            self.window_lost_ns = 0
 
     cdef void _adapt(self, int64_t waited, bint found) noexcept nogil:
         """After a wait that parked, ``waited`` ns in all, ``found``: whether it ended with
@@ -244,6 +313,7 @@ cdef class _RingEnd:
         cdef int64_t now, until
         cdef int st, signalled
         cdef uint32_t v
+        cdef uint64_t woken
         while True:
             if _signal_pending():
                 return SIGNALLED
@@ -275,6 +345,10 @@ cdef class _RingEnd:
                 signalled = mpx_futex_wait(self.futex, v, until - now)
             mpx_store32(self.parked, 0)
             if self._ready():
+                woken = mpx_load64(self.woken_ns)
+                if woken >= <uint64_t>now:  # (the peer woke this park: what did it cost?)
+                    self.wake_cost_ns += (mpx_now_ns() - <int64_t>woken - self.wake_cost_ns) \
+                        // COST_WEIGHT
                 return OK
             if mpx_take_flag(&self.nudged):
                 return NUDGED
@@ -368,6 +442,7 @@ cdef class RingWriter(_RingEnd):
         self.partial = False
         self.futex = self._u32(OFF_SPACE_FUTEX)
         self.parked = self._u32(OFF_WRITER_PARKED)
+        self.woken_ns = self._u64(OFF_SPACE_WOKEN)
         self.gate = NULL
 
     def set_state(self, uint32_t bits):
@@ -470,8 +545,7 @@ cdef class RingWriter(_RingEnd):
         cdef uint64_t i
         for i in range(self.n_readers):
             if mpx_load32(self._u32(OFF_READERS + READER_BLOCK * i + RB_PARKED)):
-                mpx_bump32(self._u32(OFF_DATA_FUTEX))
-                mpx_futex_wake(self._u32(OFF_DATA_FUTEX))
+                mpx_wake_stamped(self._u32(OFF_DATA_FUTEX), self._u64(OFF_DATA_WOKEN))
                 break
 
     cpdef wake_readers(self):
@@ -600,6 +674,7 @@ cdef class RingReader(_RingEnd):
         self.write_seq = self._u64(OFF_WRITE_SEQ)
         self.futex = self._u32(OFF_DATA_FUTEX)
         self.parked = self._u32(blk + RB_PARKED)
+        self.woken_ns = self._u64(OFF_DATA_WOKEN)
         self.gate = self._u32(OFF_STATE)
         self.pidfds[0] = mpx_pidfd_open(<int>self._u64(OFF_WRITER_PID)[0])
 
@@ -653,8 +728,7 @@ cdef class RingReader(_RingEnd):
         mpx_store64(self._u64(OFF_READERS + READER_BLOCK * self.index + RB_READ_SEQ), self.seq)
         mpx_fence()
         if mpx_load32(self._u32(OFF_WRITER_PARKED)):
-            mpx_bump32(self._u32(OFF_SPACE_FUTEX))
-            mpx_futex_wake(self._u32(OFF_SPACE_FUTEX))
+            mpx_wake_stamped(self._u32(OFF_SPACE_FUTEX), self._u64(OFF_SPACE_WOKEN))
 
     def next_slot(self, int64_t deadline_ns=-1, int64_t slice_ns=-1):
         """Wait for the next slot: ``(status, length, kind)``. On OK its payload (at

@@ -12,8 +12,10 @@ cdef enum:
     OFF_WRITE_SEQ = 64
     OFF_DATA_FUTEX = 128
     OFF_STATE = 132
+    OFF_DATA_WOKEN = 136
     OFF_SPACE_FUTEX = 192
     OFF_WRITER_PARKED = 196
+    OFF_SPACE_WOKEN = 200
     OFF_READERS = 256
     # the slots start at the first multiple of this after the reader blocks
     SLOTS_ALIGN = 4096

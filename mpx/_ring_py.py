@@ -29,6 +29,20 @@ IMPLEMENTATION = "python"
 _WOKEN = -3
 # the least a yield budget grows by when it was too short (see mpx._ring._RingEnd)
 _YIELD_STEP_NS = 20000
+# see mpx._ring: WAKE_COST_PRIOR_NS, COST_WINDOW, PARK_WAITS_*, COST_WEIGHT
+_WAKE_COST_PRIOR_NS = 50000
+_COST_WINDOW = 32
+_PARK_WAITS_MIN = 256
+_PARK_WAITS_MAX = 16384
+_COST_WEIGHT = 8
+
+
+
+def _c_div(a: int, b: int) -> int:
+    """C's integer division, which rounds toward 0 (Python's // rounds down)."""
+    q = abs(a) // b
+    return q if a >= 0 else -q
+
 
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
@@ -69,10 +83,12 @@ class _RingEnd:
     """See ``mpx._ring._RingEnd``."""
 
     # set by the subclasses: the word this end parks on, the word that says it is parked,
-    # and the word that must be 0 for it to park (None: no gate)
+    # the word that must be 0 for it to park (None: no gate), and the word where the peer
+    # stamps when it woke the first
     _futex: int
     _parked: int
     _gate: int | None
+    _woken: int
 
     def __init__(self, buf, spin_ns: int, yield_ns: int, poll_ns: int) -> None:
         mv = memoryview(buf)
@@ -96,6 +112,9 @@ class _RingEnd:
             raise ValueError("ring buffer is smaller than its header's geometry")
         self.spin_ns, self.yield_ns, self.poll_ns = spin_ns, yield_ns, poll_ns
         self.yield_budget_ns = yield_ns  # (see mpx._ring._RingEnd: adapts in [0, yield_ns])
+        self.yield_cost_ns, self.wake_cost_ns = 0, _WAKE_COST_PRIOR_NS  # (and _cost)
+        self.parks_first, self.park_waits, self._probing = False, _PARK_WAITS_MIN, False
+        self._window_n = self._window_lost_ns = self._parked_waits = 0
         self._interrupted = False
         self._nudged = False  # set by nudge(); taken (under the GIL) by the wait it ends
         self._resting = False
@@ -129,6 +148,13 @@ class _RingEnd:
         rc = _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._addr + off), _FUTEX_WAIT,
                            ctypes.c_uint32(expected), ctypes.byref(ts), None, 0)
         return rc < 0 and ctypes.get_errno() == errno.EINTR
+
+    def _wake_stamped(self, off: int, woken: int) -> None:
+        """Wake the ends parked on the word at ``off``, stamping the word at ``woken``
+        first (mpx_wake_stamped)."""
+        self._q[woken >> 3] = time.monotonic_ns()
+        self._bump32(off)
+        self._futex_wake(off)
 
     def _futex_wake(self, off: int) -> None:
         if _SYS_FUTEX is not None:
@@ -175,19 +201,31 @@ class _RingEnd:
         t0 = now = start = time.monotonic_ns()
         if 0 <= deadline <= now:
             return self._not_waiting()
+        skip = False
         if self._resting:
             self._resting = False
-            t0 -= self.spin_ns + self.yield_budget_ns
+            skip = True
+        elif self.parks_first:
+            self._parked_waits += 1
+            if self._parked_waits <= self.park_waits:
+                skip = True
+            else:
+                self.parks_first, self._probing = False, True
         while True:
-            while now - t0 < self.spin_ns + self.yield_budget_ns:
+            while not skip and now - t0 < self.spin_ns + self.yield_budget_ns:
                 os.sched_yield()
+                took = time.monotonic_ns() - now
+                now += took
+                self.yield_cost_ns += _c_div(took - self.yield_cost_ns, _COST_WEIGHT)
                 if self._ready():
+                    self._judge(took)
                     return layout.OK
+                if took > self.wake_cost_ns:
+                    skip = True
                 if self._interrupted:
                     return layout.INTERRUPTED
                 if self._take_nudge():
                     return layout.NUDGED
-                now = time.monotonic_ns()
                 if 0 <= deadline <= now:
                     return layout.TIMEOUT
                 if 0 <= slice_end <= now:
@@ -197,6 +235,21 @@ class _RingEnd:
                 self._adapt(time.monotonic_ns() - start, st == layout.OK)
                 return st
             t0 = now = time.monotonic_ns()
+            skip = self.parks_first
+
+    def _judge(self, took: int) -> None:
+        """See ``mpx._ring._RingEnd._judge``."""
+        self._window_n += 1
+        if took > self.wake_cost_ns:
+            self._window_lost_ns += took - self.wake_cost_ns
+        if self._window_lost_ns > _COST_WINDOW * self.wake_cost_ns:
+            if self._probing:
+                self.park_waits = min(2 * self.park_waits, _PARK_WAITS_MAX)
+            self.parks_first, self._probing = True, False
+            self._parked_waits = self._window_n = self._window_lost_ns = 0
+        elif self._window_n == _COST_WINDOW:
+            self.park_waits, self._probing = _PARK_WAITS_MIN, False
+            self._window_n = self._window_lost_ns = 0
 
     def _adapt(self, waited: int, found: bool) -> None:
         """See ``mpx._ring._RingEnd._adapt``."""
@@ -241,6 +294,10 @@ class _RingEnd:
                 signalled = self._futex_wait(self._futex, v, until - now)
             self._set32(self._parked, 0)
             if self._ready():
+                woken = self._w64(self._woken)
+                if woken >= now:  # (the peer woke this park: what did it cost?)
+                    self.wake_cost_ns += _c_div(time.monotonic_ns() - woken - self.wake_cost_ns,
+                                                _COST_WEIGHT)
                 return layout.OK
             if self._take_nudge():
                 return layout.NUDGED
@@ -311,6 +368,7 @@ class RingWriter(_RingEnd):
         self.gone_index = -1
         self._pidfds = [-1] * self.n_readers
         self._futex, self._parked, self._gate = layout.OFF_SPACE_FUTEX, layout.OFF_WRITER_PARKED, None
+        self._woken = layout.OFF_SPACE_WOKEN
 
     def set_state(self, bits: int) -> None:
         """Set S_SHUTDOWN/S_CLOSED bits in the segment and wake every parked reader."""
@@ -388,8 +446,7 @@ class RingWriter(_RingEnd):
     def _wake_parked(self) -> None:
         for r in range(self.n_readers):
             if self._i[(layout.reader_block(r) + layout.RB_PARKED) >> 2]:
-                self._bump32(layout.OFF_DATA_FUTEX)
-                self._futex_wake(layout.OFF_DATA_FUTEX)
+                self._wake_stamped(layout.OFF_DATA_FUTEX, layout.OFF_DATA_WOKEN)
                 break
 
     def wake_readers(self) -> None:
@@ -487,7 +544,7 @@ class RingReader(_RingEnd):
         self.index = index
         self.seq = self._w64(blk + layout.RB_READ_SEQ)
         self._pidfds = [_pidfd_open(self._w64(layout.OFF_WRITER_PID))]
-        self._futex = layout.OFF_DATA_FUTEX
+        self._futex, self._woken = layout.OFF_DATA_FUTEX, layout.OFF_DATA_WOKEN
         self._parked, self._gate = blk + layout.RB_PARKED, layout.OFF_STATE
 
     def release(self) -> None:
@@ -534,8 +591,7 @@ class RingReader(_RingEnd):
         self._q[(self._rb + layout.RB_READ_SEQ) >> 3] = self.seq
         layout.fence()
         if self._w32(layout.OFF_WRITER_PARKED):
-            self._bump32(layout.OFF_SPACE_FUTEX)
-            self._futex_wake(layout.OFF_SPACE_FUTEX)
+            self._wake_stamped(layout.OFF_SPACE_FUTEX, layout.OFF_SPACE_WOKEN)
 
     def next_slot(self, deadline_ns: int = -1, slice_ns: int = -1) -> tuple[int, int, int]:
         """See ``mpx._ring.RingReader.next_slot``."""

@@ -83,6 +83,14 @@ static inline void mpx_futex_wake(uint32_t *addr) {
 #endif
 }
 
+/* Wake the ends parked on *addr, stamping *woken_ns first: how late they run after it is
+ * what a park costs them (mpx/_ring.pyx, _RingEnd._cost). */
+static inline void mpx_wake_stamped(uint32_t *addr, uint64_t *woken_ns) {
+    __atomic_store_n(woken_ns, (uint64_t)mpx_now_ns(), __ATOMIC_RELEASE);
+    mpx_bump32(addr);
+    mpx_futex_wake(addr);
+}
+
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif

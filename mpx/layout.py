@@ -14,8 +14,9 @@ Header (offsets in bytes)::
     48  token u64          56 writer_pid u64
     64  write_seq u64      slots published so far (writer only)
     128 data_futex u32     bumped to wake parked readers; 132 state u32 (SHUTDOWN|CLOSED)
+    136 data_woken_ns u64  when the writer last woke them (CLOCK_MONOTONIC)
     192 space_futex u32    bumped to wake a writer parked on a full ring
-    196 writer_parked u32
+    196 writer_parked u32  200 space_woken_ns u64: when a reader last woke it
     256 reader blocks, 64 bytes each:
         +0 read_seq u64 (slots this reader consumed) +8 pid u64 +16 attached u32
         +20 closed u32  +24 parked u32
@@ -33,7 +34,7 @@ import struct
 import threading
 
 MAGIC = int.from_bytes(b"MPXRING\x00", "little")
-VERSION = 2  # 2: kinds are opaque but for KIND_AS_BYTES
+VERSION = 3  # 2: kinds are opaque but for KIND_AS_BYTES; 3: the futex words' woken_ns
 
 CACHE_LINE = 64
 
@@ -46,8 +47,10 @@ OFF_WRITER_PID = 56
 OFF_WRITE_SEQ = 64
 OFF_DATA_FUTEX = 128
 OFF_STATE = 132
+OFF_DATA_WOKEN = 136
 OFF_SPACE_FUTEX = 192
 OFF_WRITER_PARKED = 196
+OFF_SPACE_WOKEN = 200
 OFF_READERS = 256
 SLOTS_ALIGN = 4096  # the slots start at the first multiple of this after the reader blocks
 

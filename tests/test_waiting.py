@@ -1,0 +1,69 @@
+"""The wait policy across processes: a waiter whose yields hand its core away parks at
+once, and one on a quiet host yields (mpx._ring._RingEnd's docstring)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import _procs
+import pytest
+
+import mpx
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two CPUs to pin to")
+
+
+def _busy_loops(n, cpu):
+    """``n`` busy-loop processes pinned to ``cpu``, killed with this process."""
+    code = ("import ctypes, os, signal; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
+            f"os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass")
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
+def _stop(loops):
+    for p in loops:
+        p.kill()
+        p.wait()
+
+
+def test_a_reader_on_a_crowded_core_parks_first_and_yields_again_once_it_is_quiet(impl, ctx):
+    """The reader (this thread) shares its CPU with two busy loops, the writer (a child
+    process on the other CPU) sends a message every millisecond: each yield returns a time
+    slice late, so the reader learns that a wake costs less and parks at once. Once the
+    loops are gone, a window of yielding finds quick yields, and it yields again."""
+    cpu_a, cpu_b = sorted(os.sched_getaffinity(0))[:2]
+    w, conn = _procs.start(ctx, _procs.paced_writer, cpu_b, 0.001)
+    mine = os.sched_getaffinity(0)
+    loops = []
+    q = mpx.MessageQueue.create_from_handle(conn.recv(), 0, config=mpx.Config(
+        spin_us=0, yield_us=50_000))  # (a wide window: each message is found yielding)
+    ring = q.reading_end()._ring
+    try:
+        q.wait_until_ready(10)
+        assert not ring.parks_first
+        loops = _busy_loops(2, cpu_a)
+        os.sched_setaffinity(0, {cpu_a})  # (this thread)
+        for _ in range(1000):
+            q.dequeue(timeout=10)
+            if ring.parks_first:
+                break
+        assert ring.parks_first, (ring.yield_cost_ns, ring.wake_cost_ns)
+        _stop(loops)
+        yielding = 0  # reads in a row since it last parked first
+        for _ in range(5000):  # windows parked (480 waits), then one yielding (32)...
+            q.dequeue(timeout=10)
+            yielding = 0 if ring.parks_first else yielding + 1
+            if yielding > 64:  # ...which it kept: it yields again
+                break
+        assert yielding > 64, (ring.yield_cost_ns, ring.wake_cost_ns)
+    finally:
+        os.sched_setaffinity(0, mine)
+        _stop(loops)
+        conn.send("stop")
+        q.close()
+        w.join(10)
+        conn.close()
