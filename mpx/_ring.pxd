@@ -55,12 +55,13 @@ cdef class _RingEnd:
     cdef uint32_t* parked            # set while it is parked, so the peer knows to wake it
     cdef uint32_t* gate              # it parks only while this word is 0 (NULL: no gate)
     cdef uint64_t* woken_ns          # when the peer last woke its futex word (the peer writes)
+    cdef uint64_t* published_ns      # a reader: when the writer last published (else NULL)
 
     cdef int _map(self, buf, int64_t spin_ns, int64_t yield_ns, int64_t poll_ns,
                   bint writer) except -1
     cdef inline uint64_t* _u64(self, size_t off) noexcept nogil
     cdef void _adapt(self, int64_t waited, bint found) noexcept nogil
-    cdef void _judge(self, int64_t took) noexcept nogil
+    cdef void _judge(self, int64_t late) noexcept nogil
     cdef inline uint32_t* _u32(self, size_t off) noexcept nogil
     cdef inline char* _slot(self, uint64_t seq) noexcept nogil
     cdef inline int _live(self) except -1

@@ -102,18 +102,20 @@ cdef class _RingEnd:
     Whether to spin and yield at all adapts to the host (``_judge``). A yield returns at
     once when nothing else wants the core, and after another task's whole time slice (ms)
     when the host is crowded: a waiter that is still runnable then sees its message up to a
-    slice late, while a parked one is woken, and scheduled, at once. So each end keeps two
-    running means: ``wake_cost_ns``, from the peer's wake (stamped in the segment) to this
-    end running after a park (WAKE_COST_PRIOR_NS until measured), and ``yield_cost_ns``, how
-    long one yield took. A yield slower than a wake ends the yield phase of its wait (it
-    parks). A yield that found the message after longer than a wake made that wait late by
-    the difference; when the waits that a yield ended lose more that way within COST_WINDOW
-    of them than a wake each would cost them, the end ``parks_first``: its next
-    ``park_waits`` waits skip the spin and the yield phase; then it yields again for a
-    window, which tells whether the host is still crowded: if it is, ``park_waits`` doubles
-    (PARK_WAITS_MIN to PARK_WAITS_MAX), so that a host that stays crowded pays a slice for
-    knowing ever more rarely; a window without that resets it. On a quiet host a yield takes
-    ~1 us against ~50 us for a wake on a VM, and nothing changes.
+    slice late, while a parked one is woken, and scheduled, at once. So a reader measures
+    both: ``wake_cost_ns``, from the writer's wake (stamped in the segment) to the reader
+    running after a park, a running mean (WAKE_COST_PRIOR_NS until measured), and, when a
+    yield finds a message, how late that is after the writer published (stamped too). A
+    yield that returns late because the core ran the peer's own work on the message is not
+    late. When the waits that a yield ended lose more to lateness beyond a wake's, within
+    COST_WINDOW of them, than a wake each would cost (one time slice late is enough), the
+    reader ``parks_first``: its next ``park_waits`` waits skip the spin and the yield phase;
+    then it yields again for a window, which tells whether the host is still crowded: if it
+    is, ``park_waits`` doubles (PARK_WAITS_MIN to PARK_WAITS_MAX), so that a host that stays
+    crowded pays for knowing ever more rarely; a window without that resets it. On a quiet
+    host a yield finds a message within microseconds, against tens for a wake on a VM, and
+    nothing changes. ``yield_cost_ns`` (one yield's duration, a running mean) is shown for
+    diagnosis. A writer waiting for room keeps the fixed policy.
     """
 
     def __cinit__(self):
@@ -253,10 +255,9 @@ cdef class _RingEnd:
                 now += took
                 self.yield_cost_ns += (took - self.yield_cost_ns) // COST_WEIGHT
                 if self._ready():
-                    self._judge(took)
+                    if self.published_ns != NULL:
+                        self._judge(now - <int64_t>mpx_load64(self.published_ns))
                     return OK
-                if took > self.wake_cost_ns:  # (another task has this core: park instead)
-                    skip = True
                 if mpx_get_flag(&self.interrupted):
                     return INTERRUPTED
                 if mpx_take_flag(&self.nudged):
@@ -273,13 +274,13 @@ cdef class _RingEnd:
             t0 = now
             skip = self.parks_first  # (a wake ahead of the message: it is near)
 
-    cdef void _judge(self, int64_t took) noexcept nogil:
-        """Count a wait that a yield of ``took`` ns ended: if the window's waits lost more to
-        yields slower than a wake than a wake each would cost, this end parks at once (see
-        the class docstring)."""
+    cdef void _judge(self, int64_t late) noexcept nogil:
+        """Count a wait that a yield ended ``late`` ns after the message was published: if
+        the window's waits lost more to lateness beyond a wake's than a wake each would
+        cost, this end parks at once (see the class docstring)."""
         self.window_n += 1
-        if took > self.wake_cost_ns:
-            self.window_lost_ns += took - self.wake_cost_ns
+        if late > self.wake_cost_ns:
+            self.window_lost_ns += late - self.wake_cost_ns
         if self.window_lost_ns > COST_WINDOW * self.wake_cost_ns:
             if self.probing:  # (the window after parking first: the host is still crowded)
                 self.park_waits = min(2 * self.park_waits, PARK_WAITS_MAX)
@@ -443,6 +444,7 @@ cdef class RingWriter(_RingEnd):
         self.futex = self._u32(OFF_SPACE_FUTEX)
         self.parked = self._u32(OFF_WRITER_PARKED)
         self.woken_ns = self._u64(OFF_SPACE_WOKEN)
+        self.published_ns = NULL
         self.gate = NULL
 
     def set_state(self, uint32_t bits):
@@ -536,6 +538,7 @@ cdef class RingWriter(_RingEnd):
         (<uint32_t*>(slot + SH_KIND))[0] = kind
         (<uint64_t*>(slot + SH_TOTAL))[0] = total
         self.seq += 1
+        mpx_store64(self._u64(OFF_PUBLISHED_NS), <uint64_t>mpx_now_ns())
         mpx_store64(self._u64(OFF_WRITE_SEQ), self.seq)
         mpx_fence()
         self._wake_parked()
@@ -675,6 +678,7 @@ cdef class RingReader(_RingEnd):
         self.futex = self._u32(OFF_DATA_FUTEX)
         self.parked = self._u32(blk + RB_PARKED)
         self.woken_ns = self._u64(OFF_DATA_WOKEN)
+        self.published_ns = self._u64(OFF_PUBLISHED_NS)
         self.gate = self._u32(OFF_STATE)
         self.pidfds[0] = mpx_pidfd_open(<int>self._u64(OFF_WRITER_PID)[0])
 

@@ -89,6 +89,7 @@ class _RingEnd:
     _parked: int
     _gate: int | None
     _woken: int
+    _published: int | None  # a reader: the word where the writer stamps when it published
 
     def __init__(self, buf, spin_ns: int, yield_ns: int, poll_ns: int) -> None:
         mv = memoryview(buf)
@@ -218,10 +219,9 @@ class _RingEnd:
                 now += took
                 self.yield_cost_ns += _c_div(took - self.yield_cost_ns, _COST_WEIGHT)
                 if self._ready():
-                    self._judge(took)
+                    if self._published is not None:
+                        self._judge(now - self._w64(self._published))
                     return layout.OK
-                if took > self.wake_cost_ns:
-                    skip = True
                 if self._interrupted:
                     return layout.INTERRUPTED
                 if self._take_nudge():
@@ -237,11 +237,11 @@ class _RingEnd:
             t0 = now = time.monotonic_ns()
             skip = self.parks_first
 
-    def _judge(self, took: int) -> None:
+    def _judge(self, late: int) -> None:
         """See ``mpx._ring._RingEnd._judge``."""
         self._window_n += 1
-        if took > self.wake_cost_ns:
-            self._window_lost_ns += took - self.wake_cost_ns
+        if late > self.wake_cost_ns:
+            self._window_lost_ns += late - self.wake_cost_ns
         if self._window_lost_ns > _COST_WINDOW * self.wake_cost_ns:
             if self._probing:
                 self.park_waits = min(2 * self.park_waits, _PARK_WAITS_MAX)
@@ -368,7 +368,7 @@ class RingWriter(_RingEnd):
         self.gone_index = -1
         self._pidfds = [-1] * self.n_readers
         self._futex, self._parked, self._gate = layout.OFF_SPACE_FUTEX, layout.OFF_WRITER_PARKED, None
-        self._woken = layout.OFF_SPACE_WOKEN
+        self._woken, self._published = layout.OFF_SPACE_WOKEN, None
 
     def set_state(self, bits: int) -> None:
         """Set S_SHUTDOWN/S_CLOSED bits in the segment and wake every parked reader."""
@@ -439,6 +439,7 @@ class RingWriter(_RingEnd):
         i32[(s + layout.SH_KIND) >> 2] = kind
         q[(s + layout.SH_TOTAL) >> 3] = total
         self.seq += 1
+        q[layout.OFF_PUBLISHED_NS >> 3] = time.monotonic_ns()
         q[layout.OFF_WRITE_SEQ >> 3] = self.seq
         layout.fence()
         self._wake_parked()
@@ -545,6 +546,7 @@ class RingReader(_RingEnd):
         self.seq = self._w64(blk + layout.RB_READ_SEQ)
         self._pidfds = [_pidfd_open(self._w64(layout.OFF_WRITER_PID))]
         self._futex, self._woken = layout.OFF_DATA_FUTEX, layout.OFF_DATA_WOKEN
+        self._published = layout.OFF_PUBLISHED_NS
         self._parked, self._gate = blk + layout.RB_PARKED, layout.OFF_STATE
 
     def release(self) -> None:

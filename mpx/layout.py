@@ -13,6 +13,7 @@ Header (offsets in bytes)::
     16  max_chunk_bytes    24 max_chunks       32 n_readers       40 slot_stride
     48  token u64          56 writer_pid u64
     64  write_seq u64      slots published so far (writer only)
+    72  published_ns u64   when the writer last published (CLOCK_MONOTONIC)
     128 data_futex u32     bumped to wake parked readers; 132 state u32 (SHUTDOWN|CLOSED)
     136 data_woken_ns u64  when the writer last woke them (CLOCK_MONOTONIC)
     192 space_futex u32    bumped to wake a writer parked on a full ring
@@ -34,7 +35,7 @@ import struct
 import threading
 
 MAGIC = int.from_bytes(b"MPXRING\x00", "little")
-VERSION = 3  # 2: kinds are opaque but for KIND_AS_BYTES; 3: the futex words' woken_ns
+VERSION = 3  # 2: kinds are opaque but for KIND_AS_BYTES; 3: woken_ns, published_ns
 
 CACHE_LINE = 64
 
@@ -45,6 +46,7 @@ OFF_N_READERS = 32
 OFF_SLOT_STRIDE = 40
 OFF_WRITER_PID = 56
 OFF_WRITE_SEQ = 64
+OFF_PUBLISHED_NS = 72
 OFF_DATA_FUTEX = 128
 OFF_STATE = 132
 OFF_DATA_WOKEN = 136
