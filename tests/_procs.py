@@ -89,15 +89,19 @@ def writer_process(n_reader, conn, msgs, then):
             q.enqueue(os.urandom(random.randrange(1, 20000)), timeout=60)
 
 
-def paced_writer(cpu, gap_s, conn):
+def paced_writer(cpu, gap_s, work_s, conn):
     """Create a 1-reader queue, send its handle, and once the reader is attached enqueue a
-    small message every ``gap_s`` from CPU ``cpu`` until ``conn`` says stop."""
+    small message every ``gap_s`` from CPU ``cpu`` until ``conn`` says stop, each after
+    ``work_s`` of busy work (the message's making)."""
     q = mpx.MessageQueue(1, 1)
     conn.send(q.export_handle())
     q.wait_until_ready(30)
     os.sched_setaffinity(0, {cpu})
     n = 0
     while not conn.poll(gap_s):
+        end = time.perf_counter() + work_s
+        while time.perf_counter() < end:
+            pass
         q.enqueue(n, timeout=30)
         n += 1
     q.close()

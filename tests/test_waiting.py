@@ -36,7 +36,7 @@ def test_a_reader_on_a_crowded_core_parks_first_and_yields_again_once_it_is_quie
     slice late, so the reader learns that a wake costs less and parks at once. Once the
     loops are gone, a window of yielding finds quick yields, and it yields again."""
     cpu_a, cpu_b = sorted(os.sched_getaffinity(0))[:2]
-    w, conn = _procs.start(ctx, _procs.paced_writer, cpu_b, 0.001)
+    w, conn = _procs.start(ctx, _procs.paced_writer, cpu_b, 0.001, 0.0)
     mine = os.sched_getaffinity(0)
     loops = []
     q = mpx.MessageQueue.create_from_handle(conn.recv(), 0, config=mpx.Config(
@@ -63,6 +63,32 @@ def test_a_reader_on_a_crowded_core_parks_first_and_yields_again_once_it_is_quie
     finally:
         os.sched_setaffinity(0, mine)
         _stop(loops)
+        conn.send("stop")
+        q.close()
+        w.join(10)
+        conn.close()
+
+
+def test_a_reader_whose_yields_run_the_writers_work_keeps_yielding(impl, ctx):
+    """The reader (this thread) and the writer share one CPU and nothing else runs there:
+    each of the reader's yields hands the core to the writer, which works 2 ms on the
+    message and publishes it. The yields return milliseconds later, but never late after
+    the message was published: the reader does not take the host for crowded."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    w, conn = _procs.start(ctx, _procs.paced_writer, cpu, 0.0005, 0.002)
+    mine = os.sched_getaffinity(0)
+    q = mpx.MessageQueue.create_from_handle(conn.recv(), 0, config=mpx.Config(
+        spin_us=0, yield_us=50_000))
+    ring = q.reading_end()._ring
+    try:
+        q.wait_until_ready(10)
+        os.sched_setaffinity(0, {cpu})
+        for _ in range(200):
+            q.dequeue(timeout=10)
+            assert not ring.parks_first, (ring.yield_cost_ns, ring.wake_cost_ns)
+        assert ring.yield_cost_ns > 100_000, "the yields ran the writer's work"
+    finally:
+        os.sched_setaffinity(0, mine)
         conn.send("stop")
         q.close()
         w.join(10)
