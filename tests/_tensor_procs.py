@@ -155,3 +155,43 @@ def cuda_reader(handle, conn):
     finally:
         q.close()
         conn.close()
+
+
+def make_step(n=290, seed=0):
+    """A scheduler step shaped as bench/kit.make_step's (~150 KB pickled): request ids, token
+    lists, block tables and sampling parameters in plain containers, and two small tensors."""
+    import random
+    rng = random.Random(seed)
+    ids = [f"cmpl-{rng.getrandbits(64):016x}-0" for _ in range(n)]
+    tokens = [[rng.randrange(152_000) for _ in range(rng.randrange(16, 64))] for _ in ids]
+    blocks = [[rng.randrange(1 << 16) for _ in range(rng.randrange(40, 120))] for _ in ids]
+    return {"step": 0, "req_ids": ids, "new_token_ids": dict(zip(ids, tokens)),
+            "block_tables": dict(zip(ids, blocks)),
+            "num_scheduled_tokens": {r: len(t) for r, t in zip(ids, tokens)},
+            "sampling": {r: {"temperature": 0.7, "top_p": 0.95, "seed": i} for i, r in enumerate(ids)},
+            "finished_req_ids": set(ids[: n // 32]), "positions": torch.arange(n, dtype=torch.int64),
+            "slot_mapping": torch.arange(n * 4, dtype=torch.int32)}
+
+
+class StepWorker:
+    """An Executor worker that says how the step dicts it was sent were decoded: how often
+    torch's own in-band tensor unpickling ran (``torch.storage._load_from_bytes``, which the
+    unpickler looks up by name: counted from the worker's start), and which codec it runs."""
+
+    def __init__(self, ctx):
+        import torch.storage
+        self.torch_loads = 0
+        original = torch.storage._load_from_bytes
+
+        def counting(b):
+            self.torch_loads += 1
+            return original(b)
+
+        torch.storage._load_from_bytes = counting
+
+    def inspect(self, step):
+        from mpx import serde
+        a, b = step["positions"], step["slot_mapping"]
+        return {"torch_loads": self.torch_loads, "codec": serde._codec.IMPLEMENTATION,
+                "requests": len(step["req_ids"]), "tensors": (a.tolist(), b.tolist()),
+                "tokens": sum(map(len, step["new_token_ids"].values()))}

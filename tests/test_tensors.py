@@ -5,7 +5,9 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import pickle
 import signal
+import struct
 import warnings
 
 import _procs
@@ -20,7 +22,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import mpx  # noqa: E402
-from mpx import segments, serde, sharing  # noqa: E402
+from mpx import segments, serde, sharing, wire  # noqa: E402
 from mpx.serde import K_PICKLE_OOB  # noqa: E402
 
 
@@ -221,6 +223,51 @@ def test_tensor_bytes_go_out_of_band_also_with_a_callable():
         got = got if isinstance(got, torch.Tensor) else got[1]
         assert torch.equal(got, t)
 
+
+
+def _address(part) -> int:
+    import numpy as np
+    return np.frombuffer(part, dtype=np.uint8).ctypes.data
+
+
+def test_step_dict_tensors_leave_the_pickle_as_they_are():
+    """A scheduler step (bench_inband's [s] row: ~150 KB of containers and two small
+    tensors), as the driver sends a call with it: one out-of-band message whose two buffers
+    are the tensors' own memory (no copy before the ring, none of torch's in-band pickling),
+    a pickle no larger than the step's containers', and the step back on decoding."""
+    step = tp.make_step()
+    tensors = (step["positions"], step["slot_mapping"])
+    kind, parts = serde.encode(wire.call(7, "inspect", (step,), None, None), True)
+    assert kind == K_PICKLE_OOB
+    n_buffers, pickle_len = struct.unpack_from("<QQ", parts[0])
+    assert n_buffers == 2
+    for t in tensors:
+        assert [p for p in parts if memoryview(p).nbytes == t.nbytes
+                and _address(p) == t.data_ptr()], "a tensor's bytes were copied before the ring"
+    plain = {k: v for k, v in step.items() if not isinstance(v, torch.Tensor)}
+    assert pickle_len < len(pickle.dumps(plain, protocol=5)) + 1024
+    got = serde.decode(kind, bytearray(b"".join(bytes(memoryview(p)) for p in parts)))
+    assert got[2] == "inspect" and got[3][0]["req_ids"] == step["req_ids"]
+    assert all(torch.equal(got[3][0][k], t) for k, t in zip(("positions", "slot_mapping"), tensors))
+
+
+def test_step_dict_reaches_the_worker_without_torch_pickling(impl):
+    """Across processes: the worker decodes the step's tensors from the out-of-band buffers,
+    never through torch's own in-band unpickling (which costs the pickle floor its most),
+    with the codec of the implementation under test. A quantized tensor, which does use
+    torch's pickling, shows that the worker's count sees it."""
+    step = tp.make_step()
+    want = (step["positions"].tolist(), step["slot_mapping"].tolist())
+    with mpx.Executor(tp.StepWorker, 1, start_method=START_METHOD) as ex:
+        for _ in range(3):
+            [got] = ex.collective_rpc("inspect", args=(step,), timeout=60)
+            assert got == {"torch_loads": 0, "codec": impl, "requests": 290, "tensors": want,
+                           "tokens": sum(map(len, step["new_token_ids"].values()))}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # torch: quantized tensors deprecated
+            q = torch.quantize_per_tensor(torch.rand(5), 0.1, 3, torch.quint8)
+        [got] = ex.collective_rpc("inspect", args=({**step, "extra": q},), timeout=60)
+        assert got["torch_loads"] >= 1
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")   # torch: CSR beta, quantized deprecated
