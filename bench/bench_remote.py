@@ -1,6 +1,6 @@
 """Multi-node mpx.Executors over loopback TCP, against bare pyzmq baselines measured in the same run.
 
-    python bench/bench_remote.py [--quick] [--launchers-only] [--png P] [--json P]
+    python bench/bench_remote.py [--quick] [--zmq-only | --launchers-only] [--png P] [--json P]
 
 The "remote" node is a follower, ``python -m mpx node --node-rank 1 --nnodes 2``, started here with
 MPX_AUTH_KEY set and bench/ on its PYTHONPATH (its workers import kit.Worker by name); the driver is
@@ -10,9 +10,13 @@ the leader. Every byte to the follower crosses tcp://127.0.0.1, on the same core
 1. a no-op's round trip, 2 nodes x 1 rank (rank 0 over shared memory, rank 1 on the follower over
    ZeroMQ), vs a pyzmq REQ/REP round trip of 100 bytes over tcp://127.0.0.1 to a child that echoes
    it.                                                                target: <= 1.5x REQ/REP
-   The same with unique_reply_rank=1, and a single-node executor with transport="zmq" (its one rank
-   reached over ZeroMQ as a remote one is): informational. Every side is up at once and timed in
-   alternating blocks.
+   The same with unique_reply_rank=1: informational. Then a single-node executor with
+   transport="zmq" (its one rank reached over ZeroMQ as a remote one is: HMAC-signed frames over
+   tcp://127.0.0.1 both ways) vs a pyzmq REQ/REP loop of the same call, pickled, to a child that
+   unpickles it, calls kit.Worker's method and sends the pickled reply: what ZeroMQ, pickle and
+   the method cost by themselves.                                     target: <= 1.10x that REQ/REP
+   Every side is up at once and timed in alternating blocks. ``--zmq-only`` runs this last
+   comparison alone (~10 s).
 2. a 64 MiB torch.float32 tensor (numpy without torch) as the argument of a call to 2 nodes x 2
    ranks: GB/s = the bytes delivered to the remote ranks (2 x 64 MiB) / call time, vs a pyzmq PUSH
    streaming the same bytes to 2 PULL children (copy=False, each acked back).
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import secrets
 import subprocess
 import sys
@@ -41,6 +46,7 @@ import kit
 import zmq
 
 import mpx
+from mpx import wire
 
 KEY = secrets.token_hex(32)
 PATH = os.pathsep.join([kit.BENCH, kit.ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])
@@ -95,6 +101,23 @@ def _rep_child(conn):
     ctx.term()
 
 
+def _call_rep_child(conn):
+    """A REP socket on tcp://127.0.0.1 answering every pickled wire.call on kit.Worker, as an mpx
+    worker does: unpickle, call the method, pickle ``(seq, OK, result)``; stops on an empty
+    message."""
+    ctx = zmq.Context()
+    rep = ctx.socket(zmq.REP)
+    conn.send(rep.bind_to_random_port("tcp://127.0.0.1"))
+    conn.close()
+    worker, loads, dumps = kit.Worker(), pickle.loads, pickle.dumps
+    while msg := rep.recv():
+        _, seq, method, args, kwargs, _ = loads(msg)
+        rep.send(dumps((seq, wire.OK, getattr(worker, method)(*args, **(kwargs or {}))), 5))
+    rep.send(b"")
+    rep.close(linger=0)
+    ctx.term()
+
+
 def _pull_child(idx, push_port, ack_port):
     """A PULL from the driver's PUSH; acks each message with (idx, bytes); stops on b""."""
     ctx = zmq.Context()
@@ -109,9 +132,13 @@ def _pull_child(idx, push_port, ack_port):
 
 
 class ReqRep:
-    def __init__(self):
+    """A REQ to a REP child: ``call()`` a 100-byte echo (with _rep_child), ``rpc(method)`` a pickled
+    wire.call (with _call_rep_child)."""
+
+    def __init__(self, child=_rep_child):
         a, b = kit.CTX.Pipe()
-        self.proc = kit.start(_rep_child, (b,))
+        self.proc = kit.start(child, (b,))
+        self.seq = 0
         b.close()
         if not a.poll(kit.SETUP_TIMEOUT):
             raise RuntimeError("the REP child did not come up")
@@ -124,6 +151,14 @@ class ReqRep:
         self.req.send(b"x" * 100)
         if len(self.req.recv()) != 100:
             raise RuntimeError("the REP child echoed something else")
+
+    def rpc(self, method):
+        self.seq += 1
+        self.req.send(pickle.dumps(wire.call(self.seq, method, (), None, None), 5))
+        seq, status, result = pickle.loads(self.req.recv())
+        if seq != self.seq or status != wire.OK:
+            raise RuntimeError(f"the REP child answered {seq, status, result}")
+        return result
 
     def close(self):
         self.req.send(b"")
@@ -169,22 +204,35 @@ class PushPull:
         self.ctx.term()
 
 
-def bench_noop(iters, warm):
-    """Stats of mpx (2 nodes x 1 rank), REQ/REP, unique_reply_rank=1, transport="zmq"."""
-    group = zex = base = None
+def bench_noop(iters, warm, zmq_only=False):
+    """Stats of mpx (2 nodes x 1 rank), REQ/REP, unique_reply_rank=1; then of transport="zmq" and
+    REQ/REP of the pickled call (those two alone with ``zmq_only``)."""
+    group = zex = base = calls = None
     try:
-        group, zex = Group(2), kit.new_executor(1, transport="zmq", startup_timeout_s=kit.SETUP_TIMEOUT)
-        base, ex = ReqRep(), group.ex
-        fns = [lambda: ex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT), base.call,
-               lambda: ex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT, unique_reply_rank=1),
-               lambda: zex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT)]
+        zex = kit.new_executor(1, transport="zmq", startup_timeout_s=kit.SETUP_TIMEOUT)
+        calls = ReqRep(_call_rep_child)
+        fns = [lambda: zex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT), lambda: calls.rpc("noop")]
+        if not zmq_only:
+            group, base = Group(2), ReqRep()
+            ex = group.ex
+            fns = [lambda: ex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT), base.call,
+                   lambda: ex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT, unique_reply_rank=1),
+                   *fns]
         return [kit.stats(v) for v in kit.interleaved(fns, warm, iters, 4).values()]
     finally:
-        for obj in (base, group):
+        for obj in (calls, base, group):
             if obj is not None:
                 obj.close()
         if zex is not None:
             zex.shutdown()
+
+
+def zmq_rows(rows, raw, z, c):
+    rows.append(kit.row("no-op round trip, 1 rank over ZeroMQ only (1 node, transport='zmq')", "us", z, c,
+                        "<= 1.10x REQ/REP", z["median"] / c["median"] <= 1.1,
+                        note="baseline: pyzmq REQ/REP of the pickled call to a child that runs it and "
+                             "pickles the reply, tcp://127.0.0.1"))
+    raw["zmq_only_us"] = {"mpx": z, "reqrep_call": c}
 
 
 def bench_tensor(tensor, reps, warm):
@@ -300,9 +348,12 @@ def launchers(rows, raw, iters, warm, reps):
 
 
 def main():
-    args = kit.parse_args(__doc__, "fewer repetitions (~15 s instead of ~35 s, without Ray)",
-                          lambda ap: ap.add_argument("--launchers-only", action="store_true",
-                                                     help="run section 3 alone"))
+    def more(ap):
+        only = ap.add_mutually_exclusive_group()
+        only.add_argument("--launchers-only", action="store_true", help="run section 3 alone")
+        only.add_argument("--zmq-only", action="store_true",
+                          help="run section 1's transport='zmq' vs REQ/REP of the pickled call alone")
+    args = kit.parse_args(__doc__, "fewer repetitions (~15 s instead of ~35 s, without Ray)", more)
     iters, warm = (2000, 200) if args.quick else (12000, 1000)
     reps, bw_warm = (5, 1) if args.quick else (15, 2)
     header = kit.print_header(args.quick, "remote (multi-node) executor benchmark", "the driver, both "
@@ -311,16 +362,19 @@ def main():
                               libzmq=zmq.zmq_version(), relay=os.environ.get("MPX_RELAY", "auto"))
     rows, raw = [], {}
     try:
-        if not args.launchers_only:
-            kit.progress(f"[1] no-op, 2 nodes x 1 rank, {iters} calls each of 4 loops ...")
-            m, b, u, z = bench_noop(iters, warm)
+        if args.zmq_only:
+            kit.progress(f"[1] no-op, transport='zmq' and REQ/REP of the pickled call, {iters} calls "
+                         "each ...")
+            zmq_rows(rows, raw, *bench_noop(iters, warm, zmq_only=True))
+        elif not args.launchers_only:
+            kit.progress(f"[1] no-op, 2 nodes x 1 rank, {iters} calls each of 5 loops ...")
+            m, b, u, z, c = bench_noop(iters, warm)
             rows.append(kit.row("no-op round trip, 2 nodes x 1 rank (world_size=2)", "us", m, b,
                                 "<= 1.50x REQ/REP", m["median"] / b["median"] <= 1.5,
                                 note="baseline: pyzmq REQ/REP of 100 bytes, tcp://127.0.0.1"))
             rows.append(kit.row("  same, unique_reply_rank=1", "us", u, b))
-            rows.append(kit.row("  1 rank over ZeroMQ only (1 node, transport='zmq')", "us", z, b,
-                                note="its only rank reached over ZeroMQ as a remote one is"))
-            raw["noop_us"] = {"mpx": m, "reqrep": b, "unique_1": u, "zmq_only": z}
+            raw["noop_us"] = {"mpx": m, "reqrep": b, "unique_1": u}
+            zmq_rows(rows, raw, z, c)
             try:
                 import torch
                 tensor = torch.arange(kit.BIG // 4, dtype=torch.float32)
@@ -337,7 +391,8 @@ def main():
                                      f"a PUSH -> 2 PULL round {sb['median_ms']:.1f} ms"))
             raw["tensor"] = {"mpx_s": mine, "pushpull_s": theirs}
             del tensor
-        launchers(rows, raw, iters, warm, 2 if args.quick else 4)
+        if not args.zmq_only:
+            launchers(rows, raw, iters, warm, 2 if args.quick else 4)
     finally:
         kit.cleanup_procs()
     kit.finish(args, header, rows, raw, "mpx multi-node Executor over loopback vs pyzmq")

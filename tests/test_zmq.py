@@ -341,6 +341,25 @@ def test_slow_remote_reader_makes_writer_wait_then_raise(cfg):
             r.close()
 
 
+def test_a_write_that_may_not_wait_never_finds_a_prompt_readers_pipe_full(ctx, cfg):
+    # each message goes out once the reader (another process) has taken the one before, so
+    # its pipe has room; libzmq hands the writer's socket that credit as a command that a
+    # send processes at most every ~1 ms: the writer takes it in before it calls the pipe
+    # full (with 2 messages of room, a send ~100 us after the last one would find it full)
+    small = dataclasses.replace(cfg, max_chunks=2)
+    with mpx.MessageQueue(1, 0, config=small) as q:
+        p, conn = _procs.start(ctx, _procs.with_key, KEY, _procs.echo_reader, q.export_handle(), 0)
+        try:
+            q.wait_until_ready(30)
+            assert conn.poll(30) and conn.recv()[0] == "ready"
+            for i in range(300):
+                q.enqueue(i, timeout=0)  # (a deadline already past: no waiting)
+                assert conn.poll(10) and conn.recv() == _procs.summary(i)
+            q.enqueue(None, timeout=10)
+        finally:
+            p.join(10)
+
+
 def test_remote_reader_death_is_peer_died(ctx, cfg):
     with mpx.MessageQueue(1, 0, config=cfg) as q:
         p, conn = _procs.start(ctx, _procs.with_key, KEY, _procs.slow_reader, q.export_handle())

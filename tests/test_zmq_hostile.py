@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 import mpx
-from mpx.transport import zmq as zt
+from mpx.auth import Signer
 
 KEY = "hostile-test-key-" + "x" * 16
 
@@ -124,13 +124,13 @@ def test_a_replayed_hello_diverts_nothing_and_a_fresh_one_is_accepted(cfg, monke
         h = q.export_handle()
         sent = []  # the HELLO reader 0 sends, as an eavesdropper captures it
 
-        def capture(key, header, parts):
-            frame = auth_seal(key, header, parts)
+        def capture(signer, header, parts):
+            frame = auth_seal(signer, header, parts)
             sent.append(frame)
             return frame
 
-        auth_seal = zt.seal
-        monkeypatch.setattr(zt, "seal", capture)
+        auth_seal = Signer.seal
+        monkeypatch.setattr(Signer, "seal", capture)
         r0 = mpx.MessageQueue.create_from_handle(h, 0, config=cfg)
         monkeypatch.undo()
         (hello,) = sent
