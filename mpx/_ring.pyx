@@ -278,21 +278,23 @@ cdef class _RingEnd:
         """Count a wait that a yield ended ``late`` ns after the message was published: if
         the window's waits lost more to lateness beyond a wake's than a wake each would
         cost, this end parks at once (see the class docstring)."""
+        cdef bint crowded
         self.window_n += 1
         if late > self.wake_cost_ns:
             self.window_lost_ns += late - self.wake_cost_ns
-        if self.window_lost_ns > COST_WINDOW * self.wake_cost_ns:
+        crowded = self.window_lost_ns > COST_WINDOW * self.wake_cost_ns
+        if not crowded and self.window_n < COST_WINDOW:
+            return
+        if crowded:
             if self.probing:  # (the window after parking first: the host is still crowded)
                 self.park_waits = min(2 * self.park_waits, PARK_WAITS_MAX)
             self.parks_first = True
-            self.probing = False
-            self.parked_waits = self.window_n = 0
-            self.window_lost_ns = 0
-        elif self.window_n == COST_WINDOW:
+            self.parked_waits = 0
+        else:
             self.park_waits = PARK_WAITS_MIN
-            self.probing = False
-            self.window_n = 0
-            self.window_lost_ns = 0
+        self.probing = False
+        self.window_n = 0
+        self.window_lost_ns = 0
 
     cdef void _adapt(self, int64_t waited, bint found) noexcept nogil:
         """After a wait that parked, ``waited`` ns in all, ``found``: whether it ended with

@@ -242,14 +242,17 @@ class _RingEnd:
         self._window_n += 1
         if late > self.wake_cost_ns:
             self._window_lost_ns += late - self.wake_cost_ns
-        if self._window_lost_ns > _COST_WINDOW * self.wake_cost_ns:
+        crowded = self._window_lost_ns > _COST_WINDOW * self.wake_cost_ns
+        if not crowded and self._window_n < _COST_WINDOW:
+            return
+        if crowded:
             if self._probing:
                 self.park_waits = min(2 * self.park_waits, _PARK_WAITS_MAX)
-            self.parks_first, self._probing = True, False
-            self._parked_waits = self._window_n = self._window_lost_ns = 0
-        elif self._window_n == _COST_WINDOW:
-            self.park_waits, self._probing = _PARK_WAITS_MIN, False
-            self._window_n = self._window_lost_ns = 0
+            self.parks_first, self._parked_waits = True, 0
+        else:
+            self.park_waits = _PARK_WAITS_MIN
+        self._probing = False
+        self._window_n = self._window_lost_ns = 0
 
     def _adapt(self, waited: int, found: bool) -> None:
         """See ``mpx._ring._RingEnd._adapt``."""

@@ -84,7 +84,7 @@ static inline void mpx_futex_wake(uint32_t *addr) {
 }
 
 /* Wake the ends parked on *addr, stamping *woken_ns first: how late they run after it is
- * what a park costs them (mpx/_ring.pyx, _RingEnd._cost). */
+ * what a park costs them (mpx/_ring.pyx, _RingEnd._park). */
 static inline void mpx_wake_stamped(uint32_t *addr, uint64_t *woken_ns) {
     __atomic_store_n(woken_ns, (uint64_t)mpx_now_ns(), __ATOMIC_RELEASE);
     mpx_bump32(addr);

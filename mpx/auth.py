@@ -49,11 +49,6 @@ class Signer:
         return body if hmac.compare_digest(self.digest(body), mv[-DIGEST_SIZE:]) else None
 
 
-def digest(key: bytes, data) -> bytes:
-    """HMAC-SHA256 of ``data`` under ``key``."""
-    return hmac.new(key, data, hashlib.sha256).digest()
-
-
 def seal(key: bytes, header: bytes, parts: Iterable) -> bytes:
     """:meth:`Signer.seal` under ``key``."""
     return Signer(key).seal(header, parts)

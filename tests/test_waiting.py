@@ -54,7 +54,7 @@ def test_a_reader_on_a_crowded_core_parks_first_and_yields_again_once_it_is_quie
         assert ring.parks_first, (ring.yield_cost_ns, ring.wake_cost_ns)
         _stop(loops)
         yielding = 0  # reads in a row since it last parked first
-        for _ in range(5000):  # windows parked (480 waits), then one yielding (32)...
+        for _ in range(5000):  # a span parked (256 waits), then a window yielding (32)...
             q.dequeue(timeout=10)
             yielding = 0 if ring.parks_first else yielding + 1
             if yielding > 64:  # ...which it kept: it yields again
