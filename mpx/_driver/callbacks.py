@@ -28,7 +28,8 @@ class CallbackThread:
 
     def __init__(self) -> None:
         self._due: collections.deque[Any] = collections.deque()
-        self._cv = threading.Condition(threading.Lock())
+        self._cv_lock = threading.Lock()  # (entered itself, not the Condition: see pump.py)
+        self._cv = threading.Condition(self._cv_lock)
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -41,7 +42,7 @@ class CallbackThread:
     def queue(self, futures: list) -> bool:
         """Queue the done callbacks of ``futures`` (in this order) for the thread; False,
         queuing nothing, after close(). Runs no user code (callers may hold a lock)."""
-        with self._cv:
+        with self._cv_lock:
             if self._closed:
                 return False
             self._due.extend(futures)
@@ -59,7 +60,7 @@ class CallbackThread:
 
     def _run(self) -> None:
         while True:
-            with self._cv:
+            with self._cv_lock:
                 while not self._due and not self._closed:
                     self._cv.wait()
                 if not self._due:
@@ -85,7 +86,7 @@ class CallbackThread:
     def close(self) -> None:
         """Run what was handed over, then stop the thread (waiting CLOSE_WAIT_S at most:
         a callback that blocks is left to finish on its own)."""
-        with self._cv:
+        with self._cv_lock:
             self._closed = True
             thread = self._thread
             self._cv.notify()

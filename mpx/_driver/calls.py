@@ -77,14 +77,14 @@ class CallTable(Sending, ReplyPump):
             self.stopping = True
         for q in self.resp:
             q.shutdown()  # wakes the reader; what was written can still be read
-        mine = self._take_baton(FAIL_HANDOVER_S)
+        outer = self.baton.held()  # (fail() from a reading thread: it hands over itself)
         try:
-            if mine:
+            if not outer and self.baton.take(FAIL_HANDOVER_S):
                 self._read_rest(time.monotonic() + FAIL_DRAIN_S)
         finally:
             self._settle_all(err)
-            if mine:
-                self._hand_over()
+            if not outer and self.baton.let_go():
+                self._handed_over()
             self.stop_sending()
             self.after_reading()
         return True
@@ -112,7 +112,7 @@ class CallTable(Sending, ReplyPump):
             self.stop_sending()
         for q in self.resp:
             q.shutdown()
-        with self.turn:
+        with self.turn_lock:
             self.turn.notify_all()
         try:
             self.after_reading()

@@ -15,6 +15,17 @@ cdef object _running_loop()
 
 
 @cython.final
+cdef class Baton:
+    cdef object _lock
+    cdef public object holder
+
+    cpdef bint take(self, double timeout=*) except -1
+    cpdef bint held(self) except -1
+    cpdef bint locked(self) except -1
+    cpdef bint let_go(self) except -1
+
+
+@cython.final
 cdef class Call:
     cdef readonly object seq
     cdef readonly object method

@@ -3,7 +3,8 @@
 (mpx/_driver/calls.py), with ``record_each`` and ``settle_ok``, which record and settle a
 batch of replies; ``FutureCore``, the hot part of ``mpx.RPCFuture`` (see
 mpx/_driver/futures.py): its state, completion and the hand-off to an awaiting asyncio
-task, which waits on a ``Waiter`` woken in batches by ``LoopWakeups``.
+task, which waits on a ``Waiter`` woken in batches by ``LoopWakeups``; and ``Baton``, the
+right to read replies, which compiled an interrupt cannot leave held.
 
 One source, two builds (Cython's pure-Python mode): setup.py compiles this file, with the C
 types of mpx/_driver/future_core.pxd, into the extension ``mpx._driver.future_core``;
@@ -107,6 +108,65 @@ def _running_loop() -> Any:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+class Baton:
+    """The right to read replies, held by one thread at a time (mpx/_driver/pump.py).
+
+    An interrupt (the KeyboardInterrupt of SIGINT's handler, or whatever a signal handler
+    raises) is raised in the main thread when the interpreter next checks, which it does
+    after each call returns and on entering a Python function: between a lock's
+    ``acquire()`` and the ``try`` that would release it, or in a ``finally`` before its
+    ``release()``. Compiled, ``take`` and ``let_go`` take and release the lock and set and
+    clear ``holder`` with no such check between, so that the pattern ::
+
+        try:
+            if baton.take():
+                ...  # read
+        finally:
+            if baton.let_go():
+                ...  # what the hand-over does next (may be cut short: nothing is held)
+
+    never leaves the baton held. (Uncompiled, an interrupt can still land inside them: the
+    pump then lets go at the thread's next entry, ``let_go`` before it reads again.)
+    A thread never takes the baton twice: ``take`` refuses one this thread holds.
+    """
+
+    __slots__ = ("_lock", "holder")
+
+    def __init__(self) -> None:
+        self._lock = _Lock()
+        self.holder: int | None = None  # the holding thread's ident, or None
+
+    def take(self, timeout: float = 0.0) -> bool:
+        """Take the baton if it is free, waiting up to ``timeout`` seconds for it (0: not
+        at all); False if another thread holds it then, or this one does."""
+        me = _get_ident()
+        if self.holder == me:
+            return False
+        if timeout <= 0:
+            got = self._lock.acquire(False)
+        else:
+            got = self._lock.acquire(True, timeout)
+        if got:
+            self.holder = me
+        return got
+
+    def held(self) -> bool:
+        """Whether this thread holds the baton."""
+        return self.holder == _get_ident()
+
+    def locked(self) -> bool:
+        """Whether some thread holds the baton (for other threads, a hint)."""
+        return self.holder is not None
+
+    def let_go(self) -> bool:
+        """Release the baton if this thread holds it: whether it did."""
+        if self.holder != _get_ident():
+            return False
+        self.holder = None
+        self._lock.release()
+        return True
 
 
 class Call:
@@ -569,8 +629,7 @@ class FutureCore:
 
     def _finish(self, result: Any, exc: BaseException | None) -> int:
         follow = 0
-        self._lock.acquire()  # (not `with`: once per future, and compiled it costs more)
-        try:
+        with self._lock:  # (`with`, not acquire(): an interrupt cannot come in between)
             finished = self._state is FINISHED
             if not finished:
                 self._result = result
@@ -589,8 +648,6 @@ class FutureCore:
                     follow = _F_HAND_OFF
                 if self._done_callbacks is not None:
                     follow |= _F_CALLBACKS
-        finally:
-            self._lock.release()
         if finished:  # (raised here: the repr takes the lock)
             raise _InvalidStateError(f"{FINISHED}: {self!r}")
         return follow
@@ -730,17 +787,16 @@ class FutureCore:
             wakeups = delivery.wakeups = LoopWakeups(delivery)
         target = Waiter(loop, wakeups)
         source = self._source
-        self._lock.acquire()
-        finished = self._state is FINISHED
-        if not finished:
-            if self._target is None:
-                self._target = target
-                self._delivery = delivery
-            elif self._loop_waits is None:  # a second task awaits it
-                self._loop_waits = [(delivery, target)]
-            else:
-                self._loop_waits.append((delivery, target))
-        self._lock.release()
+        with self._lock:
+            finished = self._state is FINISHED
+            if not finished:
+                if self._target is None:
+                    self._target = target
+                    self._delivery = delivery
+                elif self._loop_waits is None:  # a second task awaits it
+                    self._loop_waits = [(delivery, target)]
+                else:
+                    self._loop_waits.append((delivery, target))
         if finished:  # done meanwhile
             return _finished(self)
         awaiting = delivery.awaiting  # a future of source is awaited: read for it

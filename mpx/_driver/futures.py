@@ -235,7 +235,7 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
             if call is not None:
                 self._source.wait(call, timeout)
             if self._state != _FINISHED:  # set by another thread just now: wait for it
-                return concurrent.futures.Future.result(self, timeout)
+                self._sleep(timeout)
         exc = self._exception
         if exc is not None:
             try:
@@ -251,8 +251,19 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
             if call is not None:
                 self._source.wait(call, timeout)
             if self._state != _FINISHED:
-                return concurrent.futures.Future.exception(self, timeout)
+                self._sleep(timeout)
         return self._exception
+
+    def _sleep(self, timeout: float | None) -> None:
+        """Sleep until another thread finishes it; TimeoutError after ``timeout`` s. (Not
+        the base class's result(): it enters the Condition, whose __enter__ is Python, so
+        an interrupt can leave ``_lock`` held; see mpx/_driver/pump.py.)"""
+        cond = self._condition
+        with self._lock:
+            if self._state != _FINISHED:
+                cond.wait(timeout)
+        if self._state != _FINISHED:  # (raised here: the repr takes the lock)
+            raise TimeoutError(f"{self!r} is not done after {timeout} s")
 
     def set_result(self, result: Any) -> None:
         """Complete it by hand: its awaiting tasks and done callbacks are told here."""

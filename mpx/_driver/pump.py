@@ -6,7 +6,7 @@ Rules (see mpx/_driver/calls.py for the whole model):
   records (mpx/_driver/registry.py); it runs no user code. The pump does the reading (the
   transport's read, serde's decode) and hands each reply to a record: the call's own
   (``Call.take``, mpx/_driver/future_core.py) or the registry's; the records never read.
-  Once it lets go (``_hand_over``) it makes the outcomes of what it answered and sets
+  Once it lets go (``Baton.let_go``, then ``_handed_over``) it makes the outcomes of what it answered and sets
   their futures (``after_reading``).
 - A thread that waits for its call (a blocking ``collective_rpc``, ``future.result()``)
   takes the baton when it is free and reads its replies itself: the hot path has no
@@ -19,7 +19,12 @@ Rules (see mpx/_driver/calls.py for the whole model):
   (``reading_until``) before it computes it; a sender whose new call has an earlier
   deadline nudges the reading ends, and the wait ends (WaitNudged) to be computed again.
 - An interrupt (any BaseException) that escapes a read leaves the registry repaired
-  (``repair``) and the baton released.
+  (``repair``) and the baton released: it is taken inside the ``try`` and let go first
+  thing in its ``finally`` (``Baton``, mpx/_driver/future_core.py, says why); a wake-up
+  an interrupt cut short is made up by the waiters' recheck (TURN_RECHECK_S).
+- Locks are entered with ``with`` on the lock itself (never ``acquire()`` before a
+  ``try``, nor a Condition's ``with``, whose ``__enter__`` is Python): an interrupt can
+  land between any two calls, never inside ``with lock``'s entry.
 """
 
 from __future__ import annotations
@@ -56,6 +61,10 @@ LOOP_LEASE_S = 0.005
 LOOP_READ_WAIT_S = 50e-6
 # reading_until while a reader computes its limit: any sender with a deadline nudges.
 _COMPUTING = -1.0
+# How often a thread sleeping on `turn` (for its call, or the background reader with
+# futures outstanding) looks again although nobody woke it: an interrupt can cut a hand-over
+# short before its wake-up (see Baton in mpx/_driver/future_core.py).
+TURN_RECHECK_S = 0.1
 # While calls wait in the sender's queue (the broadcast ring is full), a reader waiting on
 # one rank looks at every rank this often: a worker blocked on its full response ring
 # takes no calls, so its replies must be read for the ring to make room.
@@ -83,8 +92,7 @@ class ReplyPump(CallRegistry):
     def __init__(self, n_ranks: int, *args: Any) -> None:
         super().__init__(n_ranks, *args)
         self.resp: list[MessageQueue] = []
-        self.baton = threading.Lock()        # held by the one thread that reads replies
-        self.reader_ident: int | None = None  # the baton holder
+        self.baton = _core.Baton()           # held by the one thread that reads replies
         self.reading_until: float | None = None  # the holder's read limit (see above)
         self._background: threading.Thread | None = None
         self._background_reads = False       # the background reader holds the baton
@@ -124,19 +132,23 @@ class ReplyPump(CallRegistry):
         RPCTimeoutError (or WorkerStalledError)."""
         wait_until = None if timeout is None else time.monotonic() + timeout
         while not call.done:
-            if not self.stopping and self.baton.acquire(False):
-                self.reader_ident = threading.get_ident()
+            read = False
+            if not self.stopping:
+                self._let_go_left_over()
                 try:
-                    self._read_until(call, wait_until)
+                    read = self.baton.take()
+                    if read:
+                        self._read_until(call, wait_until)
                 finally:
-                    self._hand_over()
-                if call.done or call.seq in self.pending:
+                    if self.baton.let_go():
+                        self._handed_over()
+                if read and (call.done or call.seq in self.pending):
                     continue
             # another thread reads, or makes the outcome of this answered call
             self._wait_turn(call, wait_until)
 
     def _wait_turn(self, call: Call, wait_until: float | None) -> None:
-        with self.turn:
+        with self.turn_lock:
             self.waiting += 1
             if self._background_reads:
                 self.nudge_reader()  # the background reader hands the baton over
@@ -148,7 +160,8 @@ class ReplyPump(CallRegistry):
                     left = None if limit is None else limit - time.monotonic()
                     if left is not None and left <= 0:
                         break
-                    self.turn.wait(left)
+                    self.turn.wait(TURN_RECHECK_S if left is None or left > TURN_RECHECK_S
+                                   else left)
             finally:
                 self.waiting -= 1
                 if not self.waiting and self.outstanding:
@@ -156,14 +169,20 @@ class ReplyPump(CallRegistry):
         if not call.done:
             self._check_time(call, wait_until)
 
-    def _hand_over(self) -> None:
-        """Release the baton, wake the threads that wait for it (the background reader
-        too), then do what reading left to do (after_reading)."""
-        self.reader_ident = None
-        self.baton.release()
+    def _let_go_left_over(self) -> None:
+        """A thread that comes to read holds no baton, unless an interrupt cut its last
+        hand-over short where Baton is not compiled: it lets go of it now."""
+        if self.baton.let_go():
+            self._handed_over()
+
+    def _handed_over(self) -> None:
+        """After letting go of the baton (``baton.let_go()``, called in the ``finally``
+        itself, see Baton): wake the threads that wait for it (the background reader too),
+        then do what reading left to do (after_reading). An interrupt may cut this short:
+        the waiters look again every TURN_RECHECK_S."""
         try:
             if self.waiting:
-                with self.turn:
+                with self.turn_lock:
                     self.turn.notify_all()
             elif self.outstanding:
                 self._wake_background_reader()
@@ -292,44 +311,43 @@ class ReplyPump(CallRegistry):
 
     # ------------------------------------------------------------------ other readers
 
-    def _take_baton(self, timeout: float) -> bool:
-        if self.reader_ident == threading.get_ident():
-            return False
-        if not self.baton.acquire(timeout=timeout):
-            return False
-        self.reader_ident = threading.get_ident()
-        return True
-
     def read_available(self, timeout: float) -> None:
         """Read the replies already there (stall reports among them), unless another
         thread holds the baton for ``timeout`` seconds: it reads them then."""
-        if self._take_baton(timeout):
-            try:
+        self._let_go_left_over()
+        try:
+            if self.baton.take(timeout):
                 self._read_available()
-            except BaseException:
+        except BaseException:
+            if self.baton.held():
                 self.repair()
-                raise
-            finally:
-                self._hand_over()
+            raise
+        finally:
+            if self.baton.let_go():
+                self._handed_over()
 
     def read_ready(self, wait_s: float = LOOP_READ_WAIT_S) -> int | None:
         """Read the replies already there (or, with none there, the next within
         ``wait_s``), unless another thread holds the baton (None): how many were read. An
         event loop's reader calls this in the loop's thread; a sender whose call was
         queued, with ``wait_s=0``."""
-        if self.stopping or not self.baton.acquire(False):
+        if self.stopping:
             return None
-        self.reader_ident = threading.get_ident()
+        self._let_go_left_over()
         try:
+            if not self.baton.take():
+                return None
             got = self._read_available()
             if not got and wait_s and self.pending:
                 got = self._read_soon(wait_s)
             return got
         except BaseException:
-            self.repair()
+            if self.baton.held():
+                self.repair()
             raise
         finally:
-            self._hand_over()
+            if self.baton.let_go():
+                self._handed_over()
 
     def _read_soon(self, wait_s: float) -> int:
         """(baton held) Wait ``wait_s`` at most for the oldest call's next reply, and take
@@ -377,7 +395,7 @@ class ReplyPump(CallRegistry):
         """Wake the background reader if it may read now, or if it sleeps with no limit
         (it then looks again: a loop's lease it did not know of may have begun)."""
         if self._background_idle or self._background_may_read() and not self.baton.locked():
-            with self.turn:
+            with self.turn_lock:
                 self.turn.notify_all()
 
     def _background_may_read(self) -> bool:
@@ -386,15 +404,17 @@ class ReplyPump(CallRegistry):
 
     def _read_in_background(self) -> None:
         while True:
-            with self.turn:
+            with self.turn_lock:
                 while not (self._background_may_read() and not self.baton.locked()):
                     if self.closed:
                         return
                     lease = self.loops_until - time.monotonic()
                     self._background_idle = lease <= 0
+                    if lease <= 0 and self.outstanding:  # (a wake-up lost to an interrupt)
+                        lease = TURN_RECHECK_S
                     self.turn.wait(lease if lease > 0 else None)
                 self._background_idle = False
-            if not self._take_baton(0):
+            if not self.baton.take():
                 continue
             self._background_reads = True
             broken: Exception | None = None
@@ -407,7 +427,8 @@ class ReplyPump(CallRegistry):
                 self.repair()
             finally:
                 self._background_reads = False
-                self._hand_over()
+                if self.baton.let_go():
+                    self._handed_over()
             if broken is not None:
                 self.fail(ExecutorFailed(f"reading replies failed: {broken!r}"))  # type: ignore
                 return

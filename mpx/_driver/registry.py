@@ -65,7 +65,11 @@ class CallRegistry:
         self.stalls = stalls
         self.on_peer_gone = on_peer_gone
         self.lock = threading.Lock()        # pending, the counters and the end state
-        self.turn = threading.Condition(threading.Lock())  # a call done, or the baton free
+        # a call done, or the baton free: sleep on `turn` holding `turn_lock`, entered with
+        # `with turn_lock` (a Condition's own __enter__ is Python: an interrupt can leave
+        # its lock held, see mpx/_driver/pump.py)
+        self.turn_lock = threading.Lock()
+        self.turn = threading.Condition(self.turn_lock)
         self.waiting = 0                    # threads sleeping on `turn` for their call
         self.pending: dict[int, Call] = {}  # by seq, oldest first: sent or queued to send
         self.next_seq = 0
@@ -166,13 +170,10 @@ class CallRegistry:
         """Settle, in order, calls that every rank answered (as _record would)."""
         i, n = 0, len(calls)
         while i < n:
-            self.lock.acquire()
-            try:
+            with self.lock:
                 i, with_deadline, futures = _settle_ok(calls, i, self.pending, self._completed)
                 self.with_deadline -= with_deadline
                 self.outstanding -= futures
-            finally:
-                self.lock.release()
             if i < n:
                 self._answer(calls[i])
                 i += 1
@@ -231,8 +232,7 @@ class CallRegistry:
                 self._settle(call, value)
 
     def _settle(self, call: Call, value: Any = None, error: BaseException | None = None) -> None:
-        self.lock.acquire()
-        try:
+        with self.lock:
             if call.done:
                 return
             self.pending.pop(call.seq, None)
@@ -243,13 +243,11 @@ class CallRegistry:
                 self.outstanding -= 1
                 self._completed.append(call)
             call.done = True
-        finally:
-            self.lock.release()
         if self.waiting:
             self._notify_waiters()
 
     def _notify_waiters(self) -> None:
-        with self.turn:
+        with self.turn_lock:
             self.turn.notify_all()
 
     def complete_futures(self) -> None:

@@ -93,8 +93,7 @@ class Sending(_Base):
         """Number, register and send (or queue) one call; ``name`` is the method's for
         messages. Never waits for ring room."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        self.order.acquire()
-        try:
+        with self.order:  # (`with`, not acquire(): an interrupt cannot come in between)
             seq = self.next_seq
             call = Call(seq, name, self.n_ranks, reply_rank, aggregator, deadline)
             if non_block:
@@ -106,8 +105,7 @@ class Sending(_Base):
             except BaseException as e:
                 raise self._send_error(e, name) from e
             self.next_seq = seq + 1
-            self.lock.acquire()  # (the hot locks are taken with acquire/release: half of `with`)
-            try:
+            with self.lock:
                 if self.failure is not None or self.closed or self.stopping:
                     self.check_usable()
                 self.pending[seq] = call
@@ -115,8 +113,6 @@ class Sending(_Base):
                     self.with_deadline += 1
                 if non_block:
                     self.outstanding += 1
-            finally:
-                self.lock.release()
             first = parts[0] if len(parts) == 1 else None
             if not self._outbox and self._out.has_room(parts) and (  # (one small piece: fits)
                     type(first) is bytes and len(first) <= self._ring_fits or self._fits(parts)):
@@ -127,8 +123,6 @@ class Sending(_Base):
                     raise self._send_error(e, name) from e
             else:
                 self._queue(call, kind, parts)
-        finally:
-            self.order.release()
         if self._outbox and not self.baton.locked():
             self.read_ready(0)  # the replies already there make room: it flushes after them
         if deadline is not None:
@@ -218,7 +212,7 @@ class Sending(_Base):
         """The sender thread: write each queued call larger than the ring when it reaches
         the head, waiting for the readers part way (up to its deadline); then flush."""
         while True:
-            with self._queued_cv:
+            with self.order:
                 while not (self._outbox and not self._outbox[0][3]):  # (it does not fit)
                     if self.closed or self.stopping:
                         return
@@ -231,7 +225,7 @@ class Sending(_Base):
             except BaseException as e:
                 self._unsent(call, e)  # (still queued: a timeout says so)
             finally:
-                with self._queued_cv:
+                with self.order:
                     self._sender_writes = False
                     self._outbox.popleft()
                     self._queued_seqs.discard(call.seq)
@@ -250,7 +244,7 @@ class Sending(_Base):
     def stop_sending(self) -> None:
         """Shutdown or failure (the queued calls were settled): the sender thread ends, its
         write in progress cancelled (which shuts the broadcast writer down)."""
-        with self._queued_cv:
+        with self.order:
             sender = self._sender
             self._queued_cv.notify_all()
             writing = self._sender_writes

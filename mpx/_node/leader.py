@@ -57,7 +57,8 @@ class Leader:
         self._beat_at = 0.0
         self.lost: set[int] = set()
         # Executor.dump_stacks: a request for the watch thread to send, and the answers
-        self._dumps = threading.Condition()
+        self._dumps_lock = threading.Lock()  # (entered itself: see mpx/_driver/pump.py)
+        self._dumps = threading.Condition(self._dumps_lock)
         self._dump_token = 0
         self._dump_asks: list[wire.DumpStacks] = []
         self._dump_answers: dict[int, dict[int, str]] = {}
@@ -195,7 +196,7 @@ class Leader:
         now = time.monotonic()
         if now >= self._beat_at:
             self._beat()
-        with self._dumps:
+        with self._dumps_lock:
             asks, self._dump_asks = self._dump_asks, []
         for ask in asks:
             for n in self.nodes:
@@ -207,7 +208,7 @@ class Leader:
                 self.lost.add(n)
                 return NodeLostError(self._rejoined_error(n), n, self.node_ranks(n))
         if isinstance(msg, wire.Stacks) and node is not None:
-            with self._dumps:
+            with self._dumps_lock:
                 if msg.token == self._dump_token:
                     self._dump_answers[node] = msg.stacks
                     self._dumps.notify_all()
@@ -246,7 +247,7 @@ class Leader:
         """Every follower worker's stacks by rank (see Executor.dump_stacks); ranks of a
         node that does not answer within ``timeout`` get a line saying so."""
         deadline = time.monotonic() + timeout
-        with self._dumps:
+        with self._dumps_lock:
             self._dump_token += 1
             self._dump_answers = {}
             self._dump_asks.append(wire.DumpStacks(self._dump_token, timeout))
