@@ -33,6 +33,7 @@ from mpx.errors import (
     Cancelled,
     DeserializationError,
     MessageTooLargeError,
+    QueueClosedError,
     QueueTimeout,
     RoleError,
 )
@@ -103,11 +104,18 @@ class Endpoint(abc.ABC):
         """Release every resource and tell the peers; idempotent."""
         if self._closed:
             return
+        self._closed = True  # (first: a waiter woken by close sees a closed end, not a shut one)
         self._shut = True
         self._wake()
-        self._closed = True
         with self._lock:
             self._release()
+
+    def _shut_error(self, what: str) -> Exception:
+        """The error that ends a wait which saw ``_shut``: QueueClosedError if close() set
+        it (close sets ``_closed`` first, so it is read after ``_shut``), else Cancelled."""
+        if self._closed:
+            return QueueClosedError(f"{what}: the queue was closed")
+        return Cancelled(f"{what} cancelled: the queue was shut down")
 
     def _check_open(self) -> None:
         if self._closed:

@@ -305,8 +305,7 @@ class ShmReader(Reader):
                                     f"rank {self.rank} waited for the other readers to attach",
                                     role="writer", pid=self.writer_pid)
             if self._shut:
-                raise Cancelled(f"wait_until_ready on reader rank {self.rank} cancelled: the "
-                                "queue was shut down")
+                raise self._shut_error(f"wait_until_ready on reader rank {self.rank}")
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"wait_until_ready on reader rank {self.rank} cancelled by its "
                                 "cancel event")
@@ -354,13 +353,10 @@ class ShmReader(Reader):
     def read_ready(self) -> list[tuple[int, Any]]:
         # (of a message still being written, the ring keeps what was published: the next
         # read goes on with it)
-        self._lock.acquire()  # (not `with`: an event loop's every reading step)
-        try:
+        with self._lock:  # (`with`, not acquire(): an interrupt cannot come in between)
             if self._closed:
                 self._check_open()
             st, got = self._ring.read_ready()
-        finally:
-            self._lock.release()
         if st != layout.OK and not got:
             raise self._read_error(st)
         return got

@@ -432,8 +432,7 @@ class ZmqReader(Reader):
             if self._connected:
                 return
             if self._shut:
-                raise Cancelled(f"wait_until_ready on reader rank {self.rank} cancelled: the "
-                                "queue was shut down")
+                raise self._shut_error(f"wait_until_ready on reader rank {self.rank}")
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"wait_until_ready on reader rank {self.rank} cancelled by "
                                 "its cancel event")
