@@ -6,12 +6,16 @@
 - an autouse check that a test leaves no /dev/shm segment, child process or thread behind,
   and, when mpx's debug counters are on (built with MPX_DEBUG=1, or MPX_DEBUG=1 set), no
   segment mapping, ring or mpx thread open in this process.
+- SIGINT restored to Python's handler when the run was started ignoring it (a shell without
+  job control starts ``pytest &`` so, and every child would inherit it): the Ctrl-C tests
+  send SIGINT to the drivers they start.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 import time
 
@@ -26,6 +30,9 @@ from mpx._procinfo import pid_alive
 # purpose (test_ray_launcher.py's Ray cluster: its GCS, raylets and idle Ray workers). The
 # fixture adds one while it runs and removes it when it has shut down what it started.
 ALLOWED_CHILDREN: list = []
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(params=IMPLS)

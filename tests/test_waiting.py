@@ -84,14 +84,17 @@ def test_a_reader_whose_yields_run_the_writers_work_keeps_yielding(impl, ctx):
         q.wait_until_ready(10)
         os.sched_setaffinity(0, {cpu})
         run = longest = 0  # reads in a row that did not park first (a rule that judged
-        for _ in range(1000):  # a yield by its length would park first from the first)
+        costliest = 0      # a yield by its length would park first from the first)
+        for _ in range(1000):
             q.dequeue(timeout=10)
             run = 0 if ring.parks_first else run + 1
             longest = max(longest, run)
+            costliest = max(costliest, ring.yield_cost_ns)
             if longest > 64:
                 break
         assert longest > 64, (ring.yield_cost_ns, ring.wake_cost_ns)
-        assert ring.yield_cost_ns > 100_000, "the yields ran the writer's work"
+        # (the last yields may have met the writer asleep; some ran its work)
+        assert costliest > 100_000, "the yields ran the writer's work"
     finally:
         os.sched_setaffinity(0, mine)
         conn.send("stop")
