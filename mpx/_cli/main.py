@@ -37,7 +37,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         from mpx._cli import demo
         return demo.run()
     from mpx._cli import demo_mlp
-    return demo_mlp.run()
+    return demo_mlp.run(args.steps)
 
 
 def _env_int(*names: str) -> int | None:
@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "(a few seconds)")
     demo.add_argument("--queue", action="store_true",
                       help="instead, demo the MessageQueue alone (no torch needed)")
+    demo.add_argument("--steps", type=int, default=300,
+                      help="model steps of the MLP demo (and as many no-op calls)")
     demo.set_defaults(func=_cmd_demo)
     nodep = sub.add_parser("node", help="run a follower node of a multi-node executor")
     nodep.add_argument("--master-addr", help="the leader's address (MASTER_ADDR)")
