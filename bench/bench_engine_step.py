@@ -15,6 +15,10 @@ block tables, ~150 KB pickled, two small tensors) to TP workers. Each runs a fix
   put through a MessageQueue in this process: encode, ring write and read, decode) and the
   rest (the wake, the processes sharing the cores, the cross-process all-reduce);
 - the Pipe RPC loop with the same workers;
+- TP=2's step split as the demo splits it: delivery (the driver's call until rank 0's method
+  starts), compute and all-reduce (rank 0's method), return (until the driver has the reply);
+  delivery + return, judged against a no-op call carrying the same step and a reply of the
+  same size (``echo``), the two taking turns (one clock in two processes: this host only);
 - with --ab REV: mpx's TP=2 step vs git revision REV, one child a side taking turns in
   blocks of 5 steps (kit.ab_paired), the median of the blocks' paired ratios;
 - steps/s against the step's size (the request count scaled 1/4x..4x), TP=2: --png.
@@ -26,6 +30,7 @@ A benchmark, not a test: the exit code is 0 whatever the results.
 from __future__ import annotations
 
 import statistics
+import time
 
 import kit
 import numpy as np
@@ -59,6 +64,17 @@ class EngineWorker:
         self.dist.all_reduce(self.buf)
         return self.sampler.integers(0, 152_000, SAMPLED).tolist() if self.rank == 0 else None
 
+    def execute_model_timed(self, step):
+        """execute_model, and when it began and ended (perf_counter: one clock on a host)."""
+        began = time.perf_counter()
+        ids = self.execute_model(step)
+        return ids, began, time.perf_counter()
+
+    def echo(self, step):
+        """A no-op that takes the step and replies as much as execute_model does."""
+        now = time.perf_counter()
+        return (list(range(SAMPLED)) if self.rank == 0 else None), now, now
+
     def close(self):
         self.dist.destroy_process_group()
 
@@ -89,6 +105,34 @@ def run_mpx(tp, steps, warm, async_output=False, scale=1.0):
     try:
         return kit.timed_us(_checked(lambda: ex.collective_rpc(
             "execute_model", args=(step,), timeout=kit.CALL_TIMEOUT, unique_reply_rank=0)), steps, warm)
+    finally:
+        ex.collective_rpc("close", timeout=kit.CALL_TIMEOUT)
+        ex.shutdown()
+
+
+def run_split(tp, steps, warm):
+    """({"delivery", "compute", "return", "overhead"}: us per step, us per echo): model steps and
+    echoes take turns."""
+    step, ex = kit.make_step(), kit.new_executor(tp, EngineWorker)
+    legs, echoes = {"delivery": [], "compute": [], "return": [], "overhead": []}, []
+    try:
+        for i in range(2 * (steps + warm)):
+            method = "echo" if i % 2 else "execute_model_timed"
+            t = time.perf_counter()
+            ids, began, ended = ex.collective_rpc(method, args=(step,), timeout=kit.CALL_TIMEOUT,
+                                                  unique_reply_rank=0)
+            got = time.perf_counter()
+            if len(ids) != SAMPLED:
+                raise RuntimeError("rank 0 replied another number of ids")
+            if i < 2 * warm:
+                continue
+            if method == "echo":
+                echoes.append((got - t) * 1e6)
+                continue
+            for k, v in (("delivery", began - t), ("compute", ended - began), ("return", got - ended),
+                         ("overhead", began - t + got - ended)):
+                legs[k].append(v * 1e6)
+        return legs, echoes
     finally:
         ex.collective_rpc("close", timeout=kit.CALL_TIMEOUT)
         ex.shutdown()
@@ -157,6 +201,9 @@ def main():
             kit.progress(f"[3] Pipe RPC TP={tp}, {steps} steps ...")
             raw[f"Pipe RPC TP={tp}"] = p = kit.stats(run_pipe(tp, steps, warm))
             lines.append((f"Pipe RPC TP={tp}", p, False))
+        kit.progress(f"[3b] mpx TP=2 split, {steps} steps and as many echoes ...")
+        legs, echoes = run_split(2, steps, warm)
+        raw["split TP=2"] = {k: kit.stats(v) for k, v in legs.items()} | {"echo": kit.stats(echoes)}
         if args.ab:
             blocks = 60 if args.quick else 150
             kit.progress(f"[4] A/B TP=2 vs {args.ab}, {blocks} blocks of 5 steps a side ...")
@@ -186,6 +233,11 @@ def main():
     for tp in tps:
         m, p = raw[f"mpx TP={tp} async_output=off"]["median"], raw[f"Pipe RPC TP={tp}"]["median"]
         print(f"TP={tp}: mpx / Pipe RPC = {m / p:.3f}x per step (async_output off)")
+    sp = {k: v["median"] for k, v in raw["split TP=2"].items()}
+    print(f"TP=2 split (medians): delivery to rank 0 {sp['delivery']:.1f} + compute and all-reduce "
+          f"{sp['compute']:.1f} + return {sp['return']:.1f} us; overhead (delivery + return) "
+          f"{sp['overhead']:.1f} us = {sp['overhead'] / sp['echo']:.2f}x the round trip of a no-op "
+          f"carrying the same step and reply ({sp['echo']:.1f} us; target <= 3x)")
     if args.ab:
         ab = raw["ab"]
         print(f"A/B TP=2: this tree {_fmt(ab['new'])} us, {args.ab} {_fmt(ab['old'])} us: "
