@@ -171,6 +171,9 @@ def test_done_callbacks_run_on_the_callback_thread_in_completion_order(executor)
                 all_done.set()
         return cb
 
+    # (a future done already runs its callback at once, here: the calls wait behind a sleep
+    # until every callback is added)
+    e.collective_rpc("sleep", args=(0.5,), non_block=True)
     for i in range(30):
         e.collective_rpc("ident", args=(i,), non_block=True).add_done_callback(note(i))
     assert all_done.wait(20)

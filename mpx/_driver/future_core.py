@@ -128,7 +128,7 @@ class Baton:
                 ...  # what the hand-over does next (may be cut short: nothing is held)
 
     never leaves the baton held. (Uncompiled, an interrupt can still land inside them: the
-    pump then lets go at the thread's next entry, ``let_go`` before it reads again.)
+    thread's next try to read then fails to take it, and its ``finally`` lets it go.)
     A thread never takes the baton twice: ``take`` refuses one this thread holds.
     """
 

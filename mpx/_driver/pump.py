@@ -134,7 +134,6 @@ class ReplyPump(CallRegistry):
         while not call.done:
             read = False
             if not self.stopping:
-                self._let_go_left_over()
                 try:
                     read = self.baton.take()
                     if read:
@@ -168,12 +167,6 @@ class ReplyPump(CallRegistry):
                     self.turn.notify_all()  # the background reader may read again
         if not call.done:
             self._check_time(call, wait_until)
-
-    def _let_go_left_over(self) -> None:
-        """A thread that comes to read holds no baton, unless an interrupt cut its last
-        hand-over short where Baton is not compiled: it lets go of it now."""
-        if self.baton.let_go():
-            self._handed_over()
 
     def _handed_over(self) -> None:
         """After letting go of the baton (``baton.let_go()``, called in the ``finally``
@@ -314,7 +307,6 @@ class ReplyPump(CallRegistry):
     def read_available(self, timeout: float) -> None:
         """Read the replies already there (stall reports among them), unless another
         thread holds the baton for ``timeout`` seconds: it reads them then."""
-        self._let_go_left_over()
         try:
             if self.baton.take(timeout):
                 self._read_available()
@@ -333,7 +325,6 @@ class ReplyPump(CallRegistry):
         queued, with ``wait_s=0``."""
         if self.stopping:
             return None
-        self._let_go_left_over()
         try:
             if not self.baton.take():
                 return None
