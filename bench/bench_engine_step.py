@@ -29,6 +29,7 @@ A benchmark, not a test: the exit code is 0 whatever the results.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -100,22 +101,31 @@ def _checked(call):
     return one
 
 
-def run_mpx(tp, steps, warm, async_output=False, scale=1.0):
-    step, ex = kit.make_step(scale=scale), kit.new_executor(tp, EngineWorker, async_output=async_output)
+@contextlib.contextmanager
+def _engine(tp, **kw):
+    """An executor of TP EngineWorkers, their process group closed and the executor shut down
+    on the way out."""
+    ex = kit.new_executor(tp, EngineWorker, **kw)
     try:
-        return kit.timed_us(_checked(lambda: ex.collective_rpc(
-            "execute_model", args=(step,), timeout=kit.CALL_TIMEOUT, unique_reply_rank=0)), steps, warm)
+        yield ex
     finally:
         ex.collective_rpc("close", timeout=kit.CALL_TIMEOUT)
         ex.shutdown()
 
 
+def run_mpx(tp, steps, warm, async_output=False, scale=1.0):
+    step = kit.make_step(scale=scale)
+    with _engine(tp, async_output=async_output) as ex:
+        return kit.timed_us(_checked(lambda: ex.collective_rpc(
+            "execute_model", args=(step,), timeout=kit.CALL_TIMEOUT, unique_reply_rank=0)), steps, warm)
+
+
 def run_split(tp, steps, warm):
     """({"delivery", "compute", "return", "overhead"}: us per step, us per echo): model steps and
     echoes take turns."""
-    step, ex = kit.make_step(), kit.new_executor(tp, EngineWorker)
+    step = kit.make_step()
     legs, echoes = {"delivery": [], "compute": [], "return": [], "overhead": []}, []
-    try:
+    with _engine(tp) as ex:
         for i in range(2 * (steps + warm)):
             method = "echo" if i % 2 else "execute_model_timed"
             t = time.perf_counter()
@@ -132,10 +142,7 @@ def run_split(tp, steps, warm):
             for k, v in (("delivery", began - t), ("compute", ended - began), ("return", got - ended),
                          ("overhead", began - t + got - ended)):
                 legs[k].append(v * 1e6)
-        return legs, echoes
-    finally:
-        ex.collective_rpc("close", timeout=kit.CALL_TIMEOUT)
-        ex.shutdown()
+    return legs, echoes
 
 
 def run_pipe(tp, steps, warm, scale=1.0):
@@ -162,13 +169,10 @@ def run_in_process(steps, warm, scale=1.0):
 
 def ab_child(tp, block, warm):
     """--ab-child: this mpx's (or PYTHONPATH's) side of the TP step A/B."""
-    step, ex = kit.make_step(), kit.new_executor(tp, EngineWorker)
-    try:
+    step = kit.make_step()
+    with _engine(tp) as ex:
         kit.serve_ab(lambda: ex.collective_rpc("execute_model", args=(step,), timeout=kit.CALL_TIMEOUT,
                                                unique_reply_rank=0), block, warm)
-    finally:
-        ex.collective_rpc("close", timeout=kit.CALL_TIMEOUT)
-        ex.shutdown()
 
 
 def _fmt(st):
