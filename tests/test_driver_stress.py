@@ -111,7 +111,7 @@ class Schedule:
                 t = self.ex._group.calls
                 print(f"{what} hangs; the table: pending {sorted(t.pending)}, answered "
                       f"{[c.seq for c in t._answered]}, queued {len(t._outbox)}, outstanding "
-                      f"{t.outstanding}, waiting {t.waiting}, baton {t.baton.locked()}, "
+                      f"{t.ledger.outstanding}, waiting {t.waiting}, baton {t.baton.locked()}, "
                       f"lease {t.loops_until - time.monotonic():.3f}, next_reply "
                       f"{t.next_reply}; the threads:\n{_stacks()}", file=sys.stderr)
             else:

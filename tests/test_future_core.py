@@ -442,3 +442,123 @@ def test_loops_in_two_threads_each_get_their_own_futures(make):
     assert not errors and {n: [i for _, i in r] for n, r in results.items()} == \
         {"a": list(range(20)), "b": list(range(20))}
     assert all(n == name for name, r in results.items() for n, _ in r)
+
+
+def test_the_baton_is_held_by_one_thread_and_never_taken_twice(core):
+    baton = core.Baton()
+    assert not baton.locked() and not baton.held() and baton.holder is None
+    assert baton.take()
+    assert baton.locked() and baton.held() and baton.holder == threading.get_ident()
+    assert not baton.take() and not baton.take(0.05)  # (this thread holds it)
+    seen = []
+
+    def other():
+        seen.append((baton.take(), baton.take(0.05), baton.held(), baton.let_go()))
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen == [(False, False, False, False)]  # (held elsewhere: not its to let go)
+    assert baton.let_go() and not baton.let_go()
+    assert not baton.locked() and baton.holder is None
+
+
+def test_a_timed_take_waits_for_the_holder_and_an_interrupt_ends_it(core):
+    import signal
+    baton = core.Baton()
+    taken, leave = threading.Event(), threading.Event()
+
+    def hold():
+        baton.take()
+        taken.set()
+        leave.wait(10)
+        baton.let_go()
+    holder = threading.Thread(target=hold)
+    holder.start()
+    taken.wait(10)
+    try:
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            baton.take(10)
+        assert time.monotonic() - t0 < 5 and not baton.held()
+        assert not baton.take(0.05)  # (still held there)
+        threading.Timer(0.1, leave.set).start()
+        assert baton.take(10) and baton.held()  # (waits for the holder to let go)
+        assert baton.let_go()
+    finally:
+        leave.set()
+        holder.join(10)
+
+
+def test_the_ledger_keeps_pending_and_its_counters_in_step(core):
+    ledger = core.Ledger()
+    plain = core.Call(0, "a", 1, None, None, None)
+    timed = core.Call(1, "b", 1, None, None, time.monotonic() + 60)
+    held = core.Call(2, "c", 1, None, None, None)
+    held.future = object()
+    for call in (plain, timed, held):
+        assert ledger.register(call)
+    assert list(ledger.pending) == [0, 1, 2]
+    assert (ledger.with_deadline, ledger.outstanding) == (1, 1)
+    assert ledger.settle(timed, "v", None) and not ledger.settle(timed, "w", None)
+    assert timed.done and timed.value == "v" and ledger.with_deadline == 0
+    assert list(ledger.completed) == []  # (no future: nothing to set)
+    err = KeyError("x")
+    assert ledger.settle(held, None, err) and held.error is err and ledger.outstanding == 0
+    assert list(ledger.completed) == [held]
+    ledger.forget(plain)
+    assert plain.done and plain.value is None and not ledger.pending
+    ledger.open = False  # (the table stopped: no call registers)
+    late = core.Call(3, "d", 1, None, None, None)
+    assert not ledger.register(late) and not ledger.pending
+
+
+def test_the_ledger_settles_a_batch_until_a_call_needs_the_table(core):
+    ledger = core.Ledger()
+    calls = [core.Call(i, "m", 1, None, None, time.monotonic() + 60) for i in range(4)]
+    calls[1].future = object()
+    for c in calls:
+        ledger.register(c)
+        assert c.add(0, True, c.seq * 10) == core.ALL_OK
+    calls[3].add(0, False, ("E", "boom", ""))  # (an error reply: the table's to settle)
+    assert ledger.settle_ok(calls, 0) == 3
+    assert [c.done for c in calls] == [True, True, True, False]
+    assert [c.value for c in calls[:3]] == [[0], [10], [20]]
+    assert list(ledger.pending) == [3] and list(ledger.completed) == [calls[1]]
+    assert (ledger.with_deadline, ledger.outstanding) == (1, 0)
+
+
+def test_the_compiled_table_lock_is_entered_with_with_and_an_interrupt_ends_its_wait():
+    import signal
+    if "cython" not in IMPLS:
+        pytest.skip("extension not built")
+    core = load_core("cython")
+    lock = core.Ledger().lock
+    assert isinstance(lock, core.TableLock)
+    with lock:
+        pass
+    taken, leave = threading.Event(), threading.Event()
+
+    def hold():
+        with lock:
+            taken.set()
+            leave.wait(10)
+    holder = threading.Thread(target=hold)
+    holder.start()
+    taken.wait(10)
+    try:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            with lock:
+                pytest.fail("entered a lock another thread holds")
+        assert time.monotonic() - t0 < 5
+        threading.Timer(0.1, leave.set).start()
+        with lock:  # (waits for the holder)
+            assert not holder.is_alive() or leave.is_set()
+    finally:
+        leave.set()
+        holder.join(10)
+    with pytest.raises(TypeError, match="compiled"):
+        load_core("python").TableLock()

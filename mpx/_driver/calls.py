@@ -74,7 +74,7 @@ class CallTable(Sending, ReplyPump):
             if self.failure is not None or self.closed:
                 return False
             self.failure = err
-            self.stopping = True
+            self._stop()
         for q in self.resp:
             q.shutdown()  # wakes the reader; what was written can still be read
         outer = self.baton.held()  # (fail() from a reading thread: it hands over itself)
@@ -105,7 +105,8 @@ class CallTable(Sending, ReplyPump):
         """Shutdown: fail every pending call with ExecutorFailed, wake every reader, and
         stop the sender, the background reader and the callback thread."""
         with self.lock:
-            self.closed = self.stopping = True
+            self.closed = True
+            self._stop()
             background, self._background = self._background, None
         self._settle_all(ExecutorFailed("the executor was shut down"))
         if self.resp:

@@ -4,6 +4,14 @@
 # compiled, the .py runs as it reads, and this file plays no part.
 
 cimport cython
+from cpython.pythread cimport PyLockStatus, PyThread_type_lock
+
+cdef extern from "pythread.h":
+    # (as CPython 3.7+ declares them; Cython's cpython.pythread has the ident as a long and
+    # lacks the timed acquire)
+    unsigned long PyThread_get_thread_ident()
+    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock, long long microseconds,
+                                             int intr_flag) nogil
 
 cdef int _MORE, _ALL_OK, _ANSWERED, _LEAVE
 cdef int _W_PENDING, _W_DONE, _W_CANCELLED
@@ -11,15 +19,21 @@ cdef int _F_HAND_OFF, _F_CALLBACKS
 cdef object _OK, _ERR
 
 cpdef bint runs_here(delivery) except -1
+cdef unsigned long _this_thread()
 cdef object _running_loop()
 
 
 @cython.final
 cdef class Baton:
     cdef object _lock
-    cdef public object holder
+    cdef PyThread_type_lock _c_lock
+    cdef bint _held
+    cdef unsigned long _holder
 
+    @cython.locals(me="unsigned long", got=bint)
     cpdef bint take(self, double timeout=*) except -1
+    @cython.locals(until=double, us=cython.longlong, status=int)
+    cdef bint _take_within(self, double timeout) except -1
     cpdef bint held(self) except -1
     cpdef bint locked(self) except -1
     cpdef bint let_go(self) except -1
@@ -47,6 +61,35 @@ cdef class Call:
     cpdef object ok_value(self)
     @cython.locals(r=Py_ssize_t)
     cpdef Py_ssize_t first_missing(self) except -1
+
+
+@cython.final
+cdef class TableLock:
+    cdef PyThread_type_lock _c_lock
+
+    @cython.locals(status=int)
+    cdef _acquire(self)
+    cdef _release(self)
+
+
+@cython.final
+cdef class Ledger:
+    cdef readonly object lock
+    cdef TableLock _c
+    cdef readonly dict pending
+    cdef readonly object completed
+    cdef public Py_ssize_t with_deadline, outstanding
+    cdef public bint open
+
+    cpdef bint register(self, Call call) except -1
+    cdef bint _register(self, Call call) except -1
+    cpdef bint settle(self, Call call, value, error) except -1
+    cdef bint _settle(self, Call call, value, error) except -1
+    cpdef forget(self, Call call)
+    cdef _forget(self, Call call)
+    cpdef Py_ssize_t settle_ok(self, list calls, Py_ssize_t start) except -1
+    @cython.locals(stop=Py_ssize_t)
+    cdef Py_ssize_t _settle_batch(self, list calls, Py_ssize_t start) except -1
 
 
 @cython.locals(n=Py_ssize_t, i=Py_ssize_t, call=Call)

@@ -3,8 +3,10 @@
 (mpx/_driver/calls.py), with ``record_each`` and ``settle_ok``, which record and settle a
 batch of replies; ``FutureCore``, the hot part of ``mpx.RPCFuture`` (see
 mpx/_driver/futures.py): its state, completion and the hand-off to an awaiting asyncio
-task, which waits on a ``Waiter`` woken in batches by ``LoopWakeups``; and ``Baton``, the
-right to read replies, which compiled an interrupt cannot leave held.
+task, which waits on a ``Waiter`` woken in batches by ``LoopWakeups``; ``Baton``, the
+right to read replies, which compiled an interrupt cannot leave held; and ``Ledger``, the
+calls in flight with their counters, whose hot changes take the call table's lock
+(``TableLock``) in C.
 
 One source, two builds (Cython's pure-Python mode): setup.py compiles this file, with the C
 types of mpx/_driver/future_core.pxd, into the extension ``mpx._driver.future_core``;
@@ -28,6 +30,7 @@ Completing a future is split so that the thread that reads replies runs no user 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextvars
 import logging
@@ -38,11 +41,26 @@ from typing import Any
 
 try:
     import cython
-    _compiled = cython.compiled  # (True where this file was compiled)
-except ImportError:  # plain Python, where Cython (a build dependency only) is not installed
-    _compiled = False
+except ImportError:  # Cython is a build dependency only: plain Python needs cython.compiled
+    from mpx import _cython_shim as cython  # type: ignore[no-redef]
 
-IMPLEMENTATION = "cython" if _compiled else "python"
+if cython.compiled:  # the C lock of the Baton and the thread's ident
+    from cython.cimports.cpython.exc import PyErr_CheckSignals
+    from cython.cimports.cpython.pythread import (
+        NOWAIT_LOCK,
+        PY_LOCK_ACQUIRED,
+        PY_LOCK_INTR,
+        PyThread_acquire_lock,
+        PyThread_allocate_lock,
+        PyThread_free_lock,
+        PyThread_release_lock,
+    )
+    from cython.cimports.mpx._driver.future_core import (  # (its .pxd)
+        PyThread_acquire_lock_timed,
+        PyThread_get_thread_ident,
+    )
+
+IMPLEMENTATION = "cython" if cython.compiled else "python"
 
 # What Call.take and Call.add return (the _-named copies are C ints where compiled).
 MORE = _MORE = 0          # ranks are still missing
@@ -75,6 +93,11 @@ _delivery_of: Any = None
 # The delivery whose tasks LoopWakeups.run wakes now, in some thread: the likeliest loop
 # of an RPCFuture awaited meanwhile (a hint: __await__ checks it with runs_here).
 _waking: Any = None
+
+
+def _this_thread() -> int:
+    """This thread's ident, as threading.get_ident() gives it."""
+    return PyThread_get_thread_ident() if cython.compiled else _get_ident()
 
 
 def configure_replies(ok: Any, err: Any) -> None:
@@ -117,8 +140,8 @@ class Baton:
     raises) is raised in the main thread when the interpreter next checks, which it does
     after each call returns and on entering a Python function: between a lock's
     ``acquire()`` and the ``try`` that would release it, or in a ``finally`` before its
-    ``release()``. Compiled, ``take`` and ``let_go`` take and release the lock and set and
-    clear ``holder`` with no such check between, so that the pattern ::
+    ``release()``. Compiled, ``take`` and ``let_go`` take and release a C lock and mark
+    the holding thread with no such check between, so that the pattern ::
 
         try:
             if baton.take():
@@ -132,41 +155,242 @@ class Baton:
     A thread never takes the baton twice: ``take`` refuses one this thread holds.
     """
 
-    __slots__ = ("_lock", "holder")
+    __slots__ = ("_lock", "_c_lock", "_held", "_holder")
 
     def __init__(self) -> None:
-        self._lock = _Lock()
-        self.holder: int | None = None  # the holding thread's ident, or None
+        if cython.compiled:  # (a C lock: taken and released with no Python call)
+            self._c_lock = PyThread_allocate_lock()
+            if not self._c_lock:
+                raise MemoryError("no lock for the baton")
+        else:
+            self._lock = _Lock()
+        self._held = False
+        self._holder = 0  # the holding thread's ident, while _held
+
+    def __dealloc__(self) -> None:
+        if cython.compiled:
+            if self._c_lock:
+                PyThread_free_lock(self._c_lock)
 
     def take(self, timeout: float = 0.0) -> bool:
         """Take the baton if it is free, waiting up to ``timeout`` seconds for it (0: not
-        at all); False if another thread holds it then, or this one does."""
-        me = _get_ident()
-        if self.holder == me:
+        at all); False if another thread holds it then, or this one does. A signal
+        handler's exception (Ctrl-C) ends the wait, with the baton not taken."""
+        me = _this_thread()
+        if self._held and self._holder == me:
             return False
         if timeout <= 0:
-            got = self._lock.acquire(False)
+            if cython.compiled:
+                got = PyThread_acquire_lock(self._c_lock, NOWAIT_LOCK) == 1
+            else:
+                got = self._lock.acquire(False)
+        elif cython.compiled:
+            got = self._take_within(timeout)
         else:
             got = self._lock.acquire(True, timeout)
         if got:
-            self.holder = me
+            self._holder = me
+            self._held = True
         return got
+
+    def _take_within(self, timeout: float) -> bool:
+        """(compiled) Wait up to ``timeout`` seconds for the C lock, with the GIL let go,
+        running the signal handlers whenever a signal cuts the wait short."""
+        until = _monotonic() + timeout
+        while True:
+            us = int((until - _monotonic()) * 1e6)
+            if us <= 0:
+                return PyThread_acquire_lock(self._c_lock, NOWAIT_LOCK) == 1
+            with cython.nogil:
+                status = PyThread_acquire_lock_timed(self._c_lock, us, 1)
+            if status == PY_LOCK_ACQUIRED:
+                return True
+            if status != PY_LOCK_INTR:
+                return False
+            PyErr_CheckSignals()  # (raises what a handler raised: nothing is held)
 
     def held(self) -> bool:
         """Whether this thread holds the baton."""
-        return self.holder == _get_ident()
+        return self._held and self._holder == _this_thread()
 
     def locked(self) -> bool:
         """Whether some thread holds the baton (for other threads, a hint)."""
-        return self.holder is not None
+        return self._held
+
+    @property
+    def holder(self) -> int | None:
+        """The holding thread's ident, or None."""
+        return self._holder if self._held else None
 
     def let_go(self) -> bool:
         """Release the baton if this thread holds it: whether it did."""
-        if self.holder != _get_ident():
+        if not self._held or self._holder != _this_thread():
             return False
-        self.holder = None
-        self._lock.release()
+        self._held = False
+        if cython.compiled:
+            PyThread_release_lock(self._c_lock)
+        else:
+            self._lock.release()
         return True
+
+
+class TableLock:
+    """The call table's lock where this module is compiled (``CallRegistry.lock``,
+    mpx/_driver/registry.py), which the Ledger's hot changes take and release in C.
+    Python code enters it only with ``with``: ``__enter__`` and ``__exit__`` are C
+    functions, so no interrupt lands inside them (see Baton). Not reentrant. A wait for it
+    lets the GIL go and runs the signal handlers whenever a signal cuts it short. (Plain
+    Python takes a threading.Lock instead: this class's methods would be Python there.)"""
+
+    __slots__ = ("_c_lock",)
+
+    def __init__(self) -> None:
+        if not cython.compiled:
+            raise TypeError("TableLock is the compiled core's; plain Python takes a "
+                            "threading.Lock")
+        self._c_lock = PyThread_allocate_lock()
+        if not self._c_lock:
+            raise MemoryError("no lock for the call table")
+
+    def __dealloc__(self) -> None:
+        if self._c_lock:
+            PyThread_free_lock(self._c_lock)
+
+    def _acquire(self) -> None:
+        if PyThread_acquire_lock(self._c_lock, NOWAIT_LOCK) == 1:
+            return
+        while True:
+            with cython.nogil:
+                status = PyThread_acquire_lock_timed(self._c_lock, -1, 1)
+            if status == PY_LOCK_ACQUIRED:
+                return
+            PyErr_CheckSignals()  # (raises what a handler raised: nothing is held)
+
+    def _release(self) -> None:
+        PyThread_release_lock(self._c_lock)
+
+    def __enter__(self) -> TableLock:
+        self._acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._release()
+
+
+class Ledger:
+    """The calls in flight of one call table (mpx/_driver/registry.py): ``pending``, by
+    sequence number, oldest first; the counters derived from it, ``with_deadline`` and
+    ``outstanding`` (pending calls with a deadline, with a future); ``completed``, a deque
+    of the settled calls whose futures are still to set; ``open``, whether calls may
+    still register. Every change holds ``lock``. The hot ones are these methods: compiled,
+    they take and release the lock in C, with no Python between for an interrupt to land
+    in; the table makes the others inside ``with ledger.lock``."""
+
+    __slots__ = ("lock", "_c", "pending", "completed", "with_deadline", "outstanding", "open")
+
+    def __init__(self) -> None:
+        self.lock: Any
+        if cython.compiled:
+            self._c = TableLock()
+            self.lock = self._c
+        else:
+            self.lock = _Lock()  # (with ``with``: a TableLock's would be Python here)
+        self.pending: dict[int, Call] = {}
+        self.completed: collections.deque[Call] = collections.deque()
+        self.with_deadline = 0
+        self.outstanding = 0
+        self.open = True
+
+    def register(self, call: Call) -> bool:
+        """Enter ``call`` in ``pending``; False, and nothing done, once ``open`` is False."""
+        if cython.compiled:
+            self._c._acquire()
+            try:
+                return self._register(call)
+            finally:
+                self._c._release()
+        else:
+            with self.lock:
+                return self._register(call)
+
+    def _register(self, call: Call) -> bool:
+        if not self.open:
+            return False
+        self.pending[call.seq] = call
+        if call.deadline is not None:
+            self.with_deadline += 1
+        if call.future is not None:
+            self.outstanding += 1
+        return True
+
+    def settle(self, call: Call, value: Any, error: BaseException | None) -> bool:
+        """Give ``call`` its outcome: it leaves ``pending``, is done, and goes to
+        ``completed`` if it has a future. False if it was already done."""
+        if cython.compiled:
+            self._c._acquire()
+            try:
+                return self._settle(call, value, error)
+            finally:
+                self._c._release()
+        else:
+            with self.lock:
+                return self._settle(call, value, error)
+
+    def _settle(self, call: Call, value: Any, error: BaseException | None) -> bool:
+        if call.done:
+            return False
+        self.pending.pop(call.seq, None)
+        if call.deadline is not None:
+            self.with_deadline -= 1
+        call.value = value
+        call.error = error
+        if call.future is not None:
+            self.outstanding -= 1
+            self.completed.append(call)
+        call.done = True
+        return True
+
+    def forget(self, call: Call) -> None:
+        """Unregister ``call``, never sent: it leaves ``pending`` and is done, with no
+        outcome (nothing waits for it)."""
+        if cython.compiled:
+            self._c._acquire()
+            try:
+                self._forget(call)
+            finally:
+                self._c._release()
+        else:
+            with self.lock:
+                self._forget(call)
+
+    def _forget(self, call: Call) -> None:
+        if call.done or self.pending.pop(call.seq, None) is None:
+            return
+        call.done = True
+        if call.deadline is not None:
+            self.with_deadline -= 1
+        if call.future is not None:
+            self.outstanding -= 1
+
+    def settle_ok(self, calls: list[Call], start: int) -> int:
+        """Settle ``calls[start:]``, each answered OK by every rank, in order, until one
+        needs the table's ``_finish`` (an error, an aggregator): its index, or
+        ``len(calls)`` (module ``settle_ok``)."""
+        if cython.compiled:
+            self._c._acquire()
+            try:
+                return self._settle_batch(calls, start)
+            finally:
+                self._c._release()
+        else:
+            with self.lock:
+                return self._settle_batch(calls, start)
+
+    def _settle_batch(self, calls: list[Call], start: int) -> int:
+        stop, with_deadline, futures = settle_ok(calls, start, self.pending, self.completed)
+        self.with_deadline -= with_deadline
+        self.outstanding -= futures
+        return stop
 
 
 class Call:

@@ -163,7 +163,7 @@ class ReplyPump(CallRegistry):
                                    else left)
             finally:
                 self.waiting -= 1
-                if not self.waiting and self.outstanding:
+                if not self.waiting and self.ledger.outstanding:
                     self.turn.notify_all()  # the background reader may read again
         if not call.done:
             self._check_time(call, wait_until)
@@ -177,7 +177,7 @@ class ReplyPump(CallRegistry):
             if self.waiting:
                 with self.turn_lock:
                     self.turn.notify_all()
-            elif self.outstanding:
+            elif self.ledger.outstanding:
                 self._wake_background_reader()
         finally:
             if self._outbox:
@@ -205,7 +205,7 @@ class ReplyPump(CallRegistry):
         try:
             while not self.stopping and call.seq in self.pending:  # (not: answered)
                 self.reading_until = _COMPUTING
-                if not self.with_deadline:
+                if not self.ledger.with_deadline:
                     until = wait_until
                 elif len(self.pending) == 1:  # this call alone: its own deadline (hot)
                     d = call.deadline
@@ -298,7 +298,7 @@ class ReplyPump(CallRegistry):
 
     def _peer_gone(self, e: PeerDiedError) -> None:
         with self.lock:
-            self.stopping = True  # until the monitor fails the group, nobody reads
+            self._stop()  # until the monitor fails the group, nobody reads
         assert e.rank is not None
         self.on_peer_gone(e.rank, e)
 
@@ -390,7 +390,7 @@ class ReplyPump(CallRegistry):
                 self.turn.notify_all()
 
     def _background_may_read(self) -> bool:
-        return bool(self.outstanding and self.pending and not self.waiting and
+        return bool(self.ledger.outstanding and self.pending and not self.waiting and
                     not self.stopping and (not self.loops_until or time.monotonic() >= self.loops_until))
 
     def _read_in_background(self) -> None:
@@ -401,7 +401,7 @@ class ReplyPump(CallRegistry):
                         return
                     lease = self.loops_until - time.monotonic()
                     self._background_idle = lease <= 0
-                    if lease <= 0 and self.outstanding:  # (a wake-up lost to an interrupt)
+                    if lease <= 0 and self.ledger.outstanding:  # (a wake-up lost to an interrupt)
                         lease = TURN_RECHECK_S
                     self.turn.wait(lease if lease > 0 else None)
                 self._background_idle = False

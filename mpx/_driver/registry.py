@@ -4,8 +4,13 @@ each rank has answered, and how each call ends (settled with its outcome, or exp
 Rules (see mpx/_driver/calls.py for the whole model):
 
 - Every change to the registry's fields holds ``lock`` (a call is registered by the sender,
-  mpx/_driver/sender.py, in the same critical section that numbers it). It is held for dict and counter
-  updates only: never while reading or writing a queue, never while user code runs.
+  mpx/_driver/sender.py, inside the section that numbers it). It is held for dict and
+  counter updates only: never while reading or writing a queue, never while user code
+  runs. The calls in flight and their counters are the ``ledger``'s
+  (mpx/_driver/future_core.py), whose hot changes (register, settle, forget, a batch's
+  settle_ok) take and release ``lock`` in C where compiled; the others are made here, in
+  ``with lock``. ``ledger.open`` is False once ``stopping`` is set (``_stop``): no call
+  registers after a failure or shutdown began.
 - A call moves ``pending`` -> (``answered``, when every rank replied but its outcome needs
   user code: an aggregator, or an error to build) -> done. A done call's future is set by
   ``complete_futures`` outside the registry's lock; its done callbacks run on the callback
@@ -13,8 +18,8 @@ Rules (see mpx/_driver/calls.py for the whole model):
   settled calls and queuing its callbacks one step, so that two threads completing at once
   (a caller after its send, the reader after its reads) cannot queue a later batch first.
   No user code runs under it.
-- The counters (``outstanding``, ``with_deadline``) are derived from ``pending`` and can be
-  rebuilt from it (``repair``), which an interrupt arriving mid-update relies on.
+- The ledger's counters (``outstanding``, ``with_deadline``) are derived from ``pending``
+  and can be rebuilt from it (``repair``), which an interrupt arriving mid-update relies on.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ else:
     # the extension is built)
     Call = _core.Call
 _ALL_OK = _core.ALL_OK
-_record_each, _settle_ok = _core.record_each, _core.settle_ok
+_record_each = _core.record_each
 
 
 def _min(*limits: float | None) -> float | None:
@@ -64,22 +69,22 @@ class CallRegistry:
         self.n_ranks = n_ranks
         self.stalls = stalls
         self.on_peer_gone = on_peer_gone
-        self.lock = threading.Lock()        # pending, the counters and the end state
+        # the calls in flight and their counters; its lock guards them and the end state
+        self.ledger = _core.Ledger()
+        self.lock = self.ledger.lock
         # a call done, or the baton free: sleep on `turn` holding `turn_lock`, entered with
         # `with turn_lock` (a Condition's own __enter__ is Python: an interrupt can leave
         # its lock held, see mpx/_driver/pump.py)
         self.turn_lock = threading.Lock()
         self.turn = threading.Condition(self.turn_lock)
         self.waiting = 0                    # threads sleeping on `turn` for their call
-        self.pending: dict[int, Call] = {}  # by seq, oldest first: sent or queued to send
+        self.pending: dict[int, Call] = self.ledger.pending  # sent or queued to send
         self.next_seq = 0
         self.next_reply = [0] * n_ranks     # per rank: the seq its next reply answers
-        self.outstanding = 0                # pending non-blocking calls
-        self.with_deadline = 0              # pending calls with a deadline
         self.failure: ExecutorFailed | None = None
         self.stopping = False  # a failure or shutdown is under way: nobody takes the baton
         self.closed = False
-        self._completed: collections.deque[Call] = collections.deque()  # futures to set
+        self._completed: collections.deque[Call] = self.ledger.completed  # futures to set
         self.completing = threading.Lock()  # (see the module docstring)
         self._answered: collections.deque[Call] = collections.deque()   # outcomes to make
         self.callbacks = CallbackThread()
@@ -93,14 +98,15 @@ class CallRegistry:
         if self.closed or self.stopping:
             raise ExecutorFailed("the executor was shut down")
 
+    def _stop(self) -> None:
+        """(holding ``lock``) A failure or shutdown is under way: nobody takes the baton,
+        and no call registers, from now on."""
+        self.stopping = True
+        self.ledger.open = False
+
     def _forget(self, call: Call) -> None:
         """Unregister a call that was never sent."""
-        with self.lock:
-            if call.done or self.pending.pop(call.seq, None) is None:
-                return
-            call.done = True
-            self.with_deadline -= call.deadline is not None
-            self.outstanding -= call.future is not None
+        self.ledger.forget(call)
 
     def repair(self) -> None:
         """Make the registry consistent again after an interrupt (KeyboardInterrupt,
@@ -114,9 +120,10 @@ class CallRegistry:
                     del self.pending[seq]
                     if call not in self._answered:
                         self._answered.append(call)
-            self.with_deadline = sum(c.deadline is not None for c in self.pending.values()) + \
+            ledger = self.ledger
+            ledger.with_deadline = sum(c.deadline is not None for c in self.pending.values()) + \
                 sum(c.deadline is not None for c in self._answered if not c.done)
-            self.outstanding = sum(c.future is not None for c in self.pending.values()) + \
+            ledger.outstanding = sum(c.future is not None for c in self.pending.values()) + \
                 sum(c.future is not None for c in self._answered if not c.done)
         self._notify_waiters()
 
@@ -170,10 +177,7 @@ class CallRegistry:
         """Settle, in order, calls that every rank answered (as _record would)."""
         i, n = 0, len(calls)
         while i < n:
-            with self.lock:
-                i, with_deadline, futures = _settle_ok(calls, i, self.pending, self._completed)
-                self.with_deadline -= with_deadline
-                self.outstanding -= futures
+            i = self.ledger.settle_ok(calls, i)
             if i < n:
                 self._answer(calls[i])
                 i += 1
@@ -232,18 +236,7 @@ class CallRegistry:
                 self._settle(call, value)
 
     def _settle(self, call: Call, value: Any = None, error: BaseException | None = None) -> None:
-        with self.lock:
-            if call.done:
-                return
-            self.pending.pop(call.seq, None)
-            if call.deadline is not None:
-                self.with_deadline -= 1
-            call.value, call.error = value, error
-            if call.future is not None:
-                self.outstanding -= 1
-                self._completed.append(call)
-            call.done = True
-        if self.waiting:
+        if self.ledger.settle(call, value, error) and self.waiting:
             self._notify_waiters()
 
     def _notify_waiters(self) -> None:
@@ -277,7 +270,7 @@ class CallRegistry:
     # ------------------------------------------------------------------ expiring
 
     def _expire_due(self) -> None:
-        if not self.with_deadline:
+        if not self.ledger.with_deadline:
             return
         now = time.monotonic()
         for call in list(self.pending.values()):
@@ -304,7 +297,7 @@ class CallRegistry:
 
     def _read_limit(self, wait_until: float | None) -> float | None:
         """The earliest of ``wait_until`` and the pending deadlines."""
-        if not self.with_deadline:
+        if not self.ledger.with_deadline:
             return wait_until
         return _min(wait_until, *[c.deadline for c in list(self.pending.values())
                                   if c.deadline is not None])

@@ -105,14 +105,8 @@ class Sending(_Base):
             except BaseException as e:
                 raise self._send_error(e, name) from e
             self.next_seq = seq + 1
-            with self.lock:
-                if self.failure is not None or self.closed or self.stopping:
-                    self.check_usable()
-                self.pending[seq] = call
-                if deadline is not None:
-                    self.with_deadline += 1
-                if non_block:
-                    self.outstanding += 1
+            if not self.ledger.register(call):
+                self.check_usable()  # (raises: the table stopped)
             first = parts[0] if len(parts) == 1 else None
             if not self._outbox and self._out.has_room(parts) and (  # (one small piece: fits)
                     type(first) is bytes and len(first) <= self._ring_fits or self._fits(parts)):
