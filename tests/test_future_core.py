@@ -535,7 +535,7 @@ def test_the_compiled_table_lock_is_entered_with_with_and_an_interrupt_ends_its_
         pytest.skip("extension not built")
     core = load_core("cython")
     lock = core.Ledger().lock
-    assert isinstance(lock, core.TableLock)
+    assert isinstance(lock, core.CLock)
     with lock:
         pass
     taken, leave = threading.Event(), threading.Event()
@@ -561,4 +561,4 @@ def test_the_compiled_table_lock_is_entered_with_with_and_an_interrupt_ends_its_
         leave.set()
         holder.join(10)
     with pytest.raises(TypeError, match="compiled"):
-        load_core("python").TableLock()
+        load_core("python").CLock()

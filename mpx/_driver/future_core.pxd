@@ -24,16 +24,26 @@ cdef object _running_loop()
 
 
 @cython.final
+cdef class CLock:
+    cdef PyThread_type_lock _c_lock
+
+    cdef bint _try(self) except -1
+    cdef _acquire(self)
+    cdef bint _acquire_within(self, double timeout) except -1
+    @cython.locals(us=cython.longlong, status=int)
+    cdef bint _wait(self, double until) except -1
+    cdef _release(self)
+
+
+@cython.final
 cdef class Baton:
     cdef object _lock
-    cdef PyThread_type_lock _c_lock
+    cdef CLock _c
     cdef bint _held
     cdef unsigned long _holder
 
     @cython.locals(me="unsigned long", got=bint)
     cpdef bint take(self, double timeout=*) except -1
-    @cython.locals(until=double, us=cython.longlong, status=int)
-    cdef bint _take_within(self, double timeout) except -1
     cpdef bint held(self) except -1
     cpdef bint locked(self) except -1
     cpdef bint let_go(self) except -1
@@ -64,18 +74,9 @@ cdef class Call:
 
 
 @cython.final
-cdef class TableLock:
-    cdef PyThread_type_lock _c_lock
-
-    @cython.locals(status=int)
-    cdef _acquire(self)
-    cdef _release(self)
-
-
-@cython.final
 cdef class Ledger:
     cdef readonly object lock
-    cdef TableLock _c
+    cdef CLock _c
     cdef readonly dict pending
     cdef readonly object completed
     cdef public Py_ssize_t with_deadline, outstanding

@@ -5,8 +5,8 @@ batch of replies; ``FutureCore``, the hot part of ``mpx.RPCFuture`` (see
 mpx/_driver/futures.py): its state, completion and the hand-off to an awaiting asyncio
 task, which waits on a ``Waiter`` woken in batches by ``LoopWakeups``; ``Baton``, the
 right to read replies, which compiled an interrupt cannot leave held; and ``Ledger``, the
-calls in flight with their counters, whose hot changes take the call table's lock
-(``TableLock``) in C.
+calls in flight with their counters, whose hot changes take the call table's lock in C
+(both hold a ``CLock``).
 
 One source, two builds (Cython's pure-Python mode): setup.py compiles this file, with the C
 types of mpx/_driver/future_core.pxd, into the extension ``mpx._driver.future_core``;
@@ -44,7 +44,7 @@ try:
 except ImportError:  # Cython is a build dependency only: plain Python needs cython.compiled
     from mpx import _cython_shim as cython  # type: ignore[no-redef]
 
-if cython.compiled:  # the C lock of the Baton and the thread's ident
+if cython.compiled:  # the C lock (CLock) and the thread's ident
     from cython.cimports.cpython.exc import PyErr_CheckSignals
     from cython.cimports.cpython.pythread import (
         NOWAIT_LOCK,
@@ -133,6 +133,69 @@ def _running_loop() -> Any:
         return None
 
 
+class CLock:
+    """A C lock, for the compiled core's locks: the Baton's, and the call table's
+    (``Ledger.lock``, which is ``CallRegistry.lock``, mpx/_driver/registry.py). The compiled
+    code takes and releases it with no Python call between; Python code enters it only with
+    ``with``: ``__enter__`` and ``__exit__`` are C functions, so no interrupt lands inside
+    them (see Baton). Not reentrant. A wait for it lets the GIL go and runs the signal
+    handlers whenever a signal cuts it short: a handler's exception (Ctrl-C) ends the wait,
+    with the lock not taken. (Plain Python takes a threading.Lock instead: this class's
+    methods would be Python there.)"""
+
+    __slots__ = ("_c_lock",)
+
+    def __init__(self) -> None:
+        if not cython.compiled:
+            raise TypeError("CLock is the compiled core's; plain Python takes a "
+                            "threading.Lock")
+        self._c_lock = PyThread_allocate_lock()
+        if not self._c_lock:
+            raise MemoryError("no C lock")
+
+    def __dealloc__(self) -> None:
+        if self._c_lock:
+            PyThread_free_lock(self._c_lock)
+
+    def _try(self) -> bool:
+        """Take it if it is free, without waiting."""
+        return PyThread_acquire_lock(self._c_lock, NOWAIT_LOCK) == 1
+
+    def _acquire(self) -> None:
+        self._wait(-1.0)
+
+    def _acquire_within(self, timeout: float) -> bool:
+        return self._wait(_monotonic() + timeout)
+
+    def _wait(self, until: float) -> bool:
+        """Take it, waiting until monotonic ``until`` at most (< 0: no limit)."""
+        if self._try():
+            return True
+        while True:
+            us = -1
+            if until >= 0:
+                us = int((until - _monotonic()) * 1e6)
+                if us <= 0:
+                    return self._try()
+            with cython.nogil:
+                status = PyThread_acquire_lock_timed(self._c_lock, us, 1)
+            if status == PY_LOCK_ACQUIRED:
+                return True
+            if status != PY_LOCK_INTR:
+                return False
+            PyErr_CheckSignals()  # (raises what a handler raised: nothing is held)
+
+    def _release(self) -> None:
+        PyThread_release_lock(self._c_lock)
+
+    def __enter__(self) -> CLock:
+        self._acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._release()
+
+
 class Baton:
     """The right to read replies, held by one thread at a time (mpx/_driver/pump.py).
 
@@ -140,7 +203,7 @@ class Baton:
     raises) is raised in the main thread when the interpreter next checks, which it does
     after each call returns and on entering a Python function: between a lock's
     ``acquire()`` and the ``try`` that would release it, or in a ``finally`` before its
-    ``release()``. Compiled, ``take`` and ``let_go`` take and release a C lock and mark
+    ``release()``. Compiled, ``take`` and ``let_go`` take and release a ``CLock`` and mark
     the holding thread with no such check between, so that the pattern ::
 
         try:
@@ -155,22 +218,15 @@ class Baton:
     A thread never takes the baton twice: ``take`` refuses one this thread holds.
     """
 
-    __slots__ = ("_lock", "_c_lock", "_held", "_holder")
+    __slots__ = ("_lock", "_c", "_held", "_holder")
 
     def __init__(self) -> None:
-        if cython.compiled:  # (a C lock: taken and released with no Python call)
-            self._c_lock = PyThread_allocate_lock()
-            if not self._c_lock:
-                raise MemoryError("no lock for the baton")
+        if cython.compiled:  # (taken and released with no Python call)
+            self._c = CLock()
         else:
             self._lock = _Lock()
         self._held = False
         self._holder = 0  # the holding thread's ident, while _held
-
-    def __dealloc__(self) -> None:
-        if cython.compiled:
-            if self._c_lock:
-                PyThread_free_lock(self._c_lock)
 
     def take(self, timeout: float = 0.0) -> bool:
         """Take the baton if it is free, waiting up to ``timeout`` seconds for it (0: not
@@ -179,35 +235,16 @@ class Baton:
         me = _this_thread()
         if self._held and self._holder == me:
             return False
-        if timeout <= 0:
-            if cython.compiled:
-                got = PyThread_acquire_lock(self._c_lock, NOWAIT_LOCK) == 1
-            else:
-                got = self._lock.acquire(False)
-        elif cython.compiled:
-            got = self._take_within(timeout)
+        if cython.compiled:
+            got = self._c._try() if timeout <= 0 else self._c._acquire_within(timeout)
+        elif timeout <= 0:
+            got = self._lock.acquire(False)
         else:
             got = self._lock.acquire(True, timeout)
         if got:
             self._holder = me
             self._held = True
         return got
-
-    def _take_within(self, timeout: float) -> bool:
-        """(compiled) Wait up to ``timeout`` seconds for the C lock, with the GIL let go,
-        running the signal handlers whenever a signal cuts the wait short."""
-        until = _monotonic() + timeout
-        while True:
-            us = int((until - _monotonic()) * 1e6)
-            if us <= 0:
-                return PyThread_acquire_lock(self._c_lock, NOWAIT_LOCK) == 1
-            with cython.nogil:
-                status = PyThread_acquire_lock_timed(self._c_lock, us, 1)
-            if status == PY_LOCK_ACQUIRED:
-                return True
-            if status != PY_LOCK_INTR:
-                return False
-            PyErr_CheckSignals()  # (raises what a handler raised: nothing is held)
 
     def held(self) -> bool:
         """Whether this thread holds the baton."""
@@ -228,53 +265,10 @@ class Baton:
             return False
         self._held = False
         if cython.compiled:
-            PyThread_release_lock(self._c_lock)
+            self._c._release()
         else:
             self._lock.release()
         return True
-
-
-class TableLock:
-    """The call table's lock where this module is compiled (``CallRegistry.lock``,
-    mpx/_driver/registry.py), which the Ledger's hot changes take and release in C.
-    Python code enters it only with ``with``: ``__enter__`` and ``__exit__`` are C
-    functions, so no interrupt lands inside them (see Baton). Not reentrant. A wait for it
-    lets the GIL go and runs the signal handlers whenever a signal cuts it short. (Plain
-    Python takes a threading.Lock instead: this class's methods would be Python there.)"""
-
-    __slots__ = ("_c_lock",)
-
-    def __init__(self) -> None:
-        if not cython.compiled:
-            raise TypeError("TableLock is the compiled core's; plain Python takes a "
-                            "threading.Lock")
-        self._c_lock = PyThread_allocate_lock()
-        if not self._c_lock:
-            raise MemoryError("no lock for the call table")
-
-    def __dealloc__(self) -> None:
-        if self._c_lock:
-            PyThread_free_lock(self._c_lock)
-
-    def _acquire(self) -> None:
-        if PyThread_acquire_lock(self._c_lock, NOWAIT_LOCK) == 1:
-            return
-        while True:
-            with cython.nogil:
-                status = PyThread_acquire_lock_timed(self._c_lock, -1, 1)
-            if status == PY_LOCK_ACQUIRED:
-                return
-            PyErr_CheckSignals()  # (raises what a handler raised: nothing is held)
-
-    def _release(self) -> None:
-        PyThread_release_lock(self._c_lock)
-
-    def __enter__(self) -> TableLock:
-        self._acquire()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._release()
 
 
 class Ledger:
@@ -291,10 +285,10 @@ class Ledger:
     def __init__(self) -> None:
         self.lock: Any
         if cython.compiled:
-            self._c = TableLock()
+            self._c = CLock()
             self.lock = self._c
         else:
-            self.lock = _Lock()  # (with ``with``: a TableLock's would be Python here)
+            self.lock = _Lock()  # (with ``with``: a CLock's would be Python here)
         self.pending: dict[int, Call] = {}
         self.completed: collections.deque[Call] = collections.deque()
         self.with_deadline = 0
