@@ -10,6 +10,9 @@ The public API::
     mpx.ring_implementation()   "cython" or "python"
     mpx.watchdog          feed() and paused() for long calls inside a worker
     mpx.share(tensor)     a CPU tensor in shared memory, sent by reference (mpx/sharing.py)
+    mpx.Stats, RankStats, Latency   Executor.stats()'s snapshot (mpx/_driver/stats.py)
+    mpx.metrics.Collector           Prometheus metrics of an executor (imported on demand:
+                                    needs prometheus_client, the mpx[metrics] extra)
     errors: mpx.MpxError, Cancelled, QueueTimeout, PeerDiedError, MessageAbortedError,
             ShmError, HandleError, QueueClosedError, RoleError, SerializationError,
             DeserializationError, MessageTooLargeError, SharedTensorGoneError, RPCError, RPCTimeoutError,
@@ -30,7 +33,9 @@ Everything else is internal. The tree, bottom up (each layer imports only those 
     auth.py, dumps.py
     _driver/                            runs in the driver: Executor and what it owns;
                                         future_core.py (+ .pxd), the futures' hot part,
-                                        compiled from its one source where it was built
+                                        compiled from its one source where it was built,
+                                        with the meter that Executor.stats() reads
+    metrics.py                          the Prometheus collector (above the driver)
     _worker/                            runs in each worker process
     _node/                              starts a node's workers; multi-node leader/follower
     _cli/                               python -m mpx
@@ -40,6 +45,7 @@ from mpx import watchdog
 from mpx._driver.calls import PendingCalls
 from mpx._driver.executor import Executor
 from mpx._driver.futures import RPCFuture
+from mpx._driver.stats import Latency, RankStats, Stats
 from mpx._impl import ring_implementation
 from mpx.config import Config
 from mpx.errors import (
@@ -76,10 +82,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cancelled", "Config", "DeserializationError", "Executor", "ExecutorFailed", "Handle",
-    "HandleError", "MessageAbortedError", "MessageQueue", "MessageTooLargeError", "MpxError", "NodeLostError",
+    "HandleError", "Latency", "MessageAbortedError", "MessageQueue", "MessageTooLargeError",
+    "MpxError", "NodeLostError",
     "NotOwnerError", "PeerDiedError", "PendingCalls", "QueueClosedError", "QueueTimeout",
-    "ReplyLostError", "RPCError", "RPCFuture", "RPCTimeoutError", "RoleError",
-    "SerializationError", "SharedTensorGoneError", "ShmError", "WaitNudged",
+    "RankStats", "ReplyLostError", "RPCError", "RPCFuture", "RPCTimeoutError", "RoleError",
+    "SerializationError", "SharedTensorGoneError", "ShmError", "Stats", "WaitNudged",
     "WorkerContext", "WorkerDiedError", "WorkerStalledError", "WorkerStartupError",
     "ring_implementation", "share", "watchdog", "__version__",
 ]

@@ -102,6 +102,7 @@ cdef class RingReader(_RingEnd):
     cdef uint64_t dest_total
     cdef bint skipping               # the message being read could not be allocated
     cdef readonly uint64_t skipped_bytes  # after NO_MEMORY: the skipped message's size
+    cdef readonly uint64_t bytes_read     # the payload bytes of every slot read so far
 
     cdef void _ack(self) noexcept nogil
     cdef void _drop_message(self) noexcept

@@ -36,6 +36,7 @@ class RingWriter(_RingEnd):
 class RingReader(_RingEnd):
     index: int
     skipped_bytes: int  # the size of the message the last NO_MEMORY read skipped
+    bytes_read: int     # the payload bytes of every slot read so far
     def __init__(self, buf: object, index: int, spin_ns: int = ..., yield_ns: int = ...,
                  poll_ns: int = ...) -> None: ...
     def mark_closed(self) -> None: ...

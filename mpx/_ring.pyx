@@ -730,6 +730,7 @@ cdef class RingReader(_RingEnd):
         return PEER_GONE
 
     cdef void _ack(self) noexcept nogil:
+        self.bytes_read += (<uint64_t*>(self._slot(self.seq) + SH_LENGTH))[0]
         self.seq += 1
         mpx_store64(self._u64(OFF_READERS + READER_BLOCK * self.index + RB_READ_SEQ), self.seq)
         mpx_fence()

@@ -535,6 +535,7 @@ class RingReader(_RingEnd):
         self._dest_total = 0
         self._skipping = False  # the message being read could not be allocated
         self.skipped_bytes = 0  # after NO_MEMORY: the skipped message's size
+        self.bytes_read = 0     # the payload bytes of every slot read so far
         if not 0 <= index < self.n_readers:
             self.release()
             raise ValueError(f"reader index {index} out of range for {self.n_readers} readers")
@@ -592,6 +593,7 @@ class RingReader(_RingEnd):
         return layout.PEER_GONE
 
     def _ack(self) -> None:
+        self.bytes_read += self._q[(self._slot(self.seq) + layout.SH_LENGTH) >> 3]
         self.seq += 1
         self._q[(self._rb + layout.RB_READ_SEQ) >> 3] = self.seq
         layout.fence()

@@ -23,8 +23,10 @@ from typing import Any
 import cloudpickle
 
 from mpx import dumps, wire
+from mpx._driver import stats
 from mpx._driver.calls import PendingCalls
 from mpx._driver.group import WorkerGroup
+from mpx._driver.stats import Stats
 from mpx._procinfo import describe_stall
 from mpx.config import Config
 from mpx.errors import ExecutorFailed, NotOwnerError, SerializationError
@@ -250,6 +252,14 @@ class Executor:
         order as the workers make room). For admission control: a server that sees
         ``queued`` grow is sending faster than the workers take calls."""
         return self._group.calls.pending_calls()
+
+    def stats(self) -> Stats:
+        """A snapshot of the executor (:class:`mpx.Stats`): calls by method and outcome,
+        calls in flight and queued, bytes sent and received, and per rank its pid, whether
+        it lives, its replies and their latency over a recent window, and the skew between
+        a call's first and last reply. Cheap (no call to the workers); also after shutdown
+        (the last figures, every rank not alive)."""
+        return stats.snapshot(self._group)
 
     def register_failure_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback()`` once when the executor fails, after the surviving workers

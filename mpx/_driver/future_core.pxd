@@ -20,6 +20,7 @@ cdef object _OK, _ERR
 
 cpdef bint runs_here(delivery) except -1
 cdef unsigned long _this_thread()
+cdef double _now()
 cdef object _running_loop()
 
 
@@ -49,6 +50,52 @@ cdef class Baton:
     cpdef bint let_go(self) except -1
 
 
+cdef class Call
+
+
+@cython.final
+cdef class Histogram:
+    cdef readonly object buckets
+    cdef long long[::1] _counts
+    cdef double[::1] _bounds
+    cdef public Py_ssize_t count
+    cdef public double sum, max
+
+    @cython.locals(lo=Py_ssize_t, hi=Py_ssize_t, mid=Py_ssize_t)
+    cpdef observe(self, double value)
+    @cython.locals(i=Py_ssize_t)
+    cpdef add(self, Histogram other)
+    @cython.locals(i=Py_ssize_t)
+    cpdef clear(self)
+
+
+@cython.final
+cdef class MethodMeter:
+    cdef public Py_ssize_t ok, error, timeout
+    cdef public Histogram durations
+
+
+@cython.final
+cdef class Meter:
+    cdef readonly Py_ssize_t n_ranks
+    cdef readonly double window_s
+    cdef readonly object timeout_type
+    cdef public Py_ssize_t bytes_sent
+    cdef public list recent, previous, earlier
+    cdef public Histogram skew_recent, skew_previous, skew_earlier
+    cdef readonly dict methods
+    cdef public double window_start
+
+    @cython.locals(n=Py_ssize_t)
+    cpdef sent(self, tuple parts)
+    @cython.locals(now=double, h=Histogram)
+    cpdef reply(self, Py_ssize_t rank, Call call, bint last)
+    @cython.locals(h=Histogram, r=Py_ssize_t)
+    cdef _next_window(self, double now)
+    @cython.locals(m=MethodMeter)
+    cpdef settled(self, Call call, error)
+
+
 @cython.final
 cdef class Call:
     cdef readonly object seq
@@ -58,6 +105,8 @@ cdef class Call:
     cdef readonly object aggregator
     cdef readonly object deadline
     cdef readonly double started
+    cdef public double first_reply, last_reply
+    cdef public Meter meter
     cdef public object future
     cdef readonly dict results
     cdef readonly dict errors
@@ -66,6 +115,7 @@ cdef class Call:
     cdef public object error
 
     cpdef int take(self, rank, reply, list next_reply) except -1
+    @cython.locals(replied=Py_ssize_t)
     cpdef int add(self, rank, bint ok, payload) except -1
     @cython.locals(results=dict, r=Py_ssize_t)
     cpdef object ok_value(self)
@@ -81,9 +131,10 @@ cdef class Ledger:
     cdef readonly object completed
     cdef public Py_ssize_t with_deadline, outstanding
     cdef public bint open
+    cdef public Meter meter
 
-    cpdef bint register(self, Call call) except -1
-    cdef bint _register(self, Call call) except -1
+    cpdef bint register(self, Call call, tuple parts=*) except -1
+    cdef bint _register(self, Call call, tuple parts) except -1
     cpdef bint settle(self, Call call, value, error) except -1
     cdef bint _settle(self, Call call, value, error) except -1
     cpdef forget(self, Call call)
@@ -99,7 +150,7 @@ cpdef Py_ssize_t record_each(list replies, Py_ssize_t start, rank, list next_rep
 
 @cython.locals(n=Py_ssize_t, i=Py_ssize_t, with_deadline=Py_ssize_t, futures=Py_ssize_t,
                call=Call)
-cpdef tuple settle_ok(list calls, Py_ssize_t start, dict pending, completed)
+cpdef tuple settle_ok(list calls, Py_ssize_t start, dict pending, completed, Meter meter=*)
 
 
 @cython.final

@@ -29,6 +29,7 @@ Completing a future is split so that the thread that reads replies runs no user 
 
 from __future__ import annotations
 
+import array
 import asyncio
 import collections
 import concurrent.futures
@@ -59,6 +60,7 @@ if cython.compiled:  # the C lock (CLock) and the thread's ident
         PyThread_acquire_lock_timed,
         PyThread_get_thread_ident,
     )
+    from cython.cimports.posix.time import CLOCK_MONOTONIC, clock_gettime, timespec
 
 IMPLEMENTATION = "cython" if cython.compiled else "python"
 
@@ -93,6 +95,15 @@ _delivery_of: Any = None
 # The delivery whose tasks LoopWakeups.run wakes now, in some thread: the likeliest loop
 # of an RPCFuture awaited meanwhile (a hint: __await__ checks it with runs_here).
 _waking: Any = None
+
+
+def _now() -> float:
+    """time.monotonic(), without the Python call where compiled."""
+    if cython.compiled:
+        ts = cython.declare(timespec)
+        clock_gettime(CLOCK_MONOTONIC, cython.address(ts))
+        return ts.tv_sec + ts.tv_nsec * 1e-9
+    return _monotonic()
 
 
 def _this_thread() -> int:
@@ -280,9 +291,10 @@ class Ledger:
     they take and release the lock in C, with no Python between for an interrupt to land
     in; the table makes the others inside ``with ledger.lock``."""
 
-    __slots__ = ("lock", "_c", "pending", "completed", "with_deadline", "outstanding", "open")
+    __slots__ = ("lock", "_c", "pending", "completed", "with_deadline", "outstanding", "open",
+                 "meter")
 
-    def __init__(self) -> None:
+    def __init__(self, meter: Meter | None = None) -> None:
         self.lock: Any
         if cython.compiled:
             self._c = CLock()
@@ -294,22 +306,27 @@ class Ledger:
         self.with_deadline = 0
         self.outstanding = 0
         self.open = True
+        self.meter = meter  # (its outcomes and bytes are recorded here, under ``lock``)
 
-    def register(self, call: Call) -> bool:
-        """Enter ``call`` in ``pending``; False, and nothing done, once ``open`` is False."""
+    def register(self, call: Call, parts: tuple = ()) -> bool:
+        """Enter ``call``, whose message is ``parts``, in ``pending``; False, and nothing
+        done, once ``open`` is False."""
         if cython.compiled:
             self._c._acquire()
             try:
-                return self._register(call)
+                return self._register(call, parts)
             finally:
                 self._c._release()
         else:
             with self.lock:
-                return self._register(call)
+                return self._register(call, parts)
 
-    def _register(self, call: Call) -> bool:
+    def _register(self, call: Call, parts: tuple) -> bool:
         if not self.open:
             return False
+        if self.meter is not None:
+            call.meter = self.meter
+            self.meter.sent(parts)
         self.pending[call.seq] = call
         if call.deadline is not None:
             self.with_deadline += 1
@@ -342,6 +359,8 @@ class Ledger:
             self.outstanding -= 1
             self.completed.append(call)
         call.done = True
+        if self.meter is not None:
+            self.meter.settled(call, error)
         return True
 
     def forget(self, call: Call) -> None:
@@ -381,10 +400,158 @@ class Ledger:
                 return self._settle_batch(calls, start)
 
     def _settle_batch(self, calls: list[Call], start: int) -> int:
-        stop, with_deadline, futures = settle_ok(calls, start, self.pending, self.completed)
+        stop, with_deadline, futures = settle_ok(calls, start, self.pending, self.completed,
+                                                 self.meter)
         self.with_deadline -= with_deadline
         self.outstanding -= futures
         return stop
+
+
+# The meter's latency buckets (seconds): four per octave from 2**-20 s (~0.95 us) to 2**8 s;
+# bucket i counts the values at most BOUNDS[i], the last one (N_BUCKETS - 1) the rest. Every
+# fourth bound is a power of two, which the Prometheus collector exports.
+BOUNDS = tuple(2.0 ** (k / 4) for k in range(-80, 33))
+N_BUCKETS = len(BOUNDS) + 1
+_BOUNDS_AT = array.array("d", BOUNDS + (float("inf"),))
+
+
+class Histogram:
+    """Counts of values by the meter's latency buckets (``BOUNDS``): ``buckets``, an
+    ``array('q')`` of N_BUCKETS counts, with their ``count``, ``sum`` and ``max``. Changed by
+    one thread at a time (the meter's rules); read by any."""
+
+    __slots__ = ("buckets", "_counts", "_bounds", "count", "sum", "max")
+
+    def __init__(self) -> None:
+        self.buckets = array.array("q", bytes(8 * N_BUCKETS))
+        self._counts = self.buckets  # (compiled: a C view of it, as _bounds of the bounds)
+        self._bounds = _BOUNDS_AT
+        self.count = 0
+        self.sum = 0.0
+        self.max = 0.0
+
+    def observe(self, value: float) -> None:
+        """Count ``value`` (seconds) in its bucket."""
+        bounds = self._bounds
+        lo, hi = 0, N_BUCKETS - 1
+        while lo < hi:  # (the first bound >= value: seven steps)
+            mid = (lo + hi) // 2
+            if value <= bounds[mid]:
+                hi = mid
+            else:
+                lo = mid + 1
+        self._counts[lo] += 1
+        self.count += 1
+        self.sum += value
+        if value > self.max:
+            self.max = value
+
+    def add(self, other: Histogram) -> None:
+        """Count ``other``'s values too."""
+        for i in range(N_BUCKETS):
+            self._counts[i] += other._counts[i]
+        self.count += other.count
+        self.sum += other.sum
+        if other.max > self.max:
+            self.max = other.max
+
+    def clear(self) -> None:
+        """Forget every value."""
+        for i in range(N_BUCKETS):
+            self._counts[i] = 0
+        self.count = 0
+        self.sum = 0.0
+        self.max = 0.0
+
+
+class MethodMeter:
+    """One method's calls, by outcome, and the time from each call made to its last reply
+    (``durations``: the calls every rank answered)."""
+
+    __slots__ = ("ok", "error", "timeout", "durations")
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.error = 0
+        self.timeout = 0
+        self.durations = Histogram()
+
+
+class Meter:
+    """What one call table measures, as its calls go: bytes sent; per rank the time from a
+    call made to that rank's reply read (``recent``, the current window of ``window_s``
+    seconds; ``previous``, the one before; ``earlier``, every window before those: since the
+    start is the three together); the skew between a call's first and last reply (with
+    two ranks or more), kept the same three ways; per method its outcomes and durations
+    (``methods``). The thread holding the baton records replies
+    (``Call.add``); the ledger records outcomes holding its lock. Readers take numbers
+    without a lock: a snapshot may miss the reply being recorded at that instant.
+    ``timeout_type``: the error class whose calls count as timed out (the others that
+    failed count as errors)."""
+
+    __slots__ = ("n_ranks", "window_s", "timeout_type", "bytes_sent", "recent", "previous",
+                 "earlier", "skew_recent", "skew_previous", "skew_earlier", "methods",
+                 "window_start")
+
+    def __init__(self, n_ranks: int, timeout_type: type, window_s: float = 60.0) -> None:
+        self.n_ranks = n_ranks
+        self.window_s = window_s
+        self.timeout_type = timeout_type
+        self.bytes_sent = 0
+        self.recent: list[Histogram] = [Histogram() for _ in range(n_ranks)]
+        self.previous: list[Histogram] = [Histogram() for _ in range(n_ranks)]
+        self.earlier: list[Histogram] = [Histogram() for _ in range(n_ranks)]
+        self.skew_recent = Histogram()
+        self.skew_previous = Histogram()
+        self.skew_earlier = Histogram()
+        self.methods: dict[str, MethodMeter] = {}
+        self.window_start = _now()
+
+    def sent(self, parts: tuple) -> None:
+        """Count the bytes of a call's encoded ``parts``."""
+        n = 0
+        for part in parts:
+            n += len(part) if type(part) is bytes else memoryview(part).nbytes
+        self.bytes_sent += n
+
+    def reply(self, rank: int, call: Call, last: bool) -> None:
+        """``rank``'s reply to ``call`` was read now; ``last``: it was the call's last."""
+        now = _now()
+        if now - self.window_start >= self.window_s:
+            self._next_window(now)
+        h = self.recent[rank]
+        h.observe(now - call.started)
+        if call.first_reply == 0.0:
+            call.first_reply = now
+        if last:
+            call.last_reply = now
+            if self.n_ranks > 1:
+                self.skew_recent.observe(now - call.first_reply)
+
+    def _next_window(self, now: float) -> None:
+        for r in range(self.n_ranks):
+            self.earlier[r].add(self.previous[r])
+        self.skew_earlier.add(self.skew_previous)
+        self.recent, self.previous = self.previous, self.recent
+        for h in self.recent:
+            h.clear()
+        self.skew_recent, self.skew_previous = self.skew_previous, self.skew_recent
+        self.skew_recent.clear()
+        self.window_start = now
+
+    def settled(self, call: Call, error: Any) -> None:
+        """(the ledger's lock held) ``call`` ended, with ``error`` or None."""
+        m = self.methods.get(call.method)
+        if m is None:
+            m = self.methods[call.method] = MethodMeter()
+        if error is None:
+            m.ok += 1
+        elif isinstance(error, self.timeout_type):
+            m.timeout += 1
+        else:
+            m.error += 1
+        if call.last_reply != 0.0:
+            m.durations.observe(call.last_reply - call.started)
 
 
 class Call:
@@ -393,7 +560,8 @@ class Call:
     reads replies); ``future`` is set for a non-blocking call."""
 
     __slots__ = ("seq", "method", "n_ranks", "reply_rank", "aggregator", "deadline",
-                 "started", "future", "results", "errors", "done", "value", "error")
+                 "started", "first_reply", "last_reply", "meter", "future", "results", "errors", "done",
+                 "value", "error")
 
     def __init__(self, seq: int, method: str, n_ranks: int, reply_rank: int | None,
                  aggregator: Callable[[list], Any] | None, deadline: float | None) -> None:
@@ -404,6 +572,9 @@ class Call:
         self.aggregator = aggregator
         self.deadline = deadline
         self.started = _monotonic()
+        self.first_reply = 0.0  # when its first and last replies were read (0.0: not yet;
+        self.last_reply = 0.0   # the meter's)
+        self.meter: Meter | None = None  # (set by the ledger that registers it)
         self.future: Any = None
         self.results: dict[int, Any] = {}
         self.errors: dict[int, Any] = {}
@@ -433,9 +604,12 @@ class Call:
             self.results[rank] = payload
         else:
             self.errors[rank] = payload
+        replied = len(self.results) + len(self.errors)
+        if self.meter is not None:
+            self.meter.reply(rank, self, replied == self.n_ranks)
         if len(self.results) == self.n_ranks and self.aggregator is None:
             return _ALL_OK
-        if len(self.results) + len(self.errors) == self.n_ranks:
+        if replied == self.n_ranks:
             return _ANSWERED
         return _MORE
 
@@ -491,13 +665,14 @@ def record_each(replies: list, start: int, rank: int, next_reply: list[int],
 
 
 def settle_ok(calls: list[Call], start: int, pending: dict[int, Call],
-              completed: Any) -> tuple[int, int, int]:
+              completed: Any, meter: Meter | None = None) -> tuple[int, int, int]:
     """With the call table's lock held: settle ``calls[start:]`` (every rank answered
     each) in order, as the table's ``_settle`` does, until one needs the table's
     ``_finish`` (an error, an aggregator). Each call not already done (a timeout may have
     settled it) leaves ``pending``, gets ``ok_value()`` and is done; one with a future is
-    appended to the deque ``completed``. Returns ``(index where it stopped, how many of
-    those settled had a deadline, how many had a future)``."""
+    appended to the deque ``completed``; ``meter``, if given, records each one's outcome.
+    Returns ``(index where it stopped, how many of those settled had a deadline, how many
+    had a future)``."""
     n = len(calls)
     with_deadline = futures = 0
     for i in range(start, n):
@@ -514,6 +689,8 @@ def settle_ok(calls: list[Call], start: int, pending: dict[int, Call],
             futures += 1
             completed.append(call)
         call.done = True
+        if meter is not None:
+            meter.settled(call, None)
     return (n, with_deadline, futures)
 
 

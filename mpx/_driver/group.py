@@ -70,6 +70,9 @@ class WorkerGroup:
         self._workers_stopped = False
         self._stop_lock = threading.Lock()
         self.closed = False
+        # per rank, how many times its process was found dead (stats; the monitor thread's)
+        self.deaths = [0] * world_size
+        self._dead: set[int] = set()
 
     # ------------------------------------------------------------------ start
 
@@ -141,6 +144,21 @@ class WorkerGroup:
         """Whether ``rank`` runs on this node (else on a follower node)."""
         return rank < len(self.procs)
 
+    def alive(self) -> list[bool]:
+        """Per rank, whether its worker runs: not found dead, not stopped, and (a local
+        one) its process not exited. Never waits."""
+        if self._workers_stopped:
+            return [False] * self.world_size
+        procs = self.procs
+        return [r not in self._dead and (r >= len(procs) or procs[r].exitcode is None)
+                for r in range(self.world_size)]
+
+    def _found_dead(self, rank: int) -> None:
+        """(stats) ``rank``'s process was found dead, not stopped by mpx: count it once."""
+        if not self._workers_stopped and rank not in self._dead:
+            self._dead.add(rank)
+            self.deaths[rank] += 1
+
     def died_error(self, rank: int) -> WorkerDiedError:
         """The error that says how ``rank`` died (exit code or signal when local: this waits
         up to EXIT_WAIT_S for a worker that closed its queue to exit, and reaps it)."""
@@ -159,6 +177,7 @@ class WorkerGroup:
     # ------------------------------------------------------------------ failure
 
     def _died(self, rank: int) -> None:
+        self._found_dead(rank)
         if self.calls.failure is None and not self.calls.closed:
             self.fail(self.died_error(rank))
 
@@ -170,6 +189,7 @@ class WorkerGroup:
         if self.is_local(rank):
             monitor.report_death(rank)  # died_error waits for its exit: not in this thread
         else:
+            self._found_dead(rank)
             pid = self.leader.pids.get(rank) if self.leader is not None else None
             monitor.report(WorkerDiedError(f"worker rank {rank} (pid {pid}) is gone: {error}",
                                            rank=rank, pid=pid))

@@ -109,6 +109,10 @@ class ReplyPump(CallRegistry):
         self.resp = resp
         self._ends = [q.reading_end() for q in resp]
 
+    def bytes_received(self) -> int:
+        """The bytes of every reply read so far, all ranks together."""
+        return sum([end.bytes_read for end in self._ends])
+
     def nudge_reader(self) -> None:
         """End the wait of the thread that reads replies now (or its next wait), so that it
         looks at the deadlines and at who waits again."""

@@ -70,7 +70,9 @@ class CallRegistry:
         self.stalls = stalls
         self.on_peer_gone = on_peer_gone
         # the calls in flight and their counters; its lock guards them and the end state
-        self.ledger = _core.Ledger()
+        # (and what they measure: mpx/_driver/stats.py reads it)
+        self.meter = _core.Meter(n_ranks, RPCTimeoutError)
+        self.ledger = _core.Ledger(self.meter)
         self.lock = self.ledger.lock
         # a call done, or the baton free: sleep on `turn` holding `turn_lock`, entered with
         # `with turn_lock` (a Condition's own __enter__ is Python: an interrupt can leave

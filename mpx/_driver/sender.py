@@ -105,7 +105,7 @@ class Sending(_Base):
             except BaseException as e:
                 raise self._send_error(e, name) from e
             self.next_seq = seq + 1
-            if not self.ledger.register(call):
+            if not self.ledger.register(call, parts):
                 self.check_usable()  # (raises: the table stopped)
             first = parts[0] if len(parts) == 1 else None
             if not self._outbox and self._out.has_room(parts) and (  # (one small piece: fits)

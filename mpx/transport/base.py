@@ -183,6 +183,11 @@ class Reader(Endpoint):
 
     rank: int
 
+    @property
+    def bytes_read(self) -> int:
+        """The bytes of the messages read so far (their payload, as the writer sent it)."""
+        return 0
+
     @abc.abstractmethod
     def poll(self) -> bool:
         """Whether a message (or the start of one) is waiting."""

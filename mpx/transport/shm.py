@@ -237,6 +237,10 @@ class ShmReader(Reader):
     shares_memory = True
     _rings: ModuleType
 
+    @property
+    def bytes_read(self) -> int:
+        return self._ring.bytes_read  # (kept by the ring once released, too)
+
     def __init__(self, info: dict[str, Any], index: int, rank: int, config: Config) -> None:
         super().__init__(config)
         self.index = index

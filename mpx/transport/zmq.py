@@ -418,6 +418,11 @@ class ZmqReader(Reader):
         self._connected = False
         self._lost_since: float | None = time.monotonic()
         self.drops = _DropLog(f"queue reader rank {rank}")
+        self._bytes = 0  # the bytes of the authentic chunks read
+
+    @property
+    def bytes_read(self) -> int:
+        return self._bytes
 
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         """Return once connected to the writer. Ends with Cancelled on shutdown() or
@@ -655,7 +660,9 @@ class ZmqReader(Reader):
         if magic != MAGIC or version != VERSION or token != self.token:
             self.drops.drop(self.endpoint, "message of another queue or version")
             return None
-        return _Chunk(kind, seq, index, count, total, body[_HEADER.size:])
+        data = body[_HEADER.size:]
+        self._bytes += data.nbytes
+        return _Chunk(kind, seq, index, count, total, data)
 
     def nudge(self) -> None:
         # a waiting read looks at it every receive timeout (_POLL_MS)

@@ -1,0 +1,192 @@
+"""Executor.stats() and the Prometheus collector (mpx.metrics), across real worker
+processes, on both implementations and both transports."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import signal
+import time
+
+import pytest
+
+import mpx
+from mpx._driver import stats as stats_mod
+from mpx._impl import future_core_module
+
+
+def _counts(ex):
+    return {m: dict(o) for m, o in ex.stats().calls.items()}
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_stats_count_each_call_by_method_and_outcome(impl, executor, transport):
+    ex = executor(n=2, transport=transport, heartbeat_s=1.0)
+    for i in range(20):
+        assert ex.collective_rpc("mul", args=(i,)) == [i, 2 * i]
+    with pytest.raises(mpx.RPCError):
+        ex.collective_rpc("fail", args=([1],))
+    with pytest.raises(mpx.RPCTimeoutError):
+        ex.collective_rpc("sleep", args=(1.0,), timeout=0.1)
+    futs = [ex.collective_rpc("noop", non_block=True) for _ in range(5)]
+    assert [f.result(10) for f in futs] == [[None, None]] * 5
+    s = ex.stats()
+    assert _counts(ex) == {"mul": {"ok": 20, "error": 0, "timeout": 0},
+                           "fail": {"ok": 0, "error": 1, "timeout": 0},
+                           "sleep": {"ok": 0, "error": 0, "timeout": 1},
+                           "noop": {"ok": 5, "error": 0, "timeout": 0}}
+    assert s.in_flight == 0 and s.queued == 0
+    assert [r.rank for r in s.ranks] == [0, 1]
+    assert [r.pid for r in s.ranks] == ex.worker_pids
+    assert all(r.alive and r.deaths == 0 for r in s.ranks)
+    # 20 mul + 1 fail + 5 noop answered by both ranks; the sleep's replies may still come
+    assert all(26 <= r.replies <= 27 for r in s.ranks)
+    for r in s.ranks:
+        lat = r.latency
+        assert lat.count == r.replies
+        assert 0 < lat.p50_s <= lat.p99_s <= lat.max_s < 5
+    assert s.skew.count >= 26 and 0 <= s.skew.p50_s <= s.skew.max_s
+    assert s.bytes_sent > 0 and s.bytes_received > 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.in_flight = 3  # type: ignore[misc]
+
+
+def test_bytes_count_the_payloads_both_ways(impl, executor):
+    ex = executor(n=2)
+    before = ex.stats()
+    payload = b"x" * 200_000
+    for _ in range(5):
+        ex.collective_rpc("ident", args=(payload,))
+    after = ex.stats()
+    sent = after.bytes_sent - before.bytes_sent
+    received = after.bytes_received - before.bytes_received
+    assert 5 * 200_000 <= sent < 5 * 200_000 + 5 * 4096        # each call once
+    assert 2 * 5 * 200_000 <= received < 2 * (5 * 200_000 + 5 * 4096)  # both ranks reply
+
+
+def test_latency_tracks_a_slow_rank(impl, executor):
+    ex = executor(n=2)
+    for _ in range(5):
+        ex.collective_rpc("sleep", args=(0.05, [1]))
+    r0, r1 = ex.stats().ranks
+    assert r1.latency.p50_s >= 0.04
+    assert r0.latency.p50_s < 0.04
+    assert ex.stats().skew.p50_s >= 0.03  # rank 0 answers first, rank 1 50 ms later
+
+
+def test_a_dead_worker_shows_in_stats(impl, executor):
+    ex = executor(n=2)
+    ex.collective_rpc("noop")
+    pid = ex.worker_pids[1]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not ex.is_failed and time.monotonic() < deadline:
+        time.sleep(0.02)
+    s = ex.stats()
+    assert s.ranks[1].deaths == 1 and not s.ranks[1].alive
+    assert s.ranks[0].deaths == 0  # (stopped by the failure, not found dead)
+    assert _counts(ex) == {"noop": {"ok": 1, "error": 0, "timeout": 0}}
+
+
+def test_stats_after_shutdown_keep_the_last_figures(executor):
+    ex = executor(n=1)
+    ex.collective_rpc("noop")
+    ex.shutdown()
+    s = ex.stats()
+    assert s.calls["noop"]["ok"] == 1 and not s.ranks[0].alive
+    assert s.ranks[0].replies == 1
+
+
+def test_quantiles_from_buckets():
+    core = future_core_module()
+    h = core.Histogram()
+    for v in [1e-6 * (i + 1) for i in range(100)]:  # 1..100 us
+        h.observe(v)
+    lat = stats_mod.latency(h)
+    assert lat.count == 100 and lat.max_s == pytest.approx(100e-6)
+    assert 40e-6 < lat.p50_s < 60e-6
+    assert 85e-6 < lat.p99_s <= 100e-6
+    empty = stats_mod.latency(core.Histogram())
+    assert empty == mpx.Latency(0, 0.0, 0.0, 0.0)
+    h.observe(1e6)  # beyond the last bound: the overflow bucket
+    assert h.buckets[core.N_BUCKETS - 1] == 1
+    h.clear()
+    assert h.count == 0 and sum(h.buckets) == 0
+
+
+def test_the_window_rotates():
+    core = future_core_module()
+    meter = core.Meter(1, TimeoutError, 0.05)
+    call = core.Call(0, "m", 1, None, None, None)
+    meter.reply(0, call, True)
+    assert meter.recent[0].count == 1
+    time.sleep(0.06)
+    call = core.Call(1, "m", 1, None, None, None)
+    meter.reply(0, call, True)  # a new window: the old one is kept as `previous`
+    assert meter.recent[0].count == 1 and meter.previous[0].count == 1
+    time.sleep(0.06)
+    meter.reply(0, core.Call(2, "m", 1, None, None, None), True)
+    assert [h.count for h in stats_mod.rank_histograms(meter, 0)] == [1, 1, 1]
+
+
+# ------------------------------------------------------------------ Prometheus
+
+prometheus_client = pytest.importorskip("prometheus_client")
+
+
+def _scrape(registry) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+    text = prometheus_client.generate_latest(registry).decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_the_collector_exports_the_named_metrics(impl, executor):
+    import mpx.metrics
+    ex = executor(n=2)
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(mpx.metrics.Collector(ex))
+    for i in range(7):
+        ex.collective_rpc("mul", args=(i,))
+    with pytest.raises(mpx.RPCError):
+        ex.collective_rpc("fail")
+    got = _scrape(registry)
+    assert got[("mpx_rpc_calls_total", (("method", "mul"), ("outcome", "ok")))] == 7
+    assert got[("mpx_rpc_calls_total", (("method", "fail"), ("outcome", "error")))] == 1
+    assert got[("mpx_rpc_calls_total", (("method", "mul"), ("outcome", "timeout")))] == 0
+    assert got[("mpx_rpc_duration_seconds_count", (("method", "mul"),))] == 7
+    assert got[("mpx_rpc_duration_seconds_bucket", (("le", "+Inf"), ("method", "mul")))] == 7
+    assert got[("mpx_rank_reply_seconds_count", (("rank", "1"),))] == 8
+    assert got[("mpx_rank_reply_seconds_sum", (("rank", "0"),))] > 0
+    # cumulative buckets, non-decreasing, ending at the count
+    buckets = sorted((float(dict(k[1])["le"]), v) for k, v in got.items()
+                     if k[0] == "mpx_rank_reply_seconds_bucket" and dict(k[1])["rank"] == "0")
+    assert [v for _, v in buckets] == sorted(v for _, v in buckets) and buckets[-1][1] == 8
+    assert got[("mpx_rpc_bytes_total", (("direction", "sent"),))] > 0
+    assert got[("mpx_rpc_bytes_total", (("direction", "received"),))] > 0
+    assert got[("mpx_calls_in_flight", ())] == 0
+    assert got[("mpx_worker_up", (("rank", "0"),))] == 1
+    assert got[("mpx_worker_deaths_total", (("rank", "1"),))] == 0
+    ex.shutdown()
+    after = _scrape(registry)  # the last values, never an error
+    assert after[("mpx_rpc_calls_total", (("method", "mul"), ("outcome", "ok")))] == 7
+    assert after[("mpx_worker_up", (("rank", "0"),))] == 0
+
+
+def test_the_collector_of_a_collected_executor_reports_nothing():
+    import _workers
+    from _env import START_METHOD
+
+    import mpx.metrics
+    ex = mpx.Executor(_workers.Echo, 1, start_method=START_METHOD)
+    collector = mpx.metrics.Collector(ex)
+    ex.collective_rpc("noop")
+    assert list(collector.collect())
+    ex.shutdown()
+    del ex
+    gc.collect()
+    assert list(collector.collect()) == []
