@@ -62,6 +62,10 @@ class Config:
     dump_dir: str = _env_field("", "where workers write stack dumps; '': <tmp>/mpx-dumps-<uid>")
     async_output: bool = _env_field(False, "send replies from a background thread so the "
                                     "next call starts at once")
+    # `python -m mpx top PATH` reads the executor's stats() there (JSON over a Unix socket
+    # that only this user can open); '' opens none.
+    stats_socket: str = _env_field("", "Unix socket path where the executor serves its stats "
+                                   "for `python -m mpx top`; '': none")
     # Transports. auto: shared memory inside a node, ZeroMQ across; zmq: ZeroMQ for every
     # rank (containers whose /dev/shm is tiny or not shared); shm: one node only.
     transport: str = _env_field("auto", "auto, zmq or shm")

@@ -190,3 +190,50 @@ def test_the_collector_of_a_collected_executor_reports_nothing():
     del ex
     gc.collect()
     assert list(collector.collect()) == []
+
+
+# ------------------------------------------------------------------ mpx top
+
+
+def test_top_shows_a_running_group(executor, tmp_path):
+    import subprocess
+    import sys
+
+    from mpx._driver.stats_server import fetch
+    path = str(tmp_path / "stats.sock")
+    ex = executor(n=4, stats_socket=path)
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    for _ in range(10):
+        ex.collective_rpc("noop")
+    snap = fetch(path)
+    assert [r["pid"] for r in snap["ranks"]] == ex.worker_pids
+    assert snap["calls"] == {"noop": {"ok": 10, "error": 0, "timeout": 0}}
+    assert all(r["cpu_s"] is not None and r["alive"] for r in snap["ranks"])
+    out = subprocess.run([sys.executable, "-m", "mpx", "top", path, "--once"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "in flight 0" in lines[0]
+    for rank, pid in enumerate(ex.worker_pids):
+        row = next(line for line in lines if line.split()[:2] == [str(rank), str(pid)])
+        assert " up " in row and row.rstrip().endswith("%")
+    assert any(line.startswith("noop") for line in lines)
+    ex.shutdown()
+    assert not os.path.exists(path)  # removed with the executor
+    gone = subprocess.run([sys.executable, "-m", "mpx", "top", path, "--once"],
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 1 and "cannot read the stats socket" in gone.stderr
+
+
+def test_a_stale_stats_socket_is_replaced_and_a_live_one_refused(executor, tmp_path):
+    import socket as socket_mod
+    path = str(tmp_path / "stats.sock")
+    stale = socket_mod.socket(socket_mod.AF_UNIX, socket_mod.SOCK_STREAM)
+    stale.bind(path)  # bound, never listening: what a killed executor leaves
+    stale.close()
+    ex = executor(n=1, stats_socket=path)
+    with pytest.raises(OSError, match="another executor serves it"):
+        executor(n=1, stats_socket=path)
+    ex.collective_rpc("noop")
+    from mpx._driver.stats_server import fetch
+    assert fetch(path)["calls"]["noop"]["ok"] == 1

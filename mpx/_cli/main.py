@@ -133,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
     launchp.add_argument("program", nargs=argparse.REMAINDER,
                          help="-- then the program and its arguments, run on node 0")
     launchp.set_defaults(func=lambda args: importlib.import_module("mpx._cli.launch").run(args))
+    top = sub.add_parser("top", help="a live view of a running executor: per rank its pid, "
+                         "state, replies, reply latency and CPU (the executor needs "
+                         "Config.stats_socket, MPX_STATS_SOCKET)")
+    top.add_argument("socket", help="the executor's Config.stats_socket path")
+    top.add_argument("--once", action="store_true", help="print one table and exit")
+    top.add_argument("--interval", type=_seconds, default=1.0,
+                     help="seconds between refreshes (default 1)")
+    top.set_defaults(func=lambda args: importlib.import_module("mpx._cli.top").run(args))
     bench = sub.add_parser("bench", help="compare mpx.Executor with Pipe, Queue, zmq and "
                            "ProcessPoolExecutor (~4 min; --quick under 1 min; runs "
                            "bench/bench_compare.py of a source checkout)")

@@ -18,10 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from mpx import dumps, wire
-from mpx._driver import preflight
+from mpx._driver import preflight, stats, stats_server
 from mpx._driver.calls import CallTable
 from mpx._driver.monitors import NodeMonitor, ProcessMonitor
 from mpx._driver.stalls import StallDiagnosis
+from mpx._driver.stats_server import StatsServer
 from mpx._node.leader import Leader
 from mpx._node.local_workers import EXIT_WAIT_S, LocalWorkers
 from mpx._procinfo import describe_exit, reserve_tcp_port
@@ -73,6 +74,7 @@ class WorkerGroup:
         # per rank, how many times its process was found dead (stats; the monitor thread's)
         self.deaths = [0] * world_size
         self._dead: set[int] = set()
+        self.stats_server: StatsServer | None = None  # Config.stats_socket's
 
     # ------------------------------------------------------------------ start
 
@@ -121,6 +123,8 @@ class WorkerGroup:
                          for r in range(world)]
             self.broadcast.wait_until_ready(timeout=max(1.0, deadline - time.monotonic()))
         self.calls.attach(self.broadcast, self.resp)
+        if cfg.stats_socket:
+            self.stats_server = StatsServer(cfg.stats_socket, self._stats_json)
         self.process_monitor = ProcessMonitor(self.workers.procs, self._died, self.fail)
         self.process_monitor.start()
         if self.leader is not None:
@@ -249,8 +253,8 @@ class WorkerGroup:
             if self.closed or os.getpid() != self.creator_pid:
                 return
             self.closed = True
-        steps = [self.calls.close, self.stop_workers, self._stop_monitors, self._close_queues,
-                 self._release_placement]
+        steps = [self.calls.close, self._stop_stats_server, self.stop_workers,
+                 self._stop_monitors, self._close_queues, self._release_placement]
         raised: BaseException | None = None
         for step in steps:
             try:
@@ -262,6 +266,14 @@ class WorkerGroup:
                     logger.exception("shutdown step %s failed", step.__name__)
         if raised is not None and not isinstance(raised, Exception):
             raise raised
+
+    def _stats_json(self) -> dict:
+        pids: list[int | None] = list(self.pids)
+        return stats_server.to_json(stats.snapshot(self), pids, os.getpid())
+
+    def _stop_stats_server(self) -> None:
+        if self.stats_server is not None:
+            self.stats_server.stop()
 
     def _stop_monitors(self) -> None:
         if self.process_monitor is not None:
