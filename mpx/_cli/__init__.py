@@ -1,7 +1,8 @@
 """The command line, ``python -m mpx <command>`` (internal).
 
 - ``main``: the argument parser and the commands (cleanup, doctor, demo, node, launch,
-  bench);
+  top, bench);
+- ``top``: ``python -m mpx top``, the live view of an executor's stats socket;
 - ``launch``, ``hostlist``: ``python -m mpx launch``, one line for every node of a Slurm or
   torchrun-style job (and Slurm's host lists);
 - ``doctor``: what mpx finds on this machine, and whether an executor can start here;

@@ -9,7 +9,9 @@
 - :mod:`.stalls`: why a rank has not answered (watchdog reports, dumps, process state).
 - :mod:`.futures`: ``RPCFuture``, awaitable, over :mod:`.future_core` (a call's record and
   the future's hot part: one source, compiled where it was built, else run as plain Python;
-  it imports no other mpx module).
+  it imports no other mpx module; its ``Meter`` measures the calls as they go).
+- :mod:`.stats`: ``Executor.stats()``'s snapshot of the meter and the workers;
+  :mod:`.stats_server`, the ``Config.stats_socket`` endpoint that ``python -m mpx top`` reads.
 - :mod:`.preflight`: the checks made before any worker starts.
 
 The driver talks to worker processes only through the messages of :mod:`mpx.wire`. It may
