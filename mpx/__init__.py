@@ -13,6 +13,7 @@ The public API::
     mpx.Stats, RankStats, Latency   Executor.stats()'s snapshot (mpx/_driver/stats.py)
     mpx.metrics.Collector           Prometheus metrics of an executor (imported on demand:
                                     needs prometheus_client, the mpx[metrics] extra)
+    Config.tracing                  OpenTelemetry spans per call, into the workers
     errors: mpx.MpxError, Cancelled, QueueTimeout, PeerDiedError, MessageAbortedError,
             ShmError, HandleError, QueueClosedError, RoleError, SerializationError,
             DeserializationError, MessageTooLargeError, SharedTensorGoneError, RPCError, RPCTimeoutError,

@@ -66,6 +66,10 @@ class Config:
     # that only this user can open); '' opens none.
     stats_socket: str = _env_field("", "Unix socket path where the executor serves its stats "
                                    "for `python -m mpx top`; '': none")
+    # OpenTelemetry (opentelemetry-api installed): a CLIENT span per collective_rpc, its
+    # context sent with the call, a SERVER span per call in each worker. Off: no span, no cost.
+    tracing: bool = _env_field(False, "trace each collective_rpc with OpenTelemetry, into "
+                               "the workers")
     # Transports. auto: shared memory inside a node, ZeroMQ across; zmq: ZeroMQ for every
     # rank (containers whose /dev/shm is tiny or not shared); shm: one node only.
     transport: str = _env_field("auto", "auto, zmq or shm")

@@ -26,7 +26,7 @@ from mpx.config import Config
 # ----------------------------------------------------------------------- calls and replies
 
 # broadcast message tags
-CALL = 0  # (CALL, seq, method, args, kwargs, reply_rank)
+CALL = 0  # (CALL, seq, method, args, kwargs, reply_rank[, trace context])
 STOP = 1  # (STOP, seq): the worker exits its RPC loop
 
 # reply status
@@ -38,10 +38,14 @@ PING = "mpx.ping"  # a method every worker answers with its pid (Executor.check_
 
 
 def call(seq: int, method: Any, args: tuple, kwargs: dict | None,
-         reply_rank: int | None) -> tuple:
+         reply_rank: int | None, trace: dict[str, str] | None = None) -> tuple:
     """The broadcast message of call ``seq``: ``method`` (a name or a callable) with its
-    arguments; only ``reply_rank`` (None: every rank) sends its result back."""
-    return (CALL, seq, method, args, kwargs, reply_rank)
+    arguments; only ``reply_rank`` (None: every rank) sends its result back. ``trace``: the
+    caller's trace context as W3C headers (``traceparent``, ``tracestate``), only when
+    tracing (``Config.tracing``): the message then has a seventh field."""
+    if trace is None:
+        return (CALL, seq, method, args, kwargs, reply_rank)
+    return (CALL, seq, method, args, kwargs, reply_rank, trace)
 
 
 def stop(seq: int) -> tuple:

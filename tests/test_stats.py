@@ -237,3 +237,79 @@ def test_a_stale_stats_socket_is_replaced_and_a_live_one_refused(executor, tmp_p
     ex.collective_rpc("noop")
     from mpx._driver.stats_server import fetch
     assert fetch(path)["calls"]["noop"]["ok"] == 1
+
+
+# ------------------------------------------------------------------ OpenTelemetry
+
+def _driver_spans():
+    """The driver's spans, into memory (one SDK provider for the whole test process)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    global _EXPORTER
+    if _EXPORTER is None:
+        _EXPORTER = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+        trace.set_tracer_provider(provider)
+    _EXPORTER.clear()
+    return _EXPORTER
+
+
+_EXPORTER = None
+
+
+def _worker_spans(out_dir, rank):
+    import json
+    path = out_dir / f"{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_tracing_spans_cross_into_the_workers(executor, tmp_path):
+    pytest.importorskip("opentelemetry.sdk")
+    import _trace_workers
+    from opentelemetry import trace
+    exporter = _driver_spans()
+    ex = executor(_trace_workers.Traced, n=2, worker_kwargs={"out_dir": str(tmp_path)},
+                  tracing=True)
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("request") as request:
+        assert ex.collective_rpc("work", args=(10,)) == [10, 11]
+        assert ex.collective_rpc("work", args=(1,), non_block=True).result(10) == [1, 2]
+        with pytest.raises(mpx.RPCError):
+            ex.collective_rpc("boom")
+    deadline = time.monotonic() + 5
+    while len(exporter.get_finished_spans()) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)  # (the future's span ends on the callback thread)
+    spans = {s.name: s for s in exporter.get_finished_spans() if s.name != "mpx.collective_rpc work"}
+    works = [s for s in exporter.get_finished_spans() if s.name == "mpx.collective_rpc work"]
+    assert len(works) == 2
+    client, failed = works[0], spans["mpx.collective_rpc boom"]
+    assert client.kind == trace.SpanKind.CLIENT
+    assert client.parent.span_id == request.get_span_context().span_id
+    assert client.attributes["rpc.system.name"] == "mpx"
+    assert client.attributes["rpc.method"] == "work"
+    assert client.attributes["mpx.world_size"] == 2
+    assert failed.status.status_code == trace.StatusCode.ERROR
+    assert failed.attributes["error.type"] == "RPCError"
+    ids = {s.context.span_id: s for s in works + [failed]}
+    for rank in (0, 1):
+        got = _worker_spans(tmp_path, rank)
+        assert [s["name"] for s in got] == ["mpx.worker work", "mpx.worker work",
+                                            "mpx.worker boom"]
+        for s in got:
+            assert s["kind"] == "SERVER" and s["attributes"]["mpx.rank"] == rank
+            assert s["parent_id"] in ids  # a child of the driver's span of that call
+            assert s["trace_id"] == request.get_span_context().trace_id
+        assert got[2]["status"] == "ERROR" and got[2]["attributes"]["error.type"] == "KeyError"
+
+
+def test_no_tracing_no_span(executor, tmp_path):
+    pytest.importorskip("opentelemetry.sdk")
+    import _trace_workers
+    exporter = _driver_spans()
+    ex = executor(_trace_workers.Traced, n=1, worker_kwargs={"out_dir": str(tmp_path)})
+    assert ex.collective_rpc("work", args=(1,)) == [1]
+    assert exporter.get_finished_spans() == ()
+    assert _worker_spans(tmp_path, 0) == []

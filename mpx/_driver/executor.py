@@ -23,7 +23,7 @@ from typing import Any
 import cloudpickle
 
 from mpx import dumps, wire
-from mpx._driver import stats
+from mpx._driver import stats, tracing
 from mpx._driver.calls import PendingCalls
 from mpx._driver.group import WorkerGroup
 from mpx._driver.stats import Stats
@@ -119,6 +119,10 @@ class Executor:
             self._finalizer()
             raise
         self.config = group.config  # launcher="ray" fills in the addresses
+        self._tracing = cfg.tracing and tracing.available()
+        if cfg.tracing and not self._tracing:
+            logger.warning("Config.tracing is on but opentelemetry-api is not installed: "
+                           "calls are not traced (pip install opentelemetry-api)")
 
     # ---------------------------------------------------------------- calls
 
@@ -126,7 +130,8 @@ class Executor:
                        args: tuple = (), kwargs: dict | None = None, non_block: bool = False,
                        unique_reply_rank: int | None = None,
                        aggregator: Callable[[list], Any] | Any = None,
-                       kv_output_aggregator: Any = None) -> Any:
+                       kv_output_aggregator: Any = None, *,
+                       _trace: dict[str, str] | None = None) -> Any:
         """Call ``method`` on every worker and gather the results in rank order.
 
         ``method`` is a method name or a callable sent with cloudpickle and called as
@@ -144,7 +149,13 @@ class Executor:
         when the replies arrive (callbacks, ``concurrent.futures.wait`` and asyncio work, no
         ``result()`` needed), and is awaitable. A sent call cannot be cancelled
         (``cancel()`` returns False); a reply that comes after its call timed out is dropped.
+
+        With ``Config.tracing`` the call runs inside an OpenTelemetry span that reaches into
+        the workers (mpx/_driver/tracing.py; ``_trace`` is that module's).
         """
+        if self._tracing and _trace is None:
+            return self._traced(method, timeout, args, kwargs, non_block, unique_reply_rank,
+                                aggregator, kv_output_aggregator)
         calls = self._group.calls
         if self._pid != _this_pid:
             raise self._not_owner()
@@ -178,11 +189,20 @@ class Executor:
             raise TypeError(f"aggregator must be a callable or have an aggregate() method, "
                             f"got {type(aggregator).__name__}")
         call = calls.send(method, name, tuple(args), kwargs or None, reply_rank,
-                          aggregator, timeout, non_block)
+                          aggregator, timeout, non_block, _trace)
         if call.future is not None:
             return call.future
         calls.wait(call)
         return call.outcome()
+
+    def _traced(self, method: str | Callable, timeout: float | None, args: tuple,
+                kwargs: dict | None, non_block: bool, *rest: Any) -> Any:
+        """collective_rpc inside its span (``rest``: its last arguments, in order)."""
+        name = method if isinstance(method, str) else getattr(method, "__name__", "<callable>")
+        return tracing.traced_call(
+            lambda trace: self.collective_rpc(method, timeout, args, kwargs, non_block, *rest,
+                                              _trace=trace),
+            name, self.world_size, non_block)
 
     def check_health(self, timeout: float = 10.0) -> None:
         """Raise unless every worker answers a ping within ``timeout`` seconds:

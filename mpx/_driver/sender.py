@@ -89,7 +89,7 @@ class Sending(_Base):
 
     def send(self, method: Any, name: str, args: tuple, kwargs: dict | None,
              reply_rank: int | None, aggregator: Callable | None, timeout: float | None,
-             non_block: bool) -> Call:
+             non_block: bool, trace: dict[str, str] | None = None) -> Call:
         """Number, register and send (or queue) one call; ``name`` is the method's for
         messages. Never waits for ring room."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -100,7 +100,7 @@ class Sending(_Base):
                 call.future = RPCFuture(self, call)
             try:
                 self._out.wake_readers()  # (again: the workers that parked since)
-                kind, parts = serde.encode(wire.call(seq, method, args, kwargs, reply_rank),
+                kind, parts = serde.encode(wire.call(seq, method, args, kwargs, reply_rank, trace),
                                            self._local)
             except BaseException as e:
                 raise self._send_error(e, name) from e

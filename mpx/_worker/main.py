@@ -400,11 +400,20 @@ def _serve(worker: Any, rank: int, broadcast: MessageQueue, out: InlineOutput | 
         expected = seq + 1
         if tag == STOP:
             return
-        _, _, method, args, kwargs, reply_rank = msg
-        begin(method if isinstance(method, str) else
-              getattr(method, "__name__", "<callable>"), seq)
+        if len(msg) == 6:
+            _, _, method, args, kwargs, reply_rank = msg
+            trace = None
+        else:  # (Config.tracing: the caller's trace context too)
+            _, _, method, args, kwargs, reply_rank, trace = msg
+        name = method if isinstance(method, str) else getattr(method, "__name__", "<callable>")
+        begin(name, seq)
         try:
-            status, result = OK, _call(worker, method, args, kwargs)
+            if trace is None:
+                status, result = OK, _call(worker, method, args, kwargs)
+            else:  # (imported on the first traced call: opentelemetry is optional)
+                from mpx._worker import tracing
+                status, result = OK, tracing.run_traced(trace, name, rank, _call, worker,
+                                                        method, args, kwargs)
         except ENDS_THE_WORKER:
             raise
         except BaseException as e:  # (see the module docstring)
