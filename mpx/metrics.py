@@ -52,7 +52,7 @@ _EXPORTED = tuple(range(0, len(_core.BOUNDS), 4))
 def _buckets(*histograms: Any) -> tuple[list[tuple[str, float]], float]:
     """Meter Histograms together as Prometheus's cumulative ``(le, count)`` pairs, and
     their sum."""
-    counts = [sum(c) for c in zip(*[h.buckets for h in histograms])]
+    counts = _stats.combined(*histograms)
     out: list[tuple[str, float]] = []
     seen = 0
     last = 0

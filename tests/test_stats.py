@@ -313,3 +313,15 @@ def test_no_tracing_no_span(executor, tmp_path):
     assert ex.collective_rpc("work", args=(1,)) == [1]
     assert exporter.get_finished_spans() == ()
     assert _worker_spans(tmp_path, 0) == []
+
+
+def test_the_stats_socket_reads_cpu_of_local_ranks_only():
+    from mpx._driver.stats_server import to_json
+    lat = mpx.Latency(0, 0.0, 0.0, 0.0)
+    ranks = tuple(mpx.RankStats(r, os.getpid(), True, 0, 0, lat) for r in range(2))
+    s = mpx.Stats(calls={}, in_flight=0, queued=0, bytes_sent=0, bytes_received=0, ranks=ranks,
+                  skew=lat, window_s=60.0)
+    out = to_json(s, lambda rank: rank == 0, os.getpid())
+    assert out["ranks"][0]["cpu_s"] is not None
+    # rank 1 runs on a follower node: its pid names a process there, not here
+    assert out["ranks"][1]["cpu_s"] is None

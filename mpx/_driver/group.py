@@ -268,8 +268,7 @@ class WorkerGroup:
             raise raised
 
     def _stats_json(self) -> dict:
-        pids: list[int | None] = list(self.pids)
-        return stats_server.to_json(stats.snapshot(self), pids, os.getpid())
+        return stats_server.to_json(stats.snapshot(self), self.is_local, os.getpid())
 
     def _stop_stats_server(self) -> None:
         if self.stats_server is not None:

@@ -83,9 +83,14 @@ def quantile(counts: list[int], q: float, largest: float) -> float:
     return largest
 
 
+def combined(*histograms: Any) -> list[int]:
+    """The bucket counts of the meter's ``histograms`` together."""
+    return [sum(c) for c in zip(*[h.buckets for h in histograms])]
+
+
 def latency(*histograms: Any) -> Latency:
     """The Latency of the durations of ``histograms`` together."""
-    counts = [sum(c) for c in zip(*[h.buckets for h in histograms])]
+    counts = combined(*histograms)
     largest = max(h.max for h in histograms)
     total = sum(counts)
     return Latency(total, quantile(counts, 0.5, largest), quantile(counts, 0.99, largest),

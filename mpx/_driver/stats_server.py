@@ -44,12 +44,13 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
 
 
-def to_json(stats: Stats, pids: list[int | None], own_pid: int) -> dict[str, Any]:
-    """``stats`` as plain JSON values, with the CPU seconds of each rank and the driver."""
+def to_json(stats: Stats, is_local: Callable[[int], bool], own_pid: int) -> dict[str, Any]:
+    """``stats`` as plain JSON values, with the CPU seconds of the driver and of each rank
+    that ``is_local`` (a remote rank's pid names a process of another machine: None)."""
     out = dataclasses.asdict(dataclasses.replace(stats, calls={}))
     out["calls"] = {m: dict(o) for m, o in stats.calls.items()}
-    for rank, pid in zip(out["ranks"], pids):
-        rank["cpu_s"] = cpu_seconds(pid)
+    for rank in out["ranks"]:
+        rank["cpu_s"] = cpu_seconds(rank["pid"]) if is_local(rank["rank"]) else None
     out["driver"] = {"pid": own_pid, "cpu_s": cpu_seconds(own_pid)}
     out["time"] = time.time()
     return out
