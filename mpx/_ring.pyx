@@ -507,6 +507,17 @@ cdef class RingWriter(_RingEnd):
             st = self._await(deadline, -1)
         return st
 
+    def release_reader(self, int index):
+        """Free the slots reader ``index`` has not read: its process is gone for good and
+        the group re-forms its queue without it. Its position moves up to the writer's,
+        so the writer can fill the whole ring once more before that reader holds it up
+        again (enough for the message that tells the others where to go)."""
+        self._live()
+        if index < 0 or <uint64_t>index >= self.n_readers:
+            raise ValueError(f"reader index {index} out of range for {self.n_readers} readers")
+        mpx_store64(self._u64(OFF_READERS + READER_BLOCK * index + RB_READ_SEQ), self.seq)
+        mpx_fence()
+
     def free_slots(self):
         """Slots the writer can fill now without waiting for any reader."""
         self._live()

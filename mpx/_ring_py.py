@@ -421,6 +421,14 @@ class RingWriter(_RingEnd):
             st = self._wait(deadline, -1)
         return st
 
+    def release_reader(self, index: int) -> None:
+        """See ``mpx._ring.RingWriter.release_reader``."""
+        self._live()
+        if not 0 <= index < self.n_readers:
+            raise ValueError(f"reader index {index} out of range for {self.n_readers} readers")
+        self._q[(layout.reader_block(index) + layout.RB_READ_SEQ) >> 3] = self.seq
+        layout.fence()
+
     def free_slots(self) -> int:
         """Slots the writer can fill now without waiting for any reader."""
         self._live()

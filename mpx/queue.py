@@ -118,6 +118,13 @@ class _Broadcast:
     def has_room(self, parts: tuple) -> bool:
         return all(e.has_room(parts) for e in self.ends)
 
+    def missing_readers(self) -> list[int]:
+        return sorted(r for e in self.ends for r in e.missing_readers())
+
+    def release_reader(self, rank: int) -> None:
+        for e in self.ends:
+            e.release_reader(rank)
+
     def write(self, kind: int, parts: Any, deadline_ns: int, total: int = -1) -> None:
         """Write to every end (``parts``, an iterable, is gathered first)."""
         parts = tuple(parts)

@@ -168,6 +168,15 @@ class Writer(Endpoint):
         """A message follows: wake the readers that sleep, so that their wake-up overlaps
         the making of it. A hint; nothing by default."""
 
+    def missing_readers(self) -> list[int]:
+        """The ranks of the readers that have not attached yet."""
+        return []
+
+    def release_reader(self, rank: int) -> None:
+        """Reader ``rank``'s process is gone for good (the group re-forms its queues without
+        it): what it left unread stops holding this writer up, for the messages that tell
+        the other readers where to go next. A rank this end does not serve is ignored."""
+
     @contextlib.contextmanager
     def slot(self, deadline_ns: int, kind: int) -> Iterator[memoryview]:
         """A writable buffer of ``max_chunk_bytes``; a clean exit delivers all of it as one

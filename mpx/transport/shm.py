@@ -176,6 +176,18 @@ class ShmWriter(Writer):
     def capacity(self) -> int:
         return self.config.max_chunks * self.config.max_chunk_bytes
 
+    def missing_readers(self) -> list[int]:
+        with self._lock:
+            self._check_open()
+            readers = self._ring.readers()
+        return [rank for rank, (_, attached, _, _) in zip(self.ranks, readers) if not attached]
+
+    def release_reader(self, rank: int) -> None:
+        if rank in self.ranks:
+            with self._lock:
+                self._check_open()
+                self._ring.release_reader(self.ranks.index(rank))
+
     def free_slots(self) -> int:
         """Slots the writer can fill now without waiting for any reader."""
         return self._ring.free_slots()

@@ -258,6 +258,16 @@ class ZmqWriter(Writer):
             return
         self._peers[rank] = peer
 
+    def missing_readers(self) -> list[int]:
+        with self._lock:
+            self._take_hellos(0)
+            return self._missing()[:self.need - len(self._peers)]
+
+    def release_reader(self, rank: int) -> None:
+        with self._lock:
+            if self._peers.pop(rank, None) is not None:
+                self.need -= 1  # (the messages from now on go to the others alone)
+
     def _missing(self) -> list[int]:
         return [r for r in self.ranks if r not in self._peers]
 
