@@ -55,6 +55,11 @@ class Config:
     # wait forever in a collective with the dead rank: stop them as shutdown() does. Off
     # keeps them running (dump_stacks() still works) until shutdown().
     stop_on_failure: bool = _env_field(True, "stop the surviving workers when one dies")
+    # A rank whose process dies is started again in place, in a new process (its calls in
+    # flight fail with WorkerDiedError; the executor goes on), this many times over the
+    # executor's life; the death after that fails the executor as with 0. Local ranks only.
+    max_restarts: int = _env_field(0, "times each rank may be restarted in place after its "
+                                   "process dies; 0: a death fails the executor")
     # A call that makes no progress (mpx.watchdog.feed) for this long is a stall: its
     # worker dumps every thread's stack and reports it. 0 turns the watchdog off.
     watchdog_timeout_s: float = _env_field(300.0, "seconds without progress before a call "
@@ -180,6 +185,7 @@ _LIMITS: dict[str, tuple] = {
     "shutdown_grace_s": (0.0, 3_600.0),
     "terminate_grace_s": (0.0, 3_600.0),
     "worker_threads": (0, 4096),
+    "max_restarts": (0, 1_000_000),
     "watchdog_timeout_s": (0.0, 86_400.0),
     "heartbeat_s": (0.01, 3_600.0),
     "nnodes": (1, 65_536),

@@ -28,6 +28,7 @@ from mpx.config import Config
 # broadcast message tags
 CALL = 0  # (CALL, seq, method, args, kwargs, reply_rank[, trace context])
 STOP = 1  # (STOP, seq): the worker exits its RPC loop
+REGROUP = 2  # (REGROUP, seq, handle, world_size): read the calls from seq on from another queue
 
 # reply status
 OK = 0     # payload: the result (None on a rank not asked to reply)
@@ -53,6 +54,14 @@ def stop(seq: int) -> tuple:
     return (STOP, seq)
 
 
+def regroup(seq: int, handle: Any, world_size: int) -> tuple:
+    """The broadcast message that moves the workers to the broadcast queue of ``handle``
+    (the group was re-formed: a rank restarted, or the group was resized to
+    ``world_size``): the call ``seq`` and those after it come there; a worker whose rank is
+    not below ``world_size`` leaves the group (exits as at STOP)."""
+    return (REGROUP, seq, handle, world_size)
+
+
 def error_payload(exc: BaseException) -> tuple[str, str, str]:
     """(type name, message, traceback text) of ``exc``, as an ERR reply carries it."""
     return type(exc).__qualname__, str(exc), "".join(
@@ -68,7 +77,9 @@ class WorkerContext:
     ``distributed_init_method`` is a ``tcp://host:port`` the workers can hand to
     ``torch.distributed.init_process_group`` (rank ``rank``, world size ``world_size``):
     the driver holds the port (bound with SO_REUSEADDR, not listening) for the executor's
-    life, so that nobody else takes it before rank 0's TCPStore binds it.
+    life, so that nobody else takes it before rank 0's TCPStore binds it. A rank restarted
+    in place, or started by a resize, gets a fresh one (``Executor.distributed_init_method``
+    is the current one, for the ranks that were already running).
     """
 
     rank: int
@@ -81,6 +92,8 @@ class WorkerContext:
     #: the cluster engine's id of this worker's node: Ray's node id with
     #: ``launcher="ray"``, else ``""``
     node_id: str = ""
+    #: how many times this rank was restarted (``Config.max_restarts``): 0 at first start
+    generation: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

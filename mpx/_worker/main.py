@@ -51,6 +51,7 @@ from mpx.wire import (
     ERR,
     OK,
     PING,
+    REGROUP,
     STALL,
     STOP,
     Ready,
@@ -353,7 +354,16 @@ def _worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
         out = (AsyncOutput if ctx.config.async_output else InlineOutput)(replies, worker)
         ready_conn.send(Ready(resp.export_handle(), os.getpid()))
         ready_conn.close()
-        _serve(worker, ctx.rank, broadcast, out, wd)
+        seq = 0
+        while True:
+            moved = _serve(worker, ctx.rank, broadcast, out, wd, seq)
+            if moved is None or ctx.rank >= moved[3]:
+                break  # stopped, or left the group in a resize
+            _, seq, handle, _ = moved  # the group was re-formed: the next calls come there
+            old, broadcast = broadcast, None
+            old.close()
+            broadcast = MessageQueue.create_from_handle(handle, spec.queue_rank,
+                                                        config=ctx.config)
     except (Cancelled, PeerDiedError):
         pass  # the driver shut down or died
     finally:
@@ -385,8 +395,10 @@ def _call(worker: Any, method: Any, args: tuple, kwargs: dict | None) -> Any:
 
 
 def _serve(worker: Any, rank: int, broadcast: MessageQueue, out: InlineOutput | AsyncOutput,
-           wd: Watchdog) -> None:
-    expected = 0  # seq of the next broadcast message: names a call whose args won't unpickle
+           wd: Watchdog, expected: int) -> tuple | None:
+    """Answer the calls of ``broadcast`` until STOP (None) or REGROUP (that message).
+    ``expected``: the seq of the first message, which names a call whose arguments do not
+    unpickle."""
     calls = broadcast.reading_end()  # the calls' channel: dequeue(indefinite=True)'s work
     begin, end, put = wd.begin, wd.end, out.put
     while True:
@@ -399,7 +411,9 @@ def _serve(worker: Any, rank: int, broadcast: MessageQueue, out: InlineOutput | 
         tag, seq = msg[0], msg[1]
         expected = seq + 1
         if tag == STOP:
-            return
+            return None
+        if tag == REGROUP:
+            return msg
         if len(msg) == 6:
             _, _, method, args, kwargs, reply_rank = msg
             trace = None
