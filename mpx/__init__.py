@@ -18,7 +18,7 @@ The public API::
             ShmError, HandleError, QueueClosedError, RoleError, SerializationError,
             DeserializationError, MessageTooLargeError, SharedTensorGoneError, RPCError, RPCTimeoutError,
             WorkerStalledError, ExecutorFailed, WorkerDiedError, NodeLostError,
-            WorkerStartupError, NotOwnerError
+            WorkerStartupError, WorkerRestartError, ResizeError, NotOwnerError
 
 Everything else is internal. The tree, bottom up (each layer imports only those below it):
 
@@ -63,6 +63,7 @@ from mpx.errors import (
     QueueClosedError,
     QueueTimeout,
     ReplyLostError,
+    ResizeError,
     RoleError,
     RPCError,
     RPCTimeoutError,
@@ -71,6 +72,7 @@ from mpx.errors import (
     ShmError,
     WaitNudged,
     WorkerDiedError,
+    WorkerRestartError,
     WorkerStalledError,
     WorkerStartupError,
 )
@@ -86,8 +88,9 @@ __all__ = [
     "HandleError", "Latency", "MessageAbortedError", "MessageQueue", "MessageTooLargeError",
     "MpxError", "NodeLostError",
     "NotOwnerError", "PeerDiedError", "PendingCalls", "QueueClosedError", "QueueTimeout",
-    "RankStats", "ReplyLostError", "RPCError", "RPCFuture", "RPCTimeoutError", "RoleError",
+    "RankStats", "ReplyLostError", "ResizeError", "RPCError", "RPCFuture", "RPCTimeoutError", "RoleError",
     "SerializationError", "SharedTensorGoneError", "ShmError", "Stats", "WaitNudged",
-    "WorkerContext", "WorkerDiedError", "WorkerStalledError", "WorkerStartupError",
+    "WorkerContext", "WorkerDiedError", "WorkerRestartError", "WorkerStalledError",
+    "WorkerStartupError",
     "ring_implementation", "share", "watchdog", "__version__",
 ]

@@ -188,6 +188,17 @@ class WorkerStartupError(MpxError, RuntimeError):
         self.exitcode = exitcode
 
 
+class WorkerRestartError(WorkerStartupError, ExecutorFailed):
+    """A rank restarted in place (``Config.max_restarts``) could not start again: its
+    ``__init__`` raised, it died, or it was not ready in time. The executor has failed
+    with it; ``ranks`` names the rank."""
+
+
+class ResizeError(MpxError, RuntimeError):
+    """``Executor.resize`` could not run now: calls stayed in flight past its timeout, or
+    the executor cannot be resized (several nodes). The executor is as it was."""
+
+
 class SharedTensorGoneError(DeserializationError):
     """A tensor sent with ``mpx.share`` arrived after its segment was unlinked: the sender
     freed the tensor or exited first. ``name`` is the segment's name."""

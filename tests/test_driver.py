@@ -468,6 +468,8 @@ def _samples() -> list[BaseException]:
         errors.NotOwnerError("not mine"),
         errors.WorkerStartupError("no start", [0], "Traceback ...", pid=42, exitcode=7),
         errors.SharedTensorGoneError("gone", name="mpx-x"),
+        errors.WorkerRestartError("no restart", [1], "Traceback ...", pid=43, exitcode=1),
+        errors.ResizeError("in flight"),
     ]
 
 

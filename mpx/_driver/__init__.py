@@ -6,6 +6,7 @@
 - :mod:`.calls`: the call table and the reply pump: sequence numbers, pending calls, sending,
   reading replies (in the waiting thread, or a background reader), deadlines.
 - :mod:`.monitors`: the threads that notice a dead worker process or a lost node.
+- :mod:`.regroup`: re-forming a running group: a dead rank restarted in place, a resize.
 - :mod:`.stalls`: why a rank has not answered (watchdog reports, dumps, process state).
 - :mod:`.futures`: ``RPCFuture``, awaitable, over :mod:`.future_core` (a call's record and
   the future's hot part: one source, compiled where it was built, else run as plain Python;

@@ -11,7 +11,9 @@ Who runs what::
     mpx-reply-reader        reads replies while futures are outstanding and no caller
                             waits (an event loop reads its own in its thread, for a lease)
     mpx-callbacks           runs the futures' done callbacks, in completion order
-    mpx monitor threads     fail the table when a worker dies; run failure callbacks
+    mpx monitor threads     fail the table when a worker dies; run failure callbacks; or
+                            pause it while a rank restarts (mpx/_driver/regroup.py, which
+                            a resize runs in its caller's thread)
 
 The rules, which hold by construction:
 
@@ -27,6 +29,10 @@ The rules, which hold by construction:
    keep a half-read one for the next read).
 5. An interrupt (any BaseException) in the pump fails at most the call it was settling;
    the registry is repaired and the table stays usable.
+6. While the group is re-formed (``pause`` to ``resume``) the thread re-forming it holds
+   the baton, every new call is queued (it goes out on the new broadcast queue, in order),
+   and no other thread reads; a call already sent that a restarted rank did not answer
+   fails with its WorkerDiedError, and the other ranks' replies to it are dropped.
 
 The jobs live apart: the registry of calls (mpx/_driver/registry.py), the reply pump and
 the background reader (mpx/_driver/pump.py), the sender (mpx/_driver/sender.py) and the
@@ -100,6 +106,115 @@ class CallTable(Sending, ReplyPump):
                     self._read_one(rank, until)
                 except (QueueTimeout, Cancelled, PeerDiedError):
                     break
+
+    # ------------------------------------------------------------------ re-forming the group
+
+    def pause(self, timeout: float) -> bool:
+        """The group is about to be re-formed (mpx/_driver/regroup.py): from now on every
+        call is queued in the driver, and nobody but this thread reads replies. True once
+        this thread holds the baton and no write is under way; False, with nothing paused,
+        if the table failed or closed, or the readers did not let go within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            if self.failure is not None or self.closed:
+                return False
+            self.paused = True
+        with self.order:
+            self.held = True
+            while self._sender_writes and time.monotonic() < deadline:
+                self._queued_cv.wait(max(0.0, deadline - time.monotonic()))
+            writing = self._sender_writes
+        self.nudge_reader()
+        if not writing and self.baton.take(max(0.001, deadline - time.monotonic())):
+            return True
+        self.resume()
+        return False
+
+    def hold_sending(self) -> None:
+        """Queue every call from now on, in the driver (a resize waits for the calls in
+        flight meanwhile); ``release_sending`` or ``resume`` sends them."""
+        with self.order:
+            self.held = True
+
+    def release_sending(self) -> None:
+        """Undo ``hold_sending``: the queued calls go out."""
+        with self.order:
+            self.held = False
+            self._queued_cv.notify_all()
+        self.flush()
+
+    def first_unsent(self) -> int:
+        """The seq of the oldest call not sent yet (the next one made, if none waits)."""
+        with self.order:
+            return self._outbox[0][0].seq if self._outbox else self.next_seq
+
+    def in_flight(self) -> int:
+        """How many calls went out and are not settled (the queued ones not counted)."""
+        return self.pending_calls().in_flight
+
+    def drain_rank(self, rank: int) -> None:
+        """(paused) Read what ``rank``, whose process died, wrote before it died: the calls
+        it answered keep its replies."""
+        until = time.monotonic() + FAIL_DRAIN_S
+        self._ends[rank].drain(until_ns(until))
+        while True:
+            try:
+                self._read_one(rank, until)
+            except (QueueTimeout, Cancelled, PeerDiedError):
+                return
+
+    def fail_unanswered(self, rank: int, err: ExecutorFailed) -> None:
+        """(paused) The calls that went out and that ``rank`` did not answer fail with
+        ``err``; the replies the other ranks still send them are dropped on arrival."""
+        with self.lock:
+            calls = [c for c in self.pending.values()
+                     if not self._is_queued(c) and rank in c.missing()]
+        for call in calls:
+            self._settle(call, error=err)
+
+    def regrouped(self, broadcast: MessageQueue, resp: list[MessageQueue]) -> None:
+        """(paused) The group was re-formed: the calls go out on ``broadcast`` from now on,
+        and each rank answers on ``resp[rank]``. A rank whose queue is new answers first the
+        oldest call not sent yet; the queued calls wait for ``len(resp)`` replies."""
+        first = self.first_unsent()
+        n = len(resp)
+        with self.lock:
+            for rank in [r for r in self.stalls.reports if r >= n or resp[r] is not self.resp[r]]:
+                del self.stalls.reports[rank]  # (its process is gone: so is its stall)
+            for rank, q in enumerate(resp):
+                if rank >= len(self.resp) or q is not self.resp[rank]:
+                    if rank < len(self.next_reply):
+                        self.next_reply[rank] = first
+                    else:
+                        self.next_reply.append(first)
+            del self.next_reply[n:]
+            self.gone_bytes += sum(end.bytes_read for rank, end in enumerate(self._ends)
+                                   if rank >= n or resp[rank] is not self.resp[rank])
+            self.n_ranks = n
+            self.meter.resize(n)
+            for call, _, _, _ in self._outbox:
+                call.resize(n)
+            orphans = [call for call, _, _, _ in self._outbox
+                       if call.reply_rank is not None and call.reply_rank >= n]
+        for call in orphans:  # (settled, it is never sent)
+            self._settle(call, error=ValueError(
+                f"collective_rpc {call.method!r}: unique_reply_rank {call.reply_rank} left the "
+                f"group, which was resized to {n} ranks before the call went out"))
+        with self.order:
+            self.use_broadcast(broadcast)
+        self.attach_replies(resp)
+
+    def resume(self) -> None:
+        """End the pause: the queued calls go out, in order, and the readers read again."""
+        with self.order:
+            self.held = False
+            self._queued_cv.notify_all()
+        with self.lock:
+            self.paused = False
+        self.baton.let_go()
+        self._handed_over()  # (flushes, and wakes whoever waits to read)
+        with self.turn_lock:
+            self.turn.notify_all()
 
     def close(self) -> None:
         """Shutdown: fail every pending call with ExecutorFailed, wake every reader, and

@@ -29,7 +29,7 @@ from mpx._driver.group import WorkerGroup
 from mpx._driver.stats import Stats
 from mpx._procinfo import describe_stall
 from mpx.config import Config
-from mpx.errors import ExecutorFailed, NotOwnerError, SerializationError
+from mpx.errors import ExecutorFailed, NotOwnerError, ResizeError, SerializationError
 
 logger = logging.getLogger("mpx")
 
@@ -60,6 +60,13 @@ def _shutdown_before_thread_join(finalizer: Callable[[], Any]) -> None:
         threading._register_atexit(finalizer)  # type: ignore[attr-defined]
     except (AttributeError, RuntimeError):
         pass  # no such hook in this Python, or the interpreter is already exiting
+
+
+class _Pids(list):
+    """A list of pids that returns itself when called (see Executor.worker_pids)."""
+
+    def __call__(self) -> list[int]:
+        return list(self)
 
 
 def _vllm_aggregate(agg: Any, output_rank: int) -> Callable[[list], Any]:
@@ -104,7 +111,6 @@ class Executor:
         except Exception as e:
             raise SerializationError(f"cannot pickle the worker class or its kwargs: {e}") from e
         self.config = cfg
-        self.world_size = world_size
         logger.info("starting %d workers of %s (transport %s, start method %s)", world_size,
                     getattr(worker_cls, "__qualname__", worker_cls), cfg.transport,
                     cfg.start_method)
@@ -281,6 +287,58 @@ class Executor:
         (the last figures, every rank not alive)."""
         return stats.snapshot(self._group)
 
+    def register_restart_callback(self, callback: Callable[[int], None]) -> None:
+        """Run ``callback(rank)`` each time a rank restarted in place
+        (``Config.max_restarts``) is ready: its new process answers calls, and the calls
+        held meanwhile went out. It runs in the mpx monitor thread, outside every mpx lock;
+        a user re-forms the workers' process groups from there, e.g. with a collective call
+        that passes :attr:`distributed_init_method` (the ranks that stayed still hold the
+        old one). It may call the executor (not resize it)."""
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+        self._group.add_restart_callback(callback)
+
+    def resize(self, world_size: int, timeout: float = 30.0) -> None:
+        """Grow or shrink a single-node group to ``world_size`` ranks, between calls.
+
+        Growing starts ranks ``old..world_size-1`` (their ``ctx.world_size`` is the new
+        size, their ``distributed_init_method`` a fresh one); shrinking stops the highest
+        ranks (they leave their RPC loop as at shutdown). The ranks that stay keep their
+        processes and state. Calls made while it runs wait in the driver and go to the
+        resized group; calls in flight finish first: if they do not within ``timeout``
+        seconds, :class:`mpx.ResizeError`, and the executor is as it was. The same size is a
+        no-op; a bad value is a ValueError and changes nothing; a new rank whose
+        ``__init__`` raises gives WorkerStartupError, the executor as it was. Afterwards
+        each call returns one result per rank of the new size; re-form a
+        ``torch.distributed`` group with a collective call that passes
+        :attr:`distributed_init_method` and the new size (see docs/restart.md)."""
+        group = self._group
+        if self._pid != os.getpid():
+            raise self._not_owner()
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+            raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+        if timeout is None or timeout < 0:
+            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        if group.leader is not None or self.config.nnodes > 1:
+            raise ResizeError("resize() serves single-node executors only "
+                              f"(this one has {self.config.nnodes} nodes)")
+        group.calls.check_usable()
+        if world_size == group.world_size:
+            return
+        group.resize(world_size, timeout)
+
+    @property
+    def distributed_init_method(self) -> str:
+        """The ``tcp://host:port`` the workers' ``torch.distributed`` group forms on now: the
+        one the ranks got at start, and a fresh one after each restart or resize (the
+        restarted or new ranks' ``ctx.distributed_init_method``)."""
+        return self._group.dist_method
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks the group has now (``resize`` changes it)."""
+        return self._group.world_size
+
     def register_failure_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback()`` once when the executor fails, after the surviving workers
         were stopped (``Config.stop_on_failure``); at once if that already happened. It
@@ -294,9 +352,11 @@ class Executor:
         return self._group.calls.failure is not None
 
     @property
-    def worker_pids(self) -> list[int]:
-        """Every worker's pid in rank order (those of follower nodes as they reported)."""
-        return self._group.pids
+    def worker_pids(self) -> _Pids:
+        """Every worker's pid in rank order (those of follower nodes as they reported): a
+        list, also callable (``ex.worker_pids()`` returns the same list), so that both the
+        attribute and vLLM-style method spellings work."""
+        return _Pids(self._group.pids)
 
     def _not_owner(self) -> NotOwnerError:
         return NotOwnerError(f"this executor belongs to process {self._pid}, and this is "

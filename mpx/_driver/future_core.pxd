@@ -86,6 +86,7 @@ cdef class Meter:
     cdef readonly dict methods
     cdef public double window_start
 
+    cpdef resize(self, Py_ssize_t n_ranks)
     @cython.locals(n=Py_ssize_t)
     cpdef sent(self, tuple parts)
     @cython.locals(now=double, h=Histogram)
@@ -114,6 +115,7 @@ cdef class Call:
     cdef public object value
     cdef public object error
 
+    cpdef resize(self, Py_ssize_t n_ranks)
     cpdef int take(self, rank, reply, list next_reply) except -1
     @cython.locals(replied=Py_ssize_t)
     cpdef int add(self, rank, bint ok, payload) except -1

@@ -507,6 +507,14 @@ class Meter:
         self.methods: dict[str, MethodMeter] = {}
         self.window_start = _now()
 
+    def resize(self, n_ranks: int) -> None:
+        """The group was resized to ``n_ranks``: the ranks that left take their
+        histograms with them, the new ones start empty."""
+        for hs in (self.recent, self.previous, self.earlier):
+            del hs[n_ranks:]
+            hs.extend([Histogram() for _ in range(n_ranks - len(hs))])
+        self.n_ranks = n_ranks
+
     def sent(self, parts: tuple) -> None:
         """Count the bytes of a call's encoded ``parts``."""
         n = 0
@@ -612,6 +620,11 @@ class Call:
         if replied == self.n_ranks:
             return _ANSWERED
         return _MORE
+
+    def resize(self, n_ranks: int) -> None:
+        """The group was resized before this call went out: it waits for ``n_ranks``
+        replies (no rank has replied yet)."""
+        self.n_ranks = n_ranks
 
     def ok_value(self) -> Any:
         """The outcome of a call every rank answered OK: the list of results in rank

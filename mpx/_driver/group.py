@@ -3,8 +3,10 @@
 ``WorkerGroup`` starts the worker processes (and admits the follower nodes), owns the
 queues, the call table and the monitor threads, turns a worker's death into the failure of
 the group (the replies already written are read first, then the survivors are stopped, then
-the failure callbacks run), and shuts everything down. Its ``shutdown`` is what the
-executor's finalizer runs, so nothing here refers back to the ``Executor``.
+the failure callbacks run) or, while that rank has restarts left, into its restart in place
+(mpx/_driver/regroup.py, which resizes the group too), and shuts everything down. Its
+``shutdown`` is what the executor's finalizer runs, so nothing here refers back to the
+``Executor``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpx import dumps, wire
-from mpx._driver import preflight, stats, stats_server
+from mpx._driver import preflight, regroup, stats, stats_server
 from mpx._driver.calls import CallTable
 from mpx._driver.monitors import NodeMonitor, ProcessMonitor
 from mpx._driver.stalls import StallDiagnosis
@@ -75,6 +77,15 @@ class WorkerGroup:
         self.deaths = [0] * world_size
         self._dead: set[int] = set()
         self.stats_server: StatsServer | None = None  # Config.stats_socket's
+        # re-forming the group (mpx/_driver/regroup.py), one at a time: per rank, how many
+        # times it was restarted, and which of its processes is the current one (a death
+        # reported of an earlier one is stale); the callbacks of Executor.register_restart_callback
+        self.regroup_lock = threading.Lock()
+        self.restarts = [0] * world_size
+        self.incarnation = [0] * world_size
+        self.restart_callbacks: list[Callable[[int], None]] = []
+        self.dist_method = ""  # the workers' distributed_init_method now
+        self.closing = threading.Event()  # set first thing at shutdown: ends a regroup's waits
 
     # ------------------------------------------------------------------ start
 
@@ -95,7 +106,7 @@ class WorkerGroup:
                                connect_ip=cfg.host, config=cfg)
         dist_host = cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1"
         self.dist_port = reserve_tcp_port(dist_host)
-        dist = f"tcp://{dist_host}:{self.dist_port.getsockname()[1]}"
+        dist = self.dist_method = f"tcp://{dist_host}:{self.dist_port.getsockname()[1]}"
         node_id = self.placement.node_ids[0] if self.placement is not None else ""
         ctxs = [WorkerContext(rank=rank, local_rank=rank, world_size=world,
                               local_world_size=local, node_rank=0,
@@ -105,6 +116,9 @@ class WorkerGroup:
         self.workers = LocalWorkers(cfg, ctxs, self.broadcast.export_handle(), cls_bytes, kw_bytes,
                                     keep_fds=(self.dist_port.fileno(),))
         if cfg.nnodes > 1:
+            if cfg.max_restarts:
+                logger.warning("Config.max_restarts is for single-node executors: on %d nodes "
+                               "a worker's death fails the executor", cfg.nnodes)
             self.leader = Leader(cfg, world)
             if self.placement is not None:
                 self.leader.startup_check = self.placement.check
@@ -157,7 +171,7 @@ class WorkerGroup:
         return [r not in self._dead and (r >= len(procs) or procs[r].exitcode is None)
                 for r in range(self.world_size)]
 
-    def _found_dead(self, rank: int) -> None:
+    def found_dead(self, rank: int) -> None:
         """(stats) ``rank``'s process was found dead, not stopped by mpx: count it once."""
         if not self._workers_stopped and rank not in self._dead:
             self._dead.add(rank)
@@ -180,20 +194,33 @@ class WorkerGroup:
 
     # ------------------------------------------------------------------ failure
 
-    def _died(self, rank: int) -> None:
-        self._found_dead(rank)
+    def _died(self, rank: int, incarnation: int | None) -> None:
+        """(the monitor thread) ``rank``'s process number ``incarnation`` (None: the current
+        one) died: restart it in place if it has restarts left, else fail the group."""
+        if rank >= self.world_size or incarnation not in (None, self.incarnation[rank]):
+            return  # said of a process that was replaced already, or left the group
+        if self.calls.failure is None and not self.calls.closed and self.may_restart(rank):
+            regroup.restart(self, rank)
+            return
+        self.found_dead(rank)
         if self.calls.failure is None and not self.calls.closed:
             self.fail(self.died_error(rank))
+
+    def may_restart(self, rank: int) -> bool:
+        """Whether ``rank`` is started again in place after its death (Config.max_restarts;
+        a single-node group's)."""
+        return self.leader is None and self.restarts[rank] < self.config.max_restarts and \
+            not self._workers_stopped
 
     def _peer_gone(self, rank: int, error: PeerDiedError) -> None:
         """A reader found ``rank``'s queue dead: the monitor thread fails the group."""
         monitor = self.process_monitor
         if monitor is None:
             return
-        if self.is_local(rank):
-            monitor.report_death(rank)  # died_error waits for its exit: not in this thread
+        if self.is_local(rank):  # (died_error waits for its exit: not in this thread)
+            monitor.report_death(rank, self.incarnation[rank])
         else:
-            self._found_dead(rank)
+            self.found_dead(rank)
             pid = self.leader.pids.get(rank) if self.leader is not None else None
             monitor.report(WorkerDiedError(f"worker rank {rank} (pid {pid}) is gone: {error}",
                                            rank=rank, pid=pid))
@@ -201,8 +228,12 @@ class WorkerGroup:
     def fail(self, err: ExecutorFailed) -> None:
         """The group failed (a monitor thread calls this): settle the calls, stop the
         surviving workers unless ``Config.stop_on_failure`` is off, run the callbacks."""
-        if not self.calls.fail(err):
-            return  # failed already, or shutting down
+        if self.calls.fail(err):  # (else failed already, or shutting down)
+            self.after_failure(err)
+
+    def after_failure(self, err: ExecutorFailed) -> None:
+        """The call table failed with ``err``: stop the surviving workers unless
+        ``Config.stop_on_failure`` is off, and run the failure callbacks."""
         logger.error("executor failed: %s", err)
         if self.config.stop_on_failure:
             self.stop_workers()
@@ -219,6 +250,54 @@ class WorkerGroup:
                 self.callbacks.append(callback)
                 return
         _run_callback(callback)
+
+    # ------------------------------------------------------------------ re-forming
+
+    @property
+    def start_lock(self) -> threading.Lock:
+        """Held to start worker processes after startup: stop_workers holds it too, so
+        none starts once the workers are being stopped (``workers_stopped``)."""
+        return self._stop_lock
+
+    @property
+    def workers_stopped(self) -> bool:
+        return self._workers_stopped
+
+    def monitor_watch(self, rank: int, proc: Any) -> None:
+        if self.process_monitor is not None:
+            self.process_monitor.watch(rank, proc)
+
+    def monitor_unwatch(self, rank: int) -> None:
+        if self.process_monitor is not None:
+            self.process_monitor.unwatch(rank)
+
+    def resized(self, n: int) -> None:
+        """(regroup) The group was re-formed as ``n`` ranks, every one of them running."""
+        def fit(counts: list[int]) -> None:
+            del counts[n:]
+            counts.extend([0] * (n - len(counts)))
+        for counts in (self.deaths, self.restarts, self.incarnation):
+            fit(counts)
+        self._dead.clear()
+        self.world_size = n
+
+    def add_restart_callback(self, callback: Callable[[int], None]) -> None:
+        with self.lock:
+            self.restart_callbacks.append(callback)
+
+    def run_restart_callbacks(self, rank: int) -> None:
+        """``cb(rank)`` for each restart callback (the monitor thread, no lock held)."""
+        with self.lock:
+            callbacks = list(self.restart_callbacks)
+        for cb in callbacks:
+            try:
+                cb(rank)
+            except Exception:
+                logger.exception("a restart callback raised")
+
+    def resize(self, n: int, timeout: float) -> None:
+        """Grow or shrink to ``n`` ranks (mpx/_driver/regroup.py)."""
+        regroup.resize(self, n, timeout)
 
     # ------------------------------------------------------------------ ending
 
@@ -253,6 +332,7 @@ class WorkerGroup:
             if self.closed or os.getpid() != self.creator_pid:
                 return
             self.closed = True
+        self.closing.set()
         steps = [self.calls.close, self._stop_stats_server, self.stop_workers,
                  self._stop_monitors, self._close_queues, self._release_placement]
         raised: BaseException | None = None

@@ -20,16 +20,19 @@ logger = logging.getLogger("mpx")
 
 
 class ProcessMonitor:
-    """Thread: ``on_death(rank)`` when a local worker's process sentinel fires (it exited)
-    or :meth:`report_death` says so, ``on_failure(error)`` for what :meth:`report` hands it
-    from other threads."""
+    """Thread: ``on_death(rank, incarnation)`` when a local worker's process sentinel fires
+    (it exited; ``incarnation`` None: the process it watches now) or :meth:`report_death`
+    says so, ``on_failure(error)`` for what :meth:`report` hands it from other threads.
+    :meth:`watch` and :meth:`unwatch` change the processes it watches (a rank restarted,
+    the group resized), from any thread."""
 
-    def __init__(self, procs: list[Any], on_death: Callable[[int], None],
+    def __init__(self, procs: list[Any], on_death: Callable[[int, int | None], None],
                  on_failure: Callable[[ExecutorFailed], None]) -> None:
         self._sentinels = {p.sentinel: rank for rank, p in enumerate(procs)}
+        self._watch_lock = threading.Lock()
         self._on_death = on_death
         self._on_failure = on_failure
-        self._reports: queue.SimpleQueue[ExecutorFailed | int] = queue.SimpleQueue()
+        self._reports: queue.SimpleQueue[ExecutorFailed | tuple[int, int]] = queue.SimpleQueue()
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=_debug.counted_thread(self._run),
@@ -38,15 +41,33 @@ class ProcessMonitor:
     def start(self) -> None:
         self._thread.start()
 
+    def watch(self, rank: int, proc: Any) -> None:
+        """Watch ``proc`` as ``rank``'s process from now on (instead of the one before)."""
+        with self._watch_lock:
+            self._unwatch(rank)
+            self._sentinels[proc.sentinel] = rank
+        self._wake()
+
+    def unwatch(self, rank: int) -> None:
+        """Stop watching ``rank``'s process (it leaves the group)."""
+        with self._watch_lock:
+            self._unwatch(rank)
+        self._wake()
+
+    def _unwatch(self, rank: int) -> None:
+        for s in [s for s, r in self._sentinels.items() if r == rank]:
+            del self._sentinels[s]
+
     def report(self, error: ExecutorFailed) -> None:
         """Have the monitor thread handle ``error`` (found by a thread that must not)."""
         self._reports.put(error)
         self._wake()
 
-    def report_death(self, rank: int) -> None:
-        """Have the monitor thread call ``on_death(rank)``: another thread found that
-        worker's queue closed, perhaps before its process has exited."""
-        self._reports.put(rank)
+    def report_death(self, rank: int, incarnation: int) -> None:
+        """Have the monitor thread call ``on_death(rank, incarnation)``: another thread
+        found that worker's queue closed, perhaps before its process has exited; it read
+        the queue of ``rank``'s process number ``incarnation`` (see WorkerGroup)."""
+        self._reports.put((rank, incarnation))
         self._wake()
 
     def _wake(self) -> None:
@@ -56,22 +77,25 @@ class ProcessMonitor:
             pass  # closed: the monitor is gone
 
     def _run(self) -> None:
-        sentinels = dict(self._sentinels)
         while True:
-            ready = multiprocessing.connection.wait(list(sentinels) + [self._wake_r])
+            with self._watch_lock:
+                watched = list(self._sentinels)
+            ready = multiprocessing.connection.wait(watched + [self._wake_r])
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
                 if self._stopping:
                     return
                 while not self._reports.empty():
                     report = self._reports.get()
-                    if isinstance(report, int):
-                        self._on_death(report)
+                    if isinstance(report, tuple):
+                        self._on_death(*report)
                     else:
                         self._on_failure(report)
             for s in ready:
-                if s in sentinels:
-                    self._on_death(sentinels.pop(s))  # type: ignore[arg-type]
+                with self._watch_lock:
+                    rank = self._sentinels.pop(s, None)  # (None: no longer watched)
+                if rank is not None:
+                    self._on_death(rank, None)
 
     def stop(self) -> None:
         """End the thread and release its pipe (idempotent)."""

@@ -101,6 +101,7 @@ class ReplyPump(CallRegistry):
         # in their own thread while their awaited futures' replies keep coming (futures.py)
         self.loops_until = 0.0
         self._ends: list[Reader] = []  # each rank's reply channel (its queue's reading end)
+        self.gone_bytes = 0  # what the reply channels of processes that are gone read
         # the sender's queue (sender.py): while calls wait in it, waits are sliced
         # (each entry: the call, its message's kind and parts, whether it fits the ring)
         self._outbox: collections.deque[tuple[Call, int, tuple, bool]] = collections.deque()
@@ -110,8 +111,9 @@ class ReplyPump(CallRegistry):
         self._ends = [q.reading_end() for q in resp]
 
     def bytes_received(self) -> int:
-        """The bytes of every reply read so far, all ranks together."""
-        return sum([end.bytes_read for end in self._ends])
+        """The bytes of every reply read so far, all ranks together (those of processes
+        that are gone too)."""
+        return self.gone_bytes + sum([end.bytes_read for end in self._ends])
 
     def nudge_reader(self) -> None:
         """End the wait of the thread that reads replies now (or its next wait), so that it
@@ -137,7 +139,7 @@ class ReplyPump(CallRegistry):
         wait_until = None if timeout is None else time.monotonic() + timeout
         while not call.done:
             read = False
-            if not self.stopping:
+            if not (self.stopping or self.paused):
                 try:
                     read = self.baton.take()
                     if read:
@@ -156,8 +158,8 @@ class ReplyPump(CallRegistry):
             if self._background_reads:
                 self.nudge_reader()  # the background reader hands the baton over
             try:
-                while not call.done and (self.stopping or self.baton.locked() or
-                                         call.seq not in self.pending):
+                while not call.done and (self.stopping or self.paused or self.baton.locked()
+                                         or call.seq not in self.pending):
                     limit = wait_until if call.deadline is None or wait_until is not None \
                         and wait_until < call.deadline else call.deadline
                     left = None if limit is None else limit - time.monotonic()
@@ -207,7 +209,7 @@ class ReplyPump(CallRegistry):
 
     def _read_until(self, call: Call, wait_until: float | None) -> None:
         try:
-            while not self.stopping and call.seq in self.pending:  # (not: answered)
+            while not (self.stopping or self.paused) and call.seq in self.pending:  # (answered: no)
                 self.reading_until = _COMPUTING
                 if not self.ledger.with_deadline:
                     until = wait_until
@@ -302,7 +304,7 @@ class ReplyPump(CallRegistry):
 
     def _peer_gone(self, e: PeerDiedError) -> None:
         with self.lock:
-            self._stop()  # until the monitor fails the group, nobody reads
+            self.paused = True  # until the monitor fails the group or restarts the rank
         assert e.rank is not None
         self.on_peer_gone(e.rank, e)
 
@@ -327,7 +329,7 @@ class ReplyPump(CallRegistry):
         ``wait_s``), unless another thread holds the baton (None): how many were read. An
         event loop's reader calls this in the loop's thread; a sender whose call was
         queued, with ``wait_s=0``."""
-        if self.stopping:
+        if self.stopping or self.paused:
             return None
         try:
             if not self.baton.take():
@@ -395,7 +397,8 @@ class ReplyPump(CallRegistry):
 
     def _background_may_read(self) -> bool:
         return bool(self.ledger.outstanding and self.pending and not self.waiting and
-                    not self.stopping and (not self.loops_until or time.monotonic() >= self.loops_until))
+                    not self.stopping and not self.paused and
+                    (not self.loops_until or time.monotonic() >= self.loops_until))
 
     def _read_in_background(self) -> None:
         while True:

@@ -85,6 +85,9 @@ class CallRegistry:
         self.next_reply = [0] * n_ranks     # per rank: the seq its next reply answers
         self.failure: ExecutorFailed | None = None
         self.stopping = False  # a failure or shutdown is under way: nobody takes the baton
+        # the group is being re-formed (mpx/_driver/regroup.py): nobody takes the baton but
+        # the thread that re-forms it; calls still register, and wait for it to end
+        self.paused = False
         self.closed = False
         self._completed: collections.deque[Call] = self.ledger.completed  # futures to set
         self.completing = threading.Lock()  # (see the module docstring)

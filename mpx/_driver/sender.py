@@ -61,6 +61,18 @@ class Sending(_Base):
     CallTable over the reply pump."""
 
     def attach_broadcast(self, broadcast: MessageQueue) -> None:
+        self.use_broadcast(broadcast)
+        # while the group is re-formed (mpx/_driver/regroup.py), every call is queued
+        self.held = False
+        self.order = threading.Lock()
+        self._queued_cv = threading.Condition(self.order)
+        self._queued_seqs: set[int] = set()
+        self._sender: threading.Thread | None = None
+        self._sender_writes = False  # the sender thread is writing the outbox's head
+
+    def use_broadcast(self, broadcast: MessageQueue) -> None:
+        """Send the calls on ``broadcast`` from now on (at attach, and when the group was
+        re-formed, ``order`` held)."""
         # the calls' channel (enqueue's work without its argument handling); a call is
         # encoded first, and written only when the ring has room for it now
         self._out = broadcast.writing_end()
@@ -69,11 +81,6 @@ class Sending(_Base):
         # part way: only the sender thread writes such a one
         self._ring_bytes = self._out.capacity()
         self._ring_fits = sys.maxsize if self._ring_bytes is None else self._ring_bytes
-        self.order = threading.Lock()
-        self._queued_cv = threading.Condition(self.order)
-        self._queued_seqs: set[int] = set()
-        self._sender: threading.Thread | None = None
-        self._sender_writes = False  # the sender thread is writing the outbox's head
 
     def wake_workers(self) -> None:
         """A call follows: workers asleep after idling start waking now, so that their
@@ -108,7 +115,7 @@ class Sending(_Base):
             if not self.ledger.register(call, parts):
                 self.check_usable()  # (raises: the table stopped)
             first = parts[0] if len(parts) == 1 else None
-            if not self._outbox and self._out.has_room(parts) and (  # (one small piece: fits)
+            if not self._outbox and not self.held and self._out.has_room(parts) and (
                     type(first) is bytes and len(first) <= self._ring_fits or self._fits(parts)):
                 try:  # (room for all of it on the ring: it cannot wait there)
                     self._out.write(kind, parts, until_ns(deadline))
@@ -177,7 +184,7 @@ class Sending(_Base):
     def _flush_locked(self) -> list[tuple[Call, BaseException]]:
         """(order held) flush()'s writes; the calls that could not be written, with why."""
         outbox, failed = self._outbox, []
-        while outbox and not self._sender_writes:
+        while outbox and not self._sender_writes and not self.held:
             call, kind, parts, fits = outbox[0]
             if not call.done:  # (settled while queued: expired, failed; dropped unsent)
                 if not fits:
@@ -207,7 +214,7 @@ class Sending(_Base):
         the head, waiting for the readers part way (up to its deadline); then flush."""
         while True:
             with self.order:
-                while not (self._outbox and not self._outbox[0][3]):  # (it does not fit)
+                while self.held or not (self._outbox and not self._outbox[0][3]):  # (too large)
                     if self.closed or self.stopping:
                         return
                     self._queued_cv.wait()
@@ -221,6 +228,7 @@ class Sending(_Base):
             finally:
                 with self.order:
                     self._sender_writes = False
+                    self._queued_cv.notify_all()  # (a regroup may wait for this write)
                     self._outbox.popleft()
                     self._queued_seqs.discard(call.seq)
             self.flush()

@@ -120,7 +120,8 @@ def snapshot(group: WorkerGroup) -> Stats:
     alive = group.alive()
     ranks = tuple(
         RankStats(rank, pids[rank] if rank < len(pids) else None, alive[rank],
-                  sum(h.count for h in rank_histograms(meter, rank)), group.deaths[rank],
+                  sum(h.count for h in rank_histograms(meter, rank)),
+                  group.deaths[rank] if rank < len(group.deaths) else 0,
                   latency(meter.recent[rank], meter.previous[rank]))
         for rank in range(meter.n_ranks))
     return Stats(

@@ -148,33 +148,90 @@ class LocalWorkers:
                  cls_bytes: bytes, kw_bytes: bytes, remote_driver: bool = False,
                  local_queue: bool = False, keep_fds: tuple[int, ...] = ()) -> None:
         self.config = config
-        self.ctxs = ctxs
+        self.ctxs = list(ctxs)
         self.ranks = [c.rank for c in ctxs]
         self.procs: list[Any] = []
         self.ready: list[Any] = []
         self.death_w: Any = None
         self.reap_lock = threading.Lock()
-        mp: Any = multiprocessing.get_context(config.start_method)
-        death_r, self.death_w = mp.Pipe(duplex=False)
+        self._handle, self._cls_bytes, self._kw_bytes = handle, cls_bytes, kw_bytes
+        self._remote_driver, self._local_queue, self._keep_fds = \
+            remote_driver, local_queue, keep_fds
+        self._mp: Any = multiprocessing.get_context(config.start_method)
+        # (kept open until stop: a worker started later gets it too)
+        self._death_r, self.death_w = self._mp.Pipe(duplex=False)
         _death_pipe_fds.add(self.death_w.fileno())
-        arm = threading.current_thread() is threading.main_thread()
+        self._arm = threading.current_thread() is threading.main_thread()
         for ctx in ctxs:
-            ready_r, ready_w = mp.Pipe(duplex=False)
-            close_fds = (self.death_w.fileno(), *(c.fileno() for c in self.ready), *keep_fds) \
-                if config.start_method == "fork" else ()
-            spec = WorkerSpec(ctx=ctx, handle=handle,
-                              queue_rank=ctx.local_rank if local_queue else ctx.rank,
-                              worker_cls=cls_bytes, worker_kwargs=kw_bytes,
-                              parent_pid=os.getpid(), arm_pdeathsig=arm, close_fds=close_fds,
-                              remote_driver=remote_driver)
-            p = mp.Process(target=worker_main, args=(spec, ready_w, death_r),
-                           name=f"mpx-worker-{ctx.rank}")
-            p.start()
-            _own_process_group(p.pid)
-            ready_w.close()
-            self.procs.append(_watched(p, config.start_method))
-            self.ready.append(ready_r)
-        death_r.close()
+            proc, ready = self._start(ctx, handle)
+            self.procs.append(proc)
+            self.ready.append(ready)
+
+    def _start(self, ctx: WorkerContext, handle: Any) -> tuple[Any, Any]:
+        """Start the process of ``ctx`` reading the broadcast queue of ``handle``: (the
+        process, the read end of its ready pipe)."""
+        config = self.config
+        ready_r, ready_w = self._mp.Pipe(duplex=False)
+        close_fds = (self.death_w.fileno(), *(c.fileno() for c in self.ready if c is not None),
+                     *self._keep_fds) if config.start_method == "fork" else ()
+        spec = WorkerSpec(ctx=ctx, handle=handle,
+                          queue_rank=ctx.local_rank if self._local_queue else ctx.rank,
+                          worker_cls=self._cls_bytes, worker_kwargs=self._kw_bytes,
+                          parent_pid=os.getpid(), arm_pdeathsig=self._arm, close_fds=close_fds,
+                          remote_driver=self._remote_driver)
+        p = self._mp.Process(target=worker_main, args=(spec, ready_w, self._death_r),
+                             name=f"mpx-worker-{ctx.rank}")
+        p.start()
+        _own_process_group(p.pid)
+        ready_w.close()
+        return _watched(p, config.start_method), ready_r
+
+    def add(self, ctx: WorkerContext, handle: Any) -> int:
+        """Start a new process for ``ctx.rank`` reading the broadcast queue of ``handle``, in
+        place of the one that had that rank (it has exited) or after the others (a rank the
+        group grows by): its position, for ``handshake``."""
+        if ctx.rank in self.ranks:  # (one that closed its queue may not have exited yet)
+            gone = self.procs[self.ranks.index(ctx.rank)]
+            if gone.exitcode is None:
+                gone.kill()
+            self.join(gone, EXIT_WAIT_S)
+            self.reap_segments_of(gone.pid)
+        proc, ready = self._start(ctx, handle)
+        if ctx.rank in self.ranks:
+            i = self.ranks.index(ctx.rank)
+            old = self.ready[i]
+            self.procs[i], self.ready[i], self.ctxs[i] = proc, ready, ctx
+            if old is not None:
+                old.close()
+            return i
+        self.procs.append(proc)
+        self.ready.append(ready)
+        self.ctxs.append(ctx)
+        self.ranks.append(ctx.rank)
+        return len(self.procs) - 1
+
+    def reap_segments_of(self, pid: int) -> None:
+        """Unlink what a worker process ``pid``, now gone, left in /dev/shm (its response
+        queue, if it died before the driver attached to it)."""
+        theirs = f"/{segments.PREFIX}{pid}-"
+        for name in segments.stale_segments():
+            if name.startswith(theirs):
+                segments.unlink(name)
+
+    def retire(self, ranks: list[int], grace_s: float | None = None) -> None:
+        """Wait ``grace_s`` (default shutdown_grace_s) for the workers of ``ranks`` (told to
+        leave the group) to exit, SIGKILL those that did not, and forget them."""
+        index = [self.ranks.index(r) for r in ranks]
+        procs = [self.procs[i] for i in index]
+        try:
+            self._end(procs, self.config.shutdown_grace_s if grace_s is None else grace_s)
+        finally:
+            for i in sorted(index, reverse=True):
+                if self.ready[i] is not None:
+                    self.ready[i].close()
+                del self.procs[i], self.ready[i], self.ctxs[i], self.ranks[i]
+            for p in procs:
+                self.reap_segments_of(p.pid)
 
     @property
     def pids(self) -> list[int]:
@@ -186,13 +243,15 @@ class LocalWorkers:
         with self.reap_lock:
             p.join(timeout)
 
-    def handshake(self, deadline: float) -> dict[int, Any]:
+    def handshake(self, deadline: float, which: list[int] | None = None) -> dict[int, Any]:
         """{rank: response-queue handle}, or WorkerStartupError naming the rank, its pid and
         why: its ``__init__`` raised, it exited (also after it was ready: the group cannot
-        start without it), or it was not ready by ``deadline``."""
+        start without it), or it was not ready by ``deadline``. ``which``: the workers (by
+        position) to wait for, default all."""
         handles: dict[int, Any] = {}
-        waiting = {c: i for i, c in enumerate(self.ready)}
-        sentinels = {p.sentinel: i for i, p in enumerate(self.procs)}
+        which = list(range(len(self.procs))) if which is None else which
+        waiting = {self.ready[i]: i for i in which}
+        sentinels = {self.procs[i].sentinel: i for i in which}
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -238,10 +297,12 @@ class LocalWorkers:
         self.join(p, timeout)
         return p.exitcode
 
-    def exited(self, timeout: float = 0.0) -> list[int]:
-        """The ranks whose process has exited, waiting up to ``timeout`` for a first one."""
-        ready = multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout)
-        return [r for r, p in zip(self.ranks, self.procs) if p.sentinel in ready]
+    def exited(self, timeout: float = 0.0, ranks: list[int] | None = None) -> list[int]:
+        """The ranks (of ``ranks``, default all) whose process has exited, waiting up to
+        ``timeout`` for a first one."""
+        watched = [(r, p) for r, p in zip(self.ranks, self.procs) if ranks is None or r in ranks]
+        ready = multiprocessing.connection.wait([p.sentinel for _, p in watched], timeout)
+        return [r for r, p in watched if p.sentinel in ready]
 
     def startup_death(self, rank: int) -> WorkerStartupError:
         """The error of ``rank``, which died before the group was up, naming its pid and its
@@ -252,19 +313,20 @@ class LocalWorkers:
                                   f"{describe_exit(code)}", [rank], pid=pid, exitcode=code)
 
     @contextlib.contextmanager
-    def startup_deaths(self) -> Iterator[None]:
+    def startup_deaths(self, ranks: list[int] | None = None) -> Iterator[None]:
         """Around the steps that attach to the workers' queues: an error in them, when a
-        worker has died (or exits within EXIT_WAIT_S: it may be on its way out, its queue
-        closed already), becomes that worker's WorkerStartupError, the error as its cause;
-        and a worker found dead once they succeeded fails the startup the same way."""
+        worker (of ``ranks``, default all) has died (or exits within EXIT_WAIT_S: it may be
+        on its way out, its queue closed already), becomes that worker's
+        WorkerStartupError, the error as its cause; and a worker found dead once they
+        succeeded fails the startup the same way."""
         try:
             yield
         except Exception as e:
-            dead = self.exited(EXIT_WAIT_S)
+            dead = self.exited(EXIT_WAIT_S, ranks)
             if dead:
                 raise self.startup_death(dead[0]) from e
             raise
-        dead = self.exited()
+        dead = self.exited(0.0, ranks)
         if dead:
             raise self.startup_death(dead[0])
 
@@ -299,6 +361,22 @@ class LocalWorkers:
         finally:
             self._kill_and_reap()
 
+    def _end(self, procs: list[Any], grace_s: float) -> None:
+        """Wait ``grace_s`` for ``procs`` to exit, then SIGKILL and reap the rest (a SIGTERM
+        would be ignored: the death pipe is open)."""
+        deadline = time.monotonic() + grace_s
+        try:
+            for p in procs:
+                self.join(p, max(0.0, deadline - time.monotonic()))
+        finally:
+            for p in procs:
+                if p.exitcode is None:
+                    logger.warning("worker pid %d did not leave the group in %.1f s; sending "
+                                   "SIGKILL", p.pid, grace_s)
+                    p.kill()
+            for p in procs:
+                self.join(p, 5.0)
+
     def _kill_and_reap(self) -> None:
         """SIGKILL every worker still running, reap them all, close the handshake pipes,
         and unlink what the workers left in /dev/shm: the response queue of one that died
@@ -311,6 +389,7 @@ class LocalWorkers:
         for c in self.ready:
             c.close()
         self.ready = []
+        self._death_r.close()
         theirs = tuple(f"/{segments.PREFIX}{p.pid}-" for p in self.procs)
         for name in segments.stale_segments():
             if name.startswith(theirs):
