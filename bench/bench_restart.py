@@ -1,0 +1,94 @@
+"""How long a rank restarted in place (Config.max_restarts) takes to serve again, against
+the time the executor took to start, measured in the same run.
+
+    python bench/bench_restart.py [--quick]
+
+Each repetition builds an executor (the baseline: construction until every worker is
+ready), then SIGKILLs one rank and times from the kill to the first call answered by every
+rank (the calls in between fail with WorkerDiedError; the executor does not). Two worker
+kinds: one with an empty ``__init__``, and one whose ``__init__`` loads a "model" (imports
+torch and builds a 2-layer MLP), where the start-up of a real engine goes. Target (issue
+32): the restart under 3x the start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import kit
+
+import mpx
+
+WORLD = 4
+
+
+class Empty:
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def who(self):
+        return self.ctx.rank, os.getpid()
+
+
+class Model(Empty):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        import torch
+        torch.manual_seed(ctx.rank)
+        self.net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                       torch.nn.Linear(1024, 256))
+
+
+def _one(cls: type) -> tuple[float, float]:
+    """(seconds to start the executor, seconds from a SIGKILL to the next full answer)."""
+    t0 = time.monotonic()
+    ex = mpx.Executor(cls, WORLD, max_restarts=1)
+    try:
+        started = time.monotonic() - t0
+        ex.collective_rpc("who")
+        victim = ex.worker_pids()[WORLD - 1]
+        t1 = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        while True:
+            try:
+                out = ex.collective_rpc("who", timeout=60)
+                break
+            except mpx.WorkerDiedError:
+                continue
+        back = time.monotonic() - t1
+        assert out[WORLD - 1][1] != victim and not ex.is_failed
+        return started, back
+    finally:
+        ex.shutdown()
+
+
+def main() -> None:
+    args = kit.parse_args(__doc__, "3 repetitions per worker kind instead of 7")
+    reps = 3 if args.quick else 7
+    header = kit.print_header(args.quick, "restart benchmark",
+                              f"the driver and its {WORLD} workers share them")
+    rows, raw = [], {}
+    kinds = [("empty __init__", Empty)]
+    try:
+        import torch  # noqa: F401
+        kinds.append(("__init__ loads torch and an MLP", Model))
+    except ImportError:
+        print("note: torch is not installed; the model row is left out")
+    for label, cls in kinds:
+        kit.progress(f"{reps} x (start {WORLD} workers, SIGKILL one, wait for a full answer): "
+                     f"{label} ...")
+        _one(cls)  # (warm: imports, the page cache)
+        runs = [_one(cls) for _ in range(reps)]
+        start = kit.stats([1e3 * s for s, _ in runs])
+        back = kit.stats([1e3 * b for _, b in runs])
+        raw[label] = runs
+        rows.append(kit.row(f"executor start, {WORLD} ranks, {label}", "ms", start))
+        rows.append(kit.row(f"SIGKILL to the next full answer, {label}", "ms", back, start,
+                            "< 3x the start", back["median"] < 3 * start["median"]))
+    kit.finish(args, header, rows, raw, "restart in place")
+
+
+if __name__ == "__main__":
+    main()
