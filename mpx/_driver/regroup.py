@@ -136,14 +136,15 @@ def resize(group: WorkerGroup, world_size: int, timeout: float) -> None:
         except BaseException:
             calls.release_sending()
             raise
+        queue = group.broadcast
         try:
             old = group.world_size
             _reform(group, world_size, list(range(old, world_size)),
                     leaving=list(range(world_size, old)))
-        except WorkerStartupError:
-            calls.resume()  # (nothing changed: the new ranks never joined)
-            raise
         except BaseException as e:
+            if group.broadcast is queue:  # (failed before the ranks were told: as it was)
+                calls.resume()
+                raise
             err = ExecutorFailed(f"resize({world_size}) failed part way: {e!r}")
             failed = calls.fail(err)
             calls.resume()
@@ -174,9 +175,9 @@ def _reform(group: WorkerGroup, n: int, starting: list[int], dead: Sequence[int]
     for rank in leaving:
         group.monitor_unwatch(rank)
     staying = [r for r in range(min(n, len(group.resp))) if r not in starting]
-    _tell(group, wire.regroup(calls.first_unsent(), new.export_handle(), n),
+    old, group.broadcast = group.broadcast, new
+    _tell(old, wire.regroup(calls.first_unsent(), new.export_handle(), n),
           {*dead, *workers.exited(0.0, staying)}, deadline)
-    group.broadcast = new
     _use(group, new, [opened.get(r) or group.resp[r] for r in range(n)])
     group.resized(n)
     if leaving:
@@ -226,11 +227,9 @@ def _start(group: WorkerGroup, new: MessageQueue, ranks: list[int], n: int,
     return opened
 
 
-def _tell(group: WorkerGroup, message: tuple, gone: set[int], deadline: float) -> None:
-    """Broadcast ``message`` (the last) on the group's old queue, past the unread slots of
-    the ranks in ``gone`` and of any that turns out to be gone too, and close it."""
-    old = group.broadcast
-    assert old is not None
+def _tell(old: MessageQueue, message: tuple, gone: set[int], deadline: float) -> None:
+    """Broadcast ``message`` (the last) on the ``old`` queue, past the unread slots of the
+    ranks in ``gone`` and of any that turns out to be gone too, and close it."""
     out = old.writing_end()
     try:
         for rank in gone:
