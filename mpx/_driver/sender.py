@@ -29,7 +29,14 @@ from mpx import _debug, serde, wire
 from mpx._driver.futures import RPCFuture
 from mpx._driver.pump import until_ns
 from mpx._driver.registry import Call
-from mpx.errors import Cancelled, ExecutorFailed, PeerDiedError, QueueTimeout, RPCTimeoutError
+from mpx.errors import (
+    Cancelled,
+    ExecutorFailed,
+    PeerDiedError,
+    QueueTimeout,
+    RPCTimeoutError,
+    WorkerDiedError,
+)
 from mpx.queue import MessageQueue
 
 if TYPE_CHECKING:
@@ -156,6 +163,9 @@ class Sending(_Base):
         if isinstance(e, (PeerDiedError, Cancelled)):
             if self.failure is not None:
                 return self.failure
+            if isinstance(e, PeerDiedError) and e.rank is not None:  # (restarted, or fails next)
+                return WorkerDiedError(f"collective_rpc {name!r} could not be sent: worker rank "
+                                       f"{e.rank} is gone: {e}", rank=e.rank, pid=e.pid)
             return ExecutorFailed(f"collective_rpc {name!r} could not be sent: {e}")
         return e
 
