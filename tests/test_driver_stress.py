@@ -1,8 +1,9 @@
 """A stateful stress test of the driver: a seeded random schedule mixes blocking calls,
 futures whose callbacks call again and wait, asyncio tasks in two loops in two threads,
 timeouts, cancels, interrupts in the pump, a full broadcast ring and, at the end, a worker's
-death. After every step each call that ended got its own result or a typed error; at every
-checkpoint nothing is left hanging; the fixture checks nothing leaked.
+death; and in another run, SIGKILLs of ranks restarted in place (Config.max_restarts) and
+resizes. After every step each call that ended got its own result or a typed error; at
+every checkpoint nothing is left hanging; the fixture checks nothing leaked.
 
 The default run takes a short schedule (MPX_STRESS_STEPS, default 150); ``tox -e soak``
 runs the long one (``-m slow``, MPX_SOAK_STRESS_STEPS, default 3000).
@@ -64,8 +65,13 @@ class _Loop:
 class Schedule:
     """The random schedule and what it expects of every call it made."""
 
-    def __init__(self, ex: mpx.Executor, seed: int) -> None:
+    def __init__(self, ex: mpx.Executor, seed: int, regroup: bool = False) -> None:
         self.ex = ex
+        self.n = ex.world_size  # (changed by a resize, made only once everything ended)
+        self.regroup = regroup
+        self.restarted: list[int] = []
+        self.kills = 0
+        self.killed = -1  # the rank killed last
         self.rng = random.Random(seed)
         self.loops = [_Loop("stress-loop-a"), _Loop("stress-loop-b")]
         # (what it is, a concurrent future of its check, started at) of everything running
@@ -75,6 +81,9 @@ class Schedule:
         self.ops = [self.blocking, self.blocking, self.timed_out, self.future_calls_again,
                     self.future_waits_on_another, self.interrupt, self.task, self.task,
                     self.task_cancelled, self.burst, self.thread_blocking]
+        if regroup:  # (max_restarts: a death restarts the rank, calls it had not answered fail)
+            ex.register_restart_callback(self.restarted.append)
+            self.ops.append(self.kill)
 
     # ---------------------------------------------------------------- checks
 
@@ -133,7 +142,7 @@ class Schedule:
     def blocking(self) -> None:
         v = self._value()
         try:
-            self._expect(self.ex.collective_rpc("ident", args=(v,), timeout=_HANG_S), [v, v],
+            self._expect(self.ex.collective_rpc("ident", args=(v,), timeout=_HANG_S), [v] * self.n,
                          "blocking call")
         except _TYPED:
             pass
@@ -151,7 +160,7 @@ class Schedule:
 
         threading.Thread(target=run, daemon=True).start()
         check: concurrent.futures.Future = concurrent.futures.Future()
-        done.add_done_callback(lambda f: (self._ended_ok(f, [v, v], "thread's call"),
+        done.add_done_callback(lambda f: (self._ended_ok(f, [v] * self.n, "thread's call"),
                                           check.set_result(None)))
         self._track("thread's blocking call", check)
 
@@ -169,13 +178,13 @@ class Schedule:
 
         def again(f):
             try:
-                self._ended_ok(f, [v, v], "future")
+                self._ended_ok(f, [v] * self.n, "future")
                 if self.dead:
                     return
                 nxt = self.ex.collective_rpc("ident", args=(w,), non_block=True)
                 self._expect(self.ex.collective_rpc("ident", args=(v,), timeout=_HANG_S),
-                             [v, v], "blocking call in a callback")
-                self._expect(nxt.result(_HANG_S), [w, w], "future made in a callback")
+                             [v] * self.n, "blocking call in a callback")
+                self._expect(nxt.result(_HANG_S), [w] * self.n, "future made in a callback")
             except _TYPED:
                 pass
             except BaseException as e:  # noqa: BLE001 (reported)
@@ -193,8 +202,8 @@ class Schedule:
 
         def wait_later(f):
             try:
-                self._ended_ok(f, [v, v], "future")
-                self._ended_ok(concurrent.futures.wait(later, _HANG_S).done.pop(), [w, w],
+                self._ended_ok(f, [v] * self.n, "future")
+                self._ended_ok(concurrent.futures.wait(later, _HANG_S).done.pop(), [w] * self.n,
                                "the later future")
             except BaseException as e:  # noqa: BLE001 (reported)
                 self.problems.append(f"callback: {type(e).__name__}: {e}")
@@ -224,7 +233,7 @@ class Schedule:
 
         fut = self.rng.choice(self.loops).submit(awaited())
         check: concurrent.futures.Future = concurrent.futures.Future()
-        fut.add_done_callback(lambda f: (self._ended_ok(f, [v, v], "task"),
+        fut.add_done_callback(lambda f: (self._ended_ok(f, [v] * self.n, "task"),
                                          check.set_result(None)))
         self._track("asyncio task", check)
 
@@ -254,7 +263,7 @@ class Schedule:
         lock = threading.Lock()
 
         def one(f, v):
-            self._ended_ok(f, [v, v], "burst call")
+            self._ended_ok(f, [v] * self.n, "burst call")
             with lock:
                 left[0] -= 1
                 if not left[0]:
@@ -264,6 +273,25 @@ class Schedule:
             f.add_done_callback(lambda f, v=v: one(f, v))
         self._track("burst", check)
 
+    def kill(self) -> None:
+        """A random rank's process is SIGKILLed, calls in flight or not (once the restart
+        of the one before is over)."""
+        deadline = time.monotonic() + _HANG_S
+        while len(self.restarted) < self.kills:
+            assert time.monotonic() < deadline, f"a restart did not end:\n{_stacks()}"
+            time.sleep(0.005)
+        self.kills += 1
+        self.killed = self.rng.randrange(self.n)
+        os.kill(self.ex.worker_pids()[self.killed], signal.SIGKILL)
+
+    def resize(self) -> None:
+        """(everything ended) Grow or shrink the group, or keep its size."""
+        self.n = self.rng.randrange(1, 4)
+        self.ex.resize(self.n)  # (a kill just before may not have been restarted yet)
+        assert self.ex.world_size == self.n
+        if self.killed >= self.n and len(self.restarted) < self.kills:
+            self.kills -= 1  # it left the group dead: no restart
+
     # ---------------------------------------------------------------- the run
 
     def run(self, steps: int) -> None:
@@ -272,7 +300,12 @@ class Schedule:
             self.check()
             if i % 25 == 24:
                 self.settle()
+                if self.regroup:
+                    self.resize()
         self.settle()
+        deadline = time.monotonic() + _HANG_S  # (a cancelled task's call may still run)
+        while self.ex.pending_calls() != (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert self.ex.pending_calls() == (0, 0)
 
     def end_with_a_death(self) -> None:
@@ -301,6 +334,37 @@ def _run_schedule(executor, steps: int, seed: int) -> None:
     finally:
         ex.shutdown()
         schedule.close()
+
+
+def _run_regroup_schedule(executor, steps: int, seed: int) -> None:
+    """The schedule with SIGKILLs among its steps (each rank restarted in place) and a
+    resize at every checkpoint: each call gets its own result from every rank of the group
+    it went to, or a typed error (WorkerDiedError for those a killed rank missed)."""
+    ex = executor(Journal, max_chunks=2, max_restarts=10**6)
+    schedule = Schedule(ex, seed, regroup=True)
+    try:
+        schedule.run(steps)
+        deadline = time.monotonic() + _HANG_S
+        while len(schedule.restarted) < schedule.kills:
+            assert time.monotonic() < deadline, "a restart did not end"
+            time.sleep(0.005)
+        assert schedule.kills and not ex.is_failed
+        assert ex.collective_rpc("ident", args=(7,)) == [7] * schedule.n
+    finally:
+        ex.shutdown()
+        schedule.close()
+
+
+@pytest.mark.timeout(300)
+def test_restarts_and_resizes_in_a_random_schedule(executor):
+    _run_regroup_schedule(executor, int(os.environ.get("MPX_STRESS_STEPS", "150")), seed=32)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_long_random_schedule_with_restarts_and_resizes(executor, seed):
+    _run_regroup_schedule(executor, int(os.environ.get("MPX_SOAK_STRESS_STEPS", "3000")), seed)
 
 
 @pytest.mark.timeout(300)

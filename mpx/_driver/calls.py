@@ -42,6 +42,7 @@ callback thread (mpx/_driver/callbacks.py); this module joins them and ends them
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 from mpx._driver.pump import ReplyPump, until_ns
 from mpx._driver.sender import PendingCalls, Sending
@@ -162,6 +163,13 @@ class CallTable(Sending, ReplyPump):
                 self._read_one(rank, until)
             except (QueueTimeout, Cancelled, PeerDiedError):
                 return
+
+    def read_paused(self, skip: Collection[int] = ()) -> int:
+        """(paused) Read the replies already there, of every rank but those in ``skip``
+        (whose process is gone, its queue drained): a regroup waits on ranks that may be
+        blocked writing replies into a full queue, which nobody else reads meanwhile. How
+        many. (A rank found dead is reported: the monitor restarts it after this regroup.)"""
+        return self._read_available(skip)
 
     def fail_unanswered(self, rank: int, err: ExecutorFailed) -> None:
         """(paused) The calls that went out and that ``rank`` did not answer fail with

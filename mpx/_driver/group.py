@@ -200,7 +200,7 @@ class WorkerGroup:
         if rank >= self.world_size or incarnation not in (None, self.incarnation[rank]):
             return  # said of a process that was replaced already, or left the group
         if self.calls.failure is None and not self.calls.closed and self.may_restart(rank):
-            regroup.restart(self, rank)
+            regroup.restart(self, rank, self.incarnation[rank])
             return
         self.found_dead(rank)
         if self.calls.failure is None and not self.calls.closed:

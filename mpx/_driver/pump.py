@@ -33,7 +33,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from mpx import _debug, wire
@@ -286,20 +286,24 @@ class ReplyPump(CallRegistry):
             raise
         self._record(rank, seq, status, payload)
 
-    def _read_available(self) -> int:
-        """Read every reply that is already there, a batch per rank; how many."""
+    def _read_available(self, skip: Collection[int] = ()) -> int:
+        """Read every reply that is already there, a batch per rank (but the ranks in
+        ``skip``); how many."""
         got = 0
-        try:
-            for rank, end in enumerate(self._ends):
+        for rank, end in enumerate(self._ends):
+            if skip and rank in skip:
+                continue
+            try:
                 replies = end.recv_ready(_undecodable)
-                if replies:
-                    self._record_batch(rank, replies)
-                    got += len(replies)
-        except PeerDiedError as e:
-            e.rank = rank
-            self._peer_gone(e)
-        except Cancelled:
-            pass
+            except PeerDiedError as e:
+                e.rank = rank
+                self._peer_gone(e)
+                continue
+            except Cancelled:
+                continue
+            if replies:
+                self._record_batch(rank, replies)
+                got += len(replies)
         return got
 
     def _peer_gone(self, e: PeerDiedError) -> None:

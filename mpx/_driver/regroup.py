@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from mpx import wire
@@ -63,15 +63,20 @@ IN_FLIGHT_POLL_S = 0.002
 # While a regroup waits for the ranks to attach to the new queue, it looks this often
 # whether one of those it waits for died.
 ATTACH_POLL_S = 0.05
+# While the old queue is full for the message that moves the ranks, and no reply came that
+# would make a rank take it, the regroup waits this long before it looks again.
+FULL_POLL_S = 0.001
 
 
-def restart(group: WorkerGroup, rank: int) -> None:
-    """(the monitor thread) ``rank``'s process died and it has restarts left: fail the calls
-    it did not answer with its WorkerDiedError, start it again in place, and run the
-    restart callbacks. Fails the group if that cannot be done. The calls made once the
-    death is counted (``stats()``) wait for the restart."""
+def restart(group: WorkerGroup, rank: int, incarnation: int) -> None:
+    """(the monitor thread) ``rank``'s process number ``incarnation`` died and the rank has
+    restarts left: fail the calls it did not answer with its WorkerDiedError, start it
+    again in place, and run the restart callbacks. Fails the group if that cannot be done.
+    The calls made once the death is counted (``stats()``) wait for the restart."""
     calls = group.calls
     with group.regroup_lock:
+        if rank >= group.world_size or group.incarnation[rank] != incarnation:
+            return  # a resize that ran meanwhile restarted it already, or it left the group
         paused = calls.pause(PAUSE_TIMEOUT_S)
         group.found_dead(rank)
         died = group.died_error(rank)
@@ -139,8 +144,8 @@ def resize(group: WorkerGroup, world_size: int, timeout: float) -> None:
         queue = group.broadcast
         try:
             old = group.world_size
-            _reform(group, world_size, list(range(old, world_size)),
-                    leaving=list(range(world_size, old)))
+            restarted = _reform(group, world_size, list(range(old, world_size)),
+                                leaving=list(range(world_size, old)))
         except BaseException as e:
             if group.broadcast is queue:  # (failed before the ranks were told: as it was)
                 calls.resume()
@@ -154,6 +159,8 @@ def resize(group: WorkerGroup, world_size: int, timeout: float) -> None:
         calls.resume()
     finally:
         group.regroup_lock.release()
+    for rank in restarted:  # (ranks that died while it ran, started again in it)
+        group.run_restart_callbacks(rank)
 
 
 def _reform(group: WorkerGroup, n: int, starting: list[int], dead: Sequence[int] = (),
@@ -177,7 +184,7 @@ def _reform(group: WorkerGroup, n: int, starting: list[int], dead: Sequence[int]
     staying = [r for r in range(min(n, len(group.resp))) if r not in starting]
     old, group.broadcast = group.broadcast, new
     _tell(old, wire.regroup(calls.first_unsent(), new.export_handle(), n),
-          {*dead, *workers.exited(0.0, staying)}, deadline)
+          {*dead, *workers.exited(0.0, staying)}, deadline, lambda: calls.read_paused(dead))
     _use(group, new, [opened.get(r) or group.resp[r] for r in range(n)])
     group.resized(n)
     if leaving:
@@ -227,16 +234,25 @@ def _start(group: WorkerGroup, new: MessageQueue, ranks: list[int], n: int,
     return opened
 
 
-def _tell(old: MessageQueue, message: tuple, gone: set[int], deadline: float) -> None:
+def _tell(old: MessageQueue, message: tuple, gone: set[int], deadline: float,
+          read: Callable[[], int]) -> None:
     """Broadcast ``message`` (the last) on the ``old`` queue, past the unread slots of the
-    ranks in ``gone`` and of any that turns out to be gone too, and close it."""
+    ranks in ``gone`` and of any that turns out to be gone too, and close it. While the
+    queue is full, ``read()`` the replies (a rank blocked on its full response queue takes
+    no message)."""
     out = old.writing_end()
+
+    def while_full() -> None:
+        if not read():
+            time.sleep(FULL_POLL_S)
+
     try:
         for rank in gone:
             out.release_reader(rank)
         while True:
             try:
-                old.enqueue(message, timeout=max(0.1, deadline - time.monotonic()))
+                old.enqueue(message, timeout=max(0.1, deadline - time.monotonic()),
+                            while_full=while_full)
                 return
             except PeerDiedError as e:
                 if e.rank is None or e.rank in gone:
@@ -270,6 +286,7 @@ def _await_attached(group: WorkerGroup, new: MessageQueue, n: int, deadline: flo
             return restarted
         except QueueTimeout:
             pass
+        group.calls.read_paused()  # (a rank blocked writing a reply reads no message)
         missing = new.writing_end().missing_readers()
         for rank in workers.exited(0.0, missing):
             died = group.died_error(rank)
