@@ -230,17 +230,26 @@ def test_a_new_rank_whose_init_raises_leaves_the_executor_as_it_was(impl, execut
 
 
 def test_torch_distributed_reforms_after_a_restart_and_a_resize(executor):
+    """docs/restart.md's recipe: the group formed in one collective call, after the start,
+    from a restart callback, and after a resize."""
     pytest.importorskip("torch")
+
+    def join_all(ex, **kw):
+        return ex.collective_rpc("reform", args=(ex.distributed_init_method, ex.world_size),
+                                 timeout=60, **kw)
+
     ex = executor(Member, n=2, max_restarts=1)
-    assert ex.collective_rpc("reform", args=(ex.distributed_init_method, 2),
-                             timeout=60) == [3.0, 3.0]
-    old = _kill(ex, 1)
-    _wait_restarted(ex, 1, old)
-    assert ex.collective_rpc("reform", args=(ex.distributed_init_method, 2),
-                             timeout=60) == [3.0, 3.0]
+    assert join_all(ex) == [3.0, 3.0]  # (each rank's all-reduce of rank + 1)
+    rejoined = []
+    ex.register_restart_callback(lambda rank: rejoined.append(join_all(ex, non_block=True)))
+    _kill(ex, 1)
+    deadline = time.monotonic() + 60
+    while not rejoined:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert rejoined[0].result(timeout=60) == [3.0, 3.0]
     ex.resize(3)
-    assert ex.collective_rpc("reform", args=(ex.distributed_init_method, 3),
-                             timeout=60) == [6.0] * 3
+    assert join_all(ex) == [6.0] * 3
 
 
 def _cycles(ex, n_cycles, seed):
@@ -306,3 +315,43 @@ def test_soak_100_kill_and_restart_cycles(executor):
     counts = _cycles(ex, 100, seed=2)
     print(f"100 kill-and-restart cycles: {counts}")
     assert len(ex.worker_pids()) == 3
+
+
+def test_an_event_loop_keeps_running_through_a_restart(impl, executor):
+    import asyncio
+    ex = executor(Member, n=2, max_restarts=1, **RING)
+    restarted_at: list[float] = []
+    ex.register_restart_callback(lambda rank: restarted_at.append(time.monotonic()))
+
+    async def main():
+        ticks: list[float] = []
+        stop = False
+
+        async def ticker():
+            while not stop:
+                await asyncio.sleep(0.002)
+                ticks.append(time.monotonic())
+
+        tick = asyncio.create_task(ticker())
+        await asyncio.sleep(0.01)
+        killed_at = time.monotonic()
+        old = _kill(ex, 1)
+        outcomes = []
+        for i in range(10_000):
+            try:
+                outcomes.append(await ex.collective_rpc("echo", args=(i,), non_block=True))
+            except mpx.WorkerDiedError as e:
+                assert e.rank == 1
+                outcomes.append(None)
+            if restarted_at and outcomes[-1] is not None:
+                break
+        stop = True
+        await tick
+        return old, outcomes, [t for t in ticks if killed_at < t < restarted_at[0]]
+
+    old, outcomes, ticks_meanwhile = asyncio.run(main())
+    assert ex.worker_pids()[1] != old
+    assert all(o is None or o == [(0, o[0][1]), (1, o[0][1])] for o in outcomes)
+    assert outcomes[-1] is not None
+    # the restart (a process start: tens of ms at least) ran beside the loop, not in it
+    assert len(ticks_meanwhile) >= 3, ticks_meanwhile

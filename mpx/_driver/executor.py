@@ -291,9 +291,10 @@ class Executor:
         """Run ``callback(rank)`` each time a rank restarted in place
         (``Config.max_restarts``) is ready: its new process answers calls, and the calls
         held meanwhile went out. It runs in the mpx monitor thread, outside every mpx lock;
-        a user re-forms the workers' process groups from there, e.g. with a collective call
-        that passes :attr:`distributed_init_method` (the ranks that stayed still hold the
-        old one). It may call the executor (not resize it)."""
+        a user re-forms the workers' process groups from there with a collective call that
+        passes :attr:`distributed_init_method` (the ranks that stayed still hold the old
+        one), made with ``non_block=True``: the monitor notices the next death only once
+        the callback returns (see docs/restart.md). It must not resize the executor."""
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
         self._group.add_restart_callback(callback)
