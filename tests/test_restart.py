@@ -311,10 +311,16 @@ def test_kill_and_restart_cycles_with_calls_in_flight(impl, executor):
 
 @pytest.mark.slow
 def test_soak_100_kill_and_restart_cycles(executor):
-    ex = executor(Member, n=3, max_restarts=100, **RING)
+    import psutil
+    ex = executor(Member, n=3, max_restarts=110, **RING)
+    _cycles(ex, 10, seed=1)
+    me = psutil.Process()
+    fds, threads = me.num_fds(), me.num_threads()
     counts = _cycles(ex, 100, seed=2)
-    print(f"100 kill-and-restart cycles: {counts}")
+    print(f"100 kill-and-restart cycles: {counts}; driver fds {fds} -> {me.num_fds()}, "
+          f"threads {threads} -> {me.num_threads()}")
     assert len(ex.worker_pids()) == 3
+    assert me.num_fds() <= fds + 2 and me.num_threads() <= threads  # nothing kept per cycle
 
 
 def test_an_event_loop_keeps_running_through_a_restart(impl, executor):
