@@ -309,6 +309,8 @@ def _fresh_init_method(group: WorkerGroup) -> None:
         group.dist_port.close()
     group.dist_port = reserve_tcp_port("127.0.0.1")
     group.dist_method = f"tcp://127.0.0.1:{group.dist_port.getsockname()[1]}"
+    if group.workers is not None:  # (a forked worker closes it, as it did the first)
+        group.workers.keep_fds = (group.dist_port.fileno(),)
 
 
 def _context(group: WorkerGroup, rank: int, n: int, generation: int) -> WorkerContext:

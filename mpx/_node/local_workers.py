@@ -155,8 +155,8 @@ class LocalWorkers:
         self.death_w: Any = None
         self.reap_lock = threading.Lock()
         self._handle, self._cls_bytes, self._kw_bytes = handle, cls_bytes, kw_bytes
-        self._remote_driver, self._local_queue, self._keep_fds = \
-            remote_driver, local_queue, keep_fds
+        self._remote_driver, self._local_queue = remote_driver, local_queue
+        self.keep_fds = keep_fds  # (the starter may change them for later workers)
         self._mp: Any = multiprocessing.get_context(config.start_method)
         # (kept open until stop: a worker started later gets it too)
         self._death_r, self.death_w = self._mp.Pipe(duplex=False)
@@ -173,7 +173,7 @@ class LocalWorkers:
         config = self.config
         ready_r, ready_w = self._mp.Pipe(duplex=False)
         close_fds = (self.death_w.fileno(), *(c.fileno() for c in self.ready if c is not None),
-                     *self._keep_fds) if config.start_method == "fork" else ()
+                     *self.keep_fds) if config.start_method == "fork" else ()
         spec = WorkerSpec(ctx=ctx, handle=handle,
                           queue_rank=ctx.local_rank if self._local_queue else ctx.rank,
                           worker_cls=self._cls_bytes, worker_kwargs=self._kw_bytes,
