@@ -4,7 +4,9 @@ The executor starts one process per rank with :func:`worker_main`. The worker at
 the broadcast queue, builds the user's worker object, creates its response queue, and
 answers every call on it exactly once, in order, with ``(seq, status, payload)``: from the
 RPC loop itself, or from the async output thread (:mod:`mpx._worker.output`). The watchdog
-(:mod:`mpx.watchdog`) watches each call and may add a STALL report before its answer.
+(:mod:`mpx.watchdog`) watches each call and may add a STALL report before its answer. A
+REGROUP message (the driver re-formed the group: a rank restarted, a resize) moves the loop
+to another broadcast queue, or ends it, as STOP does, when the rank is past the new size.
 
 What a call raises: an error of that call alone (an RPCError in the driver, with the
 exception's type name, message and remote traceback), and the worker serves the next
