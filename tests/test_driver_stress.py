@@ -355,25 +355,19 @@ def _run_regroup_schedule(executor, steps: int, seed: int) -> None:
         schedule.close()
 
 
+RUNS = [pytest.param(_run_schedule, id="ending-with-a-death"),
+        pytest.param(_run_regroup_schedule, id="with-restarts-and-resizes")]
+
+
 @pytest.mark.timeout(300)
-def test_restarts_and_resizes_in_a_random_schedule(executor):
-    _run_regroup_schedule(executor, int(os.environ.get("MPX_STRESS_STEPS", "150")), seed=32)
+@pytest.mark.parametrize("run", RUNS)
+def test_a_random_schedule_of_everything_never_hangs_or_mixes_replies(executor, run):
+    run(executor, int(os.environ.get("MPX_STRESS_STEPS", "150")), seed=27)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
+@pytest.mark.parametrize("run", RUNS)
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_long_random_schedule_with_restarts_and_resizes(executor, seed):
-    _run_regroup_schedule(executor, int(os.environ.get("MPX_SOAK_STRESS_STEPS", "3000")), seed)
-
-
-@pytest.mark.timeout(300)
-def test_a_random_schedule_of_everything_never_hangs_or_mixes_replies(executor):
-    _run_schedule(executor, int(os.environ.get("MPX_STRESS_STEPS", "150")), seed=27)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(3600)
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_long_random_schedule(executor, seed):
-    _run_schedule(executor, int(os.environ.get("MPX_SOAK_STRESS_STEPS", "3000")), seed)
+def test_a_long_random_schedule(executor, run, seed):
+    run(executor, int(os.environ.get("MPX_SOAK_STRESS_STEPS", "3000")), seed)
