@@ -11,7 +11,9 @@ import time
 class Member:
     """Says who it is; sleeps, dies or answers big on demand."""
 
-    def __init__(self, ctx, fail_from_generation=None, fail_from_rank=None):
+    def __init__(self, ctx, fail_from_generation=None, fail_from_rank=None, slow_generation=None):
+        if ctx.generation == slow_generation:
+            time.sleep(2.0)  # (long enough to be killed in)
         if fail_from_generation is not None and ctx.generation >= fail_from_generation:
             raise RuntimeError(f"rank {ctx.rank} refuses generation {ctx.generation}")
         if fail_from_rank is not None and ctx.rank >= fail_from_rank:

@@ -141,6 +141,19 @@ def test_a_restarted_rank_whose_init_raises_fails_the_executor(impl, executor):
     assert isinstance(ei.value, mpx.WorkerStartupError) and ex.is_failed
 
 
+def test_a_restarted_process_killed_while_it_starts_is_restarted_again(impl, executor):
+    ex = executor(Member, n=2, max_restarts=3, worker_kwargs=dict(slow_generation=1))
+    first = _kill(ex, 1)
+    deadline = time.monotonic() + 30
+    while ex.worker_pids()[1] == first:  # generation 1 starts, and naps in __init__
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    second = _kill(ex, 1)
+    out = _wait_restarted(ex, 1, second)
+    assert out[1][1] == 2 and out[1][2] not in (first, second) and not ex.is_failed
+    assert ex.stats().ranks[1].deaths == 2
+
+
 def test_resize_grows_and_shrinks(impl, executor):
     ex = executor(Member, n=2, **RING)
     first = ex.collective_rpc("who")

@@ -212,13 +212,19 @@ def _start(group: WorkerGroup, new: MessageQueue, ranks: list[int], n: int,
     opened: dict[int, MessageQueue] = {}
     handle = new.export_handle()
     try:
-        with group.start_lock:
-            if group.workers_stopped:
-                raise ExecutorFailed("the executor is shutting down")
-            for rank in ranks:
-                generation = group.restarts[rank] if rank < len(group.restarts) else 0
-                started.append(workers.add(_context(group, rank, n, generation), handle))
-        handles = workers.handshake(deadline, started)
+        while True:
+            with group.start_lock:
+                if group.workers_stopped:
+                    raise ExecutorFailed("the executor is shutting down")
+                started = [workers.add(_context(group, rank, n, group.restarts[rank]
+                                                if rank < len(group.restarts) else 0), handle)
+                           for rank in ranks]
+            try:
+                handles = workers.handshake(deadline, started)
+                break
+            except WorkerStartupError as e:
+                if not _died_restarting(group, ranks, e):
+                    raise
         with workers.startup_deaths(ranks):
             for rank in ranks:
                 opened[rank] = MessageQueue.create_from_handle(handles[rank], 0, config=cfg)
@@ -232,6 +238,23 @@ def _start(group: WorkerGroup, new: MessageQueue, ranks: list[int], n: int,
             workers.retire(grown, grace_s=0.0)
         raise
     return opened
+
+
+def _died_restarting(group: WorkerGroup, ranks: list[int], e: WorkerStartupError) -> bool:
+    """Whether ``e`` says that the new process of a rank being restarted died before it
+    was ready (not that its ``__init__`` raised) while the rank has restarts left: that
+    death counts as one, and the rank is started once more."""
+    if len(ranks) != 1 or e.ranks != ranks or e.exitcode is None or e.remote_traceback:
+        return False
+    rank = ranks[0]
+    if rank >= group.world_size or not group.may_restart(rank):
+        return False
+    group.incarnation[rank] += 1
+    group.restarts[rank] += 1
+    group.deaths[rank] += 1
+    logger.warning("restarting worker rank %d again (restart %d of %d): %s", rank,
+                   group.restarts[rank], group.config.max_restarts, e)
+    return True
 
 
 def _tell(old: MessageQueue, message: tuple, gone: set[int], deadline: float,
