@@ -190,8 +190,8 @@ class WorkerStartupError(MpxError, RuntimeError):
 
 class WorkerRestartError(WorkerStartupError, ExecutorFailed):
     """A rank restarted in place (``Config.max_restarts``) could not start again: its
-    ``__init__`` raised, it died, or it was not ready in time. The executor has failed
-    with it; ``ranks`` names the rank."""
+    ``__init__`` raised, it was not ready in time, or it died before it was ready with no
+    restart left. The executor has failed with it; ``ranks`` names the rank."""
 
 
 class ResizeError(MpxError, RuntimeError):
