@@ -148,13 +148,12 @@ class LocalWorkers:
                  cls_bytes: bytes, kw_bytes: bytes, remote_driver: bool = False,
                  local_queue: bool = False, keep_fds: tuple[int, ...] = ()) -> None:
         self.config = config
-        self.ctxs = list(ctxs)
         self.ranks = [c.rank for c in ctxs]
         self.procs: list[Any] = []
         self.ready: list[Any] = []
         self.death_w: Any = None
         self.reap_lock = threading.Lock()
-        self._handle, self._cls_bytes, self._kw_bytes = handle, cls_bytes, kw_bytes
+        self._cls_bytes, self._kw_bytes = cls_bytes, kw_bytes
         self._remote_driver, self._local_queue = remote_driver, local_queue
         self.keep_fds = keep_fds  # (the starter may change them for later workers)
         self._mp: Any = multiprocessing.get_context(config.start_method)
@@ -172,8 +171,8 @@ class LocalWorkers:
         process, the read end of its ready pipe)."""
         config = self.config
         ready_r, ready_w = self._mp.Pipe(duplex=False)
-        close_fds = (self.death_w.fileno(), *(c.fileno() for c in self.ready if c is not None),
-                     *self.keep_fds) if config.start_method == "fork" else ()
+        close_fds = (self.death_w.fileno(), *(c.fileno() for c in self.ready), *self.keep_fds) \
+            if config.start_method == "fork" else ()
         spec = WorkerSpec(ctx=ctx, handle=handle,
                           queue_rank=ctx.local_rank if self._local_queue else ctx.rank,
                           worker_cls=self._cls_bytes, worker_kwargs=self._kw_bytes,
@@ -190,30 +189,27 @@ class LocalWorkers:
         """Start a new process for ``ctx.rank`` reading the broadcast queue of ``handle``, in
         place of the one that had that rank (it has exited) or after the others (a rank the
         group grows by): its position, for ``handshake``."""
-        if ctx.rank in self.ranks:  # (one that closed its queue may not have exited yet)
-            gone = self.procs[self.ranks.index(ctx.rank)]
-            if gone.exitcode is None:
-                gone.kill()
-            self.join(gone, EXIT_WAIT_S)
-            self.reap_segments_of(gone.pid)
-        proc, ready = self._start(ctx, handle)
-        if ctx.rank in self.ranks:
-            i = self.ranks.index(ctx.rank)
-            old = self.ready[i]
-            self.procs[i], self.ready[i], self.ctxs[i] = proc, ready, ctx
-            if old is not None:
-                old.close()
-            return i
-        self.procs.append(proc)
-        self.ready.append(ready)
-        self.ctxs.append(ctx)
-        self.ranks.append(ctx.rank)
-        return len(self.procs) - 1
+        if ctx.rank not in self.ranks:
+            proc, ready = self._start(ctx, handle)
+            self.procs.append(proc)
+            self.ready.append(ready)
+            self.ranks.append(ctx.rank)
+            return len(self.procs) - 1
+        i = self.ranks.index(ctx.rank)
+        gone = self.procs[i]
+        if gone.exitcode is None:  # (one that closed its queue may not have exited yet)
+            gone.kill()
+        self.join(gone, EXIT_WAIT_S)
+        self._reap_segments_of([gone])
+        self.ready[i].close()
+        self.procs[i], self.ready[i] = self._start(ctx, handle)
+        return i
 
-    def reap_segments_of(self, pid: int) -> None:
-        """Unlink what a worker process ``pid``, now gone, left in /dev/shm (its response
-        queue, if it died before the driver attached to it)."""
-        theirs = f"/{segments.PREFIX}{pid}-"
+    @staticmethod
+    def _reap_segments_of(procs: list[Any]) -> None:
+        """Unlink what the worker processes ``procs``, now gone, left in /dev/shm (a
+        response queue, of one that died before the driver attached to it)."""
+        theirs = tuple(f"/{segments.PREFIX}{p.pid}-" for p in procs)
         for name in segments.stale_segments():
             if name.startswith(theirs):
                 segments.unlink(name)
@@ -227,11 +223,9 @@ class LocalWorkers:
             self._end(procs, self.config.shutdown_grace_s if grace_s is None else grace_s)
         finally:
             for i in sorted(index, reverse=True):
-                if self.ready[i] is not None:
-                    self.ready[i].close()
-                del self.procs[i], self.ready[i], self.ctxs[i], self.ranks[i]
-            for p in procs:
-                self.reap_segments_of(p.pid)
+                self.ready[i].close()
+                del self.procs[i], self.ready[i], self.ranks[i]
+            self._reap_segments_of(procs)
 
     @property
     def pids(self) -> list[int]:
@@ -343,54 +337,52 @@ class LocalWorkers:
             self.death_w.close()
             self.death_w = None
 
-        def wait(seconds: float) -> list:
-            deadline = time.monotonic() + seconds
-            for p in self.procs:
-                self.join(p, max(0.0, deadline - time.monotonic()))
-            return [p for p in self.procs if p.exitcode is None]
-
         try:
-            alive = wait(self.config.shutdown_grace_s)
+            alive = self._still_running(self.procs, self.config.shutdown_grace_s)
             for p in alive:
                 logger.warning("worker pid %d did not exit in %.1f s; sending SIGTERM",
                                p.pid, self.config.shutdown_grace_s)
                 p.terminate()
-            alive = wait(self.config.terminate_grace_s) if alive else []
+            alive = self._still_running(alive, self.config.terminate_grace_s) if alive else []
             for p in alive:
                 logger.warning("worker pid %d ignored SIGTERM; sending SIGKILL", p.pid)
         finally:
             self._kill_and_reap()
 
+    def _still_running(self, procs: list[Any], seconds: float) -> list[Any]:
+        """Those of ``procs`` that have not exited within ``seconds`` (the others reaped)."""
+        deadline = time.monotonic() + seconds
+        for p in procs:
+            self.join(p, max(0.0, deadline - time.monotonic()))
+        return [p for p in procs if p.exitcode is None]
+
+    def _kill(self, procs: list[Any]) -> None:
+        """SIGKILL those of ``procs`` still running, and reap them all."""
+        for p in procs:
+            if p.exitcode is None:
+                p.kill()
+        for p in procs:
+            self.join(p, 5.0)
+
     def _end(self, procs: list[Any], grace_s: float) -> None:
         """Wait ``grace_s`` for ``procs`` to exit, then SIGKILL and reap the rest (a SIGTERM
         would be ignored: the death pipe is open)."""
-        deadline = time.monotonic() + grace_s
         try:
-            for p in procs:
-                self.join(p, max(0.0, deadline - time.monotonic()))
+            self._still_running(procs, grace_s)
         finally:
             for p in procs:
                 if p.exitcode is None:
                     logger.warning("worker pid %d did not leave the group in %.1f s; sending "
                                    "SIGKILL", p.pid, grace_s)
-                    p.kill()
-            for p in procs:
-                self.join(p, 5.0)
+            self._kill(procs)
 
     def _kill_and_reap(self) -> None:
         """SIGKILL every worker still running, reap them all, close the handshake pipes,
         and unlink what the workers left in /dev/shm: the response queue of one that died
         before the driver attached to it."""
-        for p in self.procs:
-            if p.exitcode is None:
-                p.kill()
-        for p in self.procs:
-            self.join(p, 5.0)
+        self._kill(self.procs)
         for c in self.ready:
             c.close()
         self.ready = []
         self._death_r.close()
-        theirs = tuple(f"/{segments.PREFIX}{p.pid}-" for p in self.procs)
-        for name in segments.stale_segments():
-            if name.startswith(theirs):
-                segments.unlink(name)
+        self._reap_segments_of(self.procs)
