@@ -320,7 +320,7 @@ class Executor:
             raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
         if timeout is None or timeout < 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
-        if group.leader is not None or self.config.nnodes > 1:
+        if self.config.nnodes > 1:
             raise ResizeError("resize() serves single-node executors only "
                               f"(this one has {self.config.nnodes} nodes)")
         group.calls.check_usable()

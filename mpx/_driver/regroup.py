@@ -107,12 +107,18 @@ def restart(group: WorkerGroup, rank: int, incarnation: int) -> None:
 def _lose(group: WorkerGroup, rank: int, died: WorkerDiedError) -> None:
     """(paused) ``rank``'s process died and it will be started again: what it wrote is
     read, the calls it did not answer fail with ``died``."""
-    group.incarnation[rank] += 1  # what a reader reports of the old process is stale
     group.calls.drain_rank(rank)
     group.calls.fail_unanswered(rank, died)
+    _count_restart(group, rank, died)
+
+
+def _count_restart(group: WorkerGroup, rank: int, why: BaseException) -> None:
+    """``rank`` is started once more: one restart used, and what is reported of its
+    process so far is stale."""
+    group.incarnation[rank] += 1
     group.restarts[rank] += 1
     logger.warning("restarting worker rank %d (restart %d of %d): %s", rank,
-                   group.restarts[rank], group.config.max_restarts, died)
+                   group.restarts[rank], group.config.max_restarts, why)
 
 
 def resize(group: WorkerGroup, world_size: int, timeout: float) -> None:
@@ -249,11 +255,8 @@ def _died_restarting(group: WorkerGroup, ranks: list[int], e: WorkerStartupError
     rank = ranks[0]
     if rank >= group.world_size or not group.may_restart(rank):
         return False
-    group.incarnation[rank] += 1
-    group.restarts[rank] += 1
     group.deaths[rank] += 1
-    logger.warning("restarting worker rank %d again (restart %d of %d): %s", rank,
-                   group.restarts[rank], group.config.max_restarts, e)
+    _count_restart(group, rank, e)
     return True
 
 
