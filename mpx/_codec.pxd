@@ -59,6 +59,7 @@ cdef class _Kept:
 
 cdef class Encoder:
     cdef readonly Py_ssize_t oob_min_bytes
+    cdef readonly bint small_tuples
     cdef readonly object bytes_kind, small_kind, pickle_kind, oob_kind
     cdef object _local
     cdef dict _modules, _registered

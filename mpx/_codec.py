@@ -336,7 +336,8 @@ class _PerThread(threading.local):
 
 class Encoder:
     """``serde.encode``'s mechanism, with serde's settings as constants: ``bytes`` travel as
-    they are (``bytes_kind``), a small tuple as one ``small_kind`` message (small_encode);
+    they are (``bytes_kind``), a small tuple as one ``small_kind`` message (small_encode)
+    when ``small_tuples`` (else it is pickled like the rest);
     anything else is pickled by this thread's kept pickler into one ``pickle_kind``
     message, or an ``oob_kind`` one (see the module docstring) when buffers went out of
     band: PickleBuffers, and bytes and bytearrays of ``oob_min_bytes`` and up (see Sink).
@@ -349,8 +350,9 @@ class Encoder:
     exception propagates (serde then tries cloudpickle, through ``dump``)."""
 
     def __init__(self, oob_min_bytes: int, bytes_kind: int, small_kind: int,
-                 pickle_kind: int, oob_kind: int) -> None:
+                 pickle_kind: int, oob_kind: int, small_tuples: bool = True) -> None:
         self.oob_min_bytes = oob_min_bytes
+        self.small_tuples = small_tuples
         self.bytes_kind = bytes_kind
         self.small_kind = small_kind
         self.pickle_kind = pickle_kind
@@ -363,7 +365,7 @@ class Encoder:
         """``(kind, parts)``: ``obj`` as a message, its buffers to concatenate; or None (see
         the class)."""
         t = type(obj)
-        if t is tuple:
+        if t is tuple and self.small_tuples:
             small = _small_bytes(obj)
             if small is not None:
                 return (self.small_kind, (small,))

@@ -37,13 +37,6 @@ _PARK_WAITS_MAX = 16384
 _COST_WEIGHT = 8
 
 
-
-def _c_div(a: int, b: int) -> int:
-    """C's integer division, which rounds toward 0 (Python's // rounds down)."""
-    q = abs(a) // b
-    return q if a >= 0 else -q
-
-
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -212,19 +205,20 @@ class _RingEnd:
                 skip = True
             else:
                 self.parks_first, self._probing = False, True
+        yield_cpu, clock = os.sched_yield, time.monotonic_ns
         while True:
             while not skip and now - t0 < self.spin_ns + self.yield_budget_ns:
-                os.sched_yield()
-                took = time.monotonic_ns() - now
+                yield_cpu()
+                took = clock() - now
                 now += took
-                self.yield_cost_ns += _c_div(took - self.yield_cost_ns, _COST_WEIGHT)
+                self.yield_cost_ns += int((took - self.yield_cost_ns) / _COST_WEIGHT)  # (C's /)
                 if self._ready():
                     if self._published is not None:
                         self._judge(now - self._w64(self._published))
                     return layout.OK
                 if self._interrupted:
                     return layout.INTERRUPTED
-                if self._take_nudge():
+                if self._nudged and self._take_nudge():
                     return layout.NUDGED
                 if 0 <= deadline <= now:
                     return layout.TIMEOUT
@@ -299,8 +293,8 @@ class _RingEnd:
             if self._ready():
                 woken = self._w64(self._woken)
                 if woken >= now:  # (the peer woke this park: what did it cost?)
-                    self.wake_cost_ns += _c_div(time.monotonic_ns() - woken - self.wake_cost_ns,
-                                                _COST_WEIGHT)
+                    self.wake_cost_ns += int(
+                        (time.monotonic_ns() - woken - self.wake_cost_ns) / _COST_WEIGHT)
                 return layout.OK
             if self._take_nudge():
                 return layout.NUDGED
@@ -483,9 +477,10 @@ class RingWriter(_RingEnd):
         """See ``mpx._ring.RingWriter.write``."""
         self._live()
         length = sum(memoryview(p).nbytes for p in parts) if total < 0 else total
-        st = self._claim_slot(deadline_ns)
-        if st != layout.OK:
-            return st
+        if self.partial or not self._has_space(1):  # (hot: the free slot's case inline)
+            st = self._claim_slot(deadline_ns)
+            if st != layout.OK:
+                return st
         chunk = self.chunk_bytes
         payload = self._slot(self.seq) + layout.SLOT_HEADER
         off = written = 0
@@ -644,9 +639,10 @@ class RingReader(_RingEnd):
         slice_end = -1 if slice_ns < 0 else time.monotonic_ns() + slice_ns  # (hot: inline)
         if self._dest is None and not self._skipping:
             while True:
-                st = self._wait(deadline_ns, slice_end)
-                if st != layout.OK:
-                    return (st, 0, None)
+                if not self._ready():  # (hot: a message there inline)
+                    st = self._wait(deadline_ns, slice_end)
+                    if st != layout.OK:
+                        return (st, 0, None)
                 s = self._slot(self.seq)
                 flags = i32[(s + layout.SH_FLAGS) >> 2]
                 if not flags & layout.F_ABORT:
@@ -702,7 +698,7 @@ class RingReader(_RingEnd):
         self._live()
         q, i32, mv = self._q, self._i, self._mv
         while True:
-            st = self._wait(deadline_ns, slice_end)
+            st = layout.OK if self._ready() else self._wait(deadline_ns, slice_end)
             if st != layout.OK:
                 if st in (layout.SHUTDOWN, layout.PEER_GONE):
                     self._drop_message()

@@ -2,7 +2,8 @@
 
 A small tuple of scalars (most calls and replies: ``(CALL, seq, "method", (1, 2.0),
 None, None)``, ``(seq, OK, None)``) is a ``K_SMALL`` message in a codec of its own
-(``mpx._codec.small_encode``): tags and values, no pickle. Anything else is pickle
+(``mpx._codec.small_encode``): tags and values, no pickle (where the codec is compiled:
+``SMALL_TUPLES``). Anything else is pickle
 protocol 5 with out-of-band buffers, so numpy arrays, CPU tensors and large
 ``bytes``, ``bytearray`` and ``memoryview`` objects (``OOB_MIN_BYTES`` and up), wherever
 they sit in the object, are copied straight from their memory into ring slots. The pickle
@@ -183,7 +184,12 @@ def _table(local_only: bool, with_torch: bool) -> dict:
 # dominates (bench/bench_inband.py --sections t, a shared 2-core VM): 1 MiB it is.
 OOB_MIN_BYTES = 1 << 20  # (configure() changes it)
 
+# Small tuples travel in the small codec where it is compiled: there a no-op's round trip
+# takes 0.84x its time with pickle. Run as plain Python the codec costs ~6x the C pickler
+# (9.3 us against 1.5 us for a call and its reply, each encoded and decoded), so the plain
+# build pickles them. Either build decodes both kinds, so the two talk to each other.
 _codec = codec_module()
+SMALL_TUPLES = _codec.IMPLEMENTATION == "cython"  # (configure() changes it)
 
 
 def _reduce_memoryview(m: memoryview):
@@ -246,7 +252,8 @@ def encode(obj: Any, local_only: bool = False) -> tuple[int, tuple]:
     SerializationError. ``local_only``: every receiver is a process on this node that maps
     shared memory, so ``mpx.share`` tensors travel by reference and CUDA tensors as CUDA
     IPC handles; otherwise both are copied (CUDA ones through host memory). Bytes travel as
-    they are, a small tuple (most calls and replies) in the small codec (``K_SMALL``),
+    they are, a small tuple (most calls and replies) in the small codec (``K_SMALL``;
+    see ``SMALL_TUPLES``),
     anything else as one pickle by this thread's kept pickler: all in the codec (compiled),
     which leaves to this module only what it returns None or raises for."""
     enc = _encoder
@@ -257,19 +264,25 @@ def encode(obj: Any, local_only: bool = False) -> tuple[int, tuple]:
         return _cloud_encode(enc, obj, local_only, e)
 
 
-def configure(*, oob_min_bytes: int) -> None:
+def configure(*, oob_min_bytes: int | None = None, small_tuples: bool | None = None) -> None:
     """Rebuild the encoder with ``oob_min_bytes`` as the size from which bytes, bytearrays
-    and memoryviews travel out of band (``OOB_MIN_BYTES``). The compiled encoder takes its
-    settings as constants: this, not assigning the module's global, is how a test or a
-    benchmark changes them (``configure(oob_min_bytes=old)`` undoes it). Every later
-    encode in any thread uses it; each thread's kept picklers are made again."""
-    global OOB_MIN_BYTES, _encoder
-    OOB_MIN_BYTES = oob_min_bytes
-    _encoder = _codec.Encoder(oob_min_bytes, K_BYTES, K_SMALL, K_PICKLE, K_PICKLE_OOB)
+    and memoryviews travel out of band (``OOB_MIN_BYTES``) and ``small_tuples``: whether a
+    small tuple is a small message or a pickle (``SMALL_TUPLES``); a setting not given
+    stays as it is. The compiled encoder takes its settings as constants: this, not
+    assigning the module's globals, is how a test or a benchmark changes them
+    (``configure(oob_min_bytes=old)`` undoes it). Every later encode in any thread uses it;
+    each thread's kept picklers are made again."""
+    global OOB_MIN_BYTES, SMALL_TUPLES, _encoder
+    if oob_min_bytes is not None:
+        OOB_MIN_BYTES = oob_min_bytes
+    if small_tuples is not None:
+        SMALL_TUPLES = small_tuples
+    _encoder = _codec.Encoder(OOB_MIN_BYTES, K_BYTES, K_SMALL, K_PICKLE, K_PICKLE_OOB,
+                              SMALL_TUPLES)
 
 
 _encoder: Any = None
-configure(oob_min_bytes=OOB_MIN_BYTES)
+configure()
 
 _decoder = _codec.Decoder(K_BYTES, K_SMALL, K_PICKLE, K_PICKLE_OOB, DeserializationError,
                           _NOT_UNDECODABLE)

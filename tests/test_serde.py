@@ -161,6 +161,40 @@ def test_encoder_sends_bytes_as_they_are_pickles_once_and_frames_the_rest(codec)
     assert kind == 2 and pickle.loads(b"".join(parts)) == {"b": 2}
 
 
+def test_an_encoder_without_small_tuples_pickles_them_and_either_decodes_both(codec):
+    enc = codec.Encoder(1 << 10, **KINDS, small_tuples=False)
+    assert enc.small_tuples is False and _encoder(codec).small_tuples is True
+    call = (0, 5, "noop", (1, 2.5), None, None)
+    kind, parts = _encode(enc, call)
+    assert kind == 2 and pickle.loads(b"".join(parts)) == call
+    assert enc.encode(b"raw") == (1, (b"raw",))  # (bytes still as they are)
+    for m in (codec, _impl._plain("mpx._codec")):
+        decode = m.Decoder(1, 4, 2, 3, ValueError, (_Refused,))
+        assert decode(2, b"".join(parts)) == call
+        assert decode(4, codec.small_encode(call)) == call
+
+
+def test_configure_switches_small_tuples_and_keeps_what_it_is_not_given():
+    call = (0, 5, "noop", (), None, None)
+    kept_small, kept_oob = serde.SMALL_TUPLES, serde.OOB_MIN_BYTES
+    try:
+        serde.configure(small_tuples=False)
+        kind, parts = serde.encode(call)
+        assert kind == serde.K_PICKLE and serde.decode(kind, _joined(parts)) == call
+        assert serde.OOB_MIN_BYTES == kept_oob
+        serde.configure(small_tuples=True)
+        kind, parts = serde.encode(call)
+        assert kind == serde.K_SMALL and serde.decode(kind, _joined(parts)) == call
+    finally:
+        serde.configure(small_tuples=kept_small)
+
+
+def test_small_tuples_are_the_default_exactly_where_the_codec_is_compiled():
+    # (the plain build pickles them: its small codec costs ~6x the C pickler; serde.py)
+    assert serde.SMALL_TUPLES == (serde._codec.IMPLEMENTATION == "cython")
+    assert serde._encoder.small_tuples == serde.SMALL_TUPLES
+
+
 def test_compiled_and_plain_encoders_make_the_same_messages():
     plain, compiled = _impl._plain("mpx._codec"), _compiled()
     arrays = [np.arange(n, dtype=np.float64) for n in (3, 1000)]
@@ -246,7 +280,7 @@ def test_small_tuples_round_trip_exactly_compiled_and_plain(codec, obj):
             back = decode(form)
             assert back == obj and repr(back) == repr(obj)  # types, -0.0, bools kept
     kind, parts = serde.encode(obj)
-    assert kind == serde.K_SMALL
+    assert kind == (serde.K_SMALL if serde.SMALL_TUPLES else serde.K_PICKLE)
     assert serde.decode(kind, _joined(parts)) == obj
     assert serde.decode_lent(kind, memoryview(_joined(parts))) == obj
 

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import mpx
+from mpx import _impl
 from mpx._driver import stats as stats_mod
 from mpx._impl import future_core_module
 
@@ -113,6 +114,24 @@ def test_quantiles_from_buckets():
     assert h.buckets[core.N_BUCKETS - 1] == 1
     h.clear()
     assert h.count == 0 and sum(h.buckets) == 0
+
+
+def test_compiled_and_plain_histograms_count_each_value_in_the_same_bucket():
+    # (compiled: a binary search over C doubles; plain: bisect over the bounds)
+    cores = {future_core_module(), _impl._plain("mpx._driver.future_core")}
+    bounds = future_core_module().BOUNDS
+    values = [0.0, 1e-9, 1e6] + [b * f for b in bounds[::7] for f in (0.999999, 1.0, 1.000001)]
+    got = []
+    for core in cores:
+        at = []
+        for v in values:
+            h = core.Histogram()
+            h.observe(v)
+            at.append(list(h.buckets).index(1))
+        got.append(at)
+        for v, i in zip(values, at):  # bucket i: the values at most BOUNDS[i]
+            assert (i == core.N_BUCKETS - 1 or v <= bounds[i]) and (i == 0 or v > bounds[i - 1])
+    assert all(g == got[0] for g in got)
 
 
 def test_the_window_rotates():

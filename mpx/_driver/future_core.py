@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import bisect
 import collections
 import concurrent.futures
 import contextvars
@@ -432,14 +433,17 @@ class Histogram:
 
     def observe(self, value: float) -> None:
         """Count ``value`` (seconds) in its bucket."""
-        bounds = self._bounds
-        lo, hi = 0, N_BUCKETS - 1
-        while lo < hi:  # (the first bound >= value: seven steps)
-            mid = (lo + hi) // 2
-            if value <= bounds[mid]:
-                hi = mid
-            else:
-                lo = mid + 1
+        if cython.compiled:
+            bounds = self._bounds
+            lo, hi = 0, N_BUCKETS - 1
+            while lo < hi:  # (the first bound >= value: seven steps)
+                mid = (lo + hi) // 2
+                if value <= bounds[mid]:
+                    hi = mid
+                else:
+                    lo = mid + 1
+        else:  # (the same search, in C)
+            lo = bisect.bisect_left(BOUNDS, value)
         self._counts[lo] += 1
         self.count += 1
         self.sum += value
