@@ -172,7 +172,7 @@ def ab_child(tp, block, warm):
     step = kit.make_step()
     with _engine(tp) as ex:
         kit.serve_ab(lambda: ex.collective_rpc("execute_model", args=(step,), timeout=kit.CALL_TIMEOUT,
-                                               unique_reply_rank=0), block, warm)
+                                               unique_reply_rank=0), block, warm, pids=ex.worker_pids)
 
 
 def _fmt(st):

@@ -336,7 +336,7 @@ def ab_child(kind, n, block, warm, idle_ms):
              lambda: asyncio_rate(ex, 640, loop=loop))
     loop = asyncio.new_event_loop()  # (one for every block: a new loop per block is noise)
     try:
-        kit.serve_ab(calls[kind], block, warm, idle_ms / 1e3)
+        kit.serve_ab(calls[kind], block, warm, idle_ms / 1e3, pids=ex.worker_pids)
     finally:
         loop.close()
         ex.shutdown()

@@ -389,9 +389,33 @@ def quartiles(pairs):
 AB_REST_S = 0.005
 
 
-def serve_ab(call, block, warm, idle_s=0.0):
+# With MPX_AB_PLACE=apart in the environment (--ab-place apart), each side puts its driver on
+# the first CPU and its workers on the others, so both sides run in the same placement: left
+# to the scheduler, a side's driver and worker share one CPU in some blocks and not in others
+# (on 2 cores 35-45 us a plain-Python no-op against 20-25), and the blocks' ratios are that
+# lottery's.
+PLACE_ENV = "MPX_AB_PLACE"
+
+
+def place_apart(pids):
+    """Pin this process's threads to its first CPU and the processes ``pids`` (every thread of
+    each) round robin to the others; nothing on a single CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return
+    rest = cpus[1:]
+    for pid, cpu in [(os.getpid(), {cpus[0]})] + [(p, {rest[i % len(rest)]}) for i, p in enumerate(pids)]:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(tid), cpu)
+
+
+def serve_ab(call, block, warm, idle_s=0.0, pids=()):
     """One side, in its child: once ``call`` is warm, print this mpx's path as JSON, then for each
-    "go" line on stdin the us of ``block`` calls (after ``idle_s`` asleep)."""
+    "go" line on stdin the us of ``block`` calls (after ``idle_s`` asleep). ``pids``: the
+    workers', placed apart from this process under MPX_AB_PLACE=apart."""
+    if os.environ.get(PLACE_ENV) == "apart":
+        place_apart(pids)
     settle([call], SETTLE_S, min_rounds=warm)
     print(json.dumps({"mpx": mpx.__file__}), flush=True)
     for line in sys.stdin:
@@ -433,7 +457,7 @@ class _Side:
 def ab_paired(rev, script, child_flag, child_args, blocks, timeout=120):
     """(stats of this tree's us, of REV's, the blocks' paired ratios): ``script child_flag
     child_args`` run with this tree's mpx and with REV's (this tree's bench/ on both sides), taking
-    turns block by block, the first one alternating."""
+    turns block by block, the first one alternating (both placed as PLACE_ENV says)."""
     out, git = {"new": [], "old": []}, ["git", "-C", ROOT]
     with tempfile.TemporaryDirectory(prefix="mpx-ab-") as tmp:
         old, sides = os.path.join(tmp, "tree"), {}
@@ -502,10 +526,15 @@ def parse_args(doc, quick_help, more=None, ab=None, argv=None):
     ap.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
     if ab is not None:
         ap.add_argument("--ab", metavar="REV", help=ab[0])
+        ap.add_argument("--ab-place", choices=["apart"], help="the A/B's sides pin their driver to "
+                        "one CPU and their workers to the others (the same placement on both sides)")
         ap.add_argument(ab[1], help=argparse.SUPPRESS)
     if more is not None:
         more(ap)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if getattr(args, "ab_place", None):
+        os.environ[PLACE_ENV] = args.ab_place  # (the A/B's children inherit it)
+    return args
 
 
 def version(pkg):

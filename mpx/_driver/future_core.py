@@ -583,7 +583,7 @@ class Call:
         self.reply_rank = reply_rank
         self.aggregator = aggregator
         self.deadline = deadline
-        self.started = _monotonic()
+        self.started = _now()
         self.first_reply = 0.0  # when its first and last replies were read (0.0: not yet;
         self.last_reply = 0.0   # the meter's)
         self.meter: Meter | None = None  # (set by the ledger that registers it)
