@@ -389,21 +389,23 @@ def quartiles(pairs):
 AB_REST_S = 0.005
 
 
-# With MPX_AB_PLACE=apart in the environment (--ab-place apart), each side puts its driver on
-# the first CPU and its workers on the others, so both sides run in the same placement: left
-# to the scheduler, a side's driver and worker share one CPU in some blocks and not in others
-# (on 2 cores 35-45 us a plain-Python no-op against 20-25), and the blocks' ratios are that
-# lottery's.
+# With MPX_AB_PLACE in the environment (--ab-place), each side places its processes the same
+# way: "apart", its driver on the first CPU and its workers on the others; "together", all on
+# the first CPU. Left to the scheduler, a side's driver and worker share one CPU in some
+# blocks and not in others (on 2 cores 35-45 us a plain-Python no-op against 20-25), and the
+# blocks' ratios are that lottery's.
 PLACE_ENV = "MPX_AB_PLACE"
+PLACES = ("apart", "together")
 
 
-def place_apart(pids):
-    """Pin this process's threads to its first CPU and the processes ``pids`` (every thread of
-    each) round robin to the others; nothing on a single CPU."""
+def place(pids, how):
+    """Pin this process's threads to its first CPU and the processes ``pids`` (every thread
+    of each) round robin to the others (``how="apart"``) or to that CPU too ("together");
+    nothing on a single CPU."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return
-    rest = cpus[1:]
+    rest = cpus[1:] if how == "apart" else cpus[:1]
     for pid, cpu in [(os.getpid(), {cpus[0]})] + [(p, {rest[i % len(rest)]}) for i, p in enumerate(pids)]:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(ProcessLookupError):
@@ -413,9 +415,9 @@ def place_apart(pids):
 def serve_ab(call, block, warm, idle_s=0.0, pids=()):
     """One side, in its child: once ``call`` is warm, print this mpx's path as JSON, then for each
     "go" line on stdin the us of ``block`` calls (after ``idle_s`` asleep). ``pids``: the
-    workers', placed apart from this process under MPX_AB_PLACE=apart."""
-    if os.environ.get(PLACE_ENV) == "apart":
-        place_apart(pids)
+    workers', placed as MPX_AB_PLACE says (PLACES; unset: by the scheduler)."""
+    if os.environ.get(PLACE_ENV) in PLACES:
+        place(pids, os.environ[PLACE_ENV])
     settle([call], SETTLE_S, min_rounds=warm)
     print(json.dumps({"mpx": mpx.__file__}), flush=True)
     for line in sys.stdin:
@@ -526,8 +528,8 @@ def parse_args(doc, quick_help, more=None, ab=None, argv=None):
     ap.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
     if ab is not None:
         ap.add_argument("--ab", metavar="REV", help=ab[0])
-        ap.add_argument("--ab-place", choices=["apart"], help="the A/B's sides pin their driver to "
-                        "one CPU and their workers to the others (the same placement on both sides)")
+        ap.add_argument("--ab-place", choices=PLACES, help="both A/B sides pin their driver to one "
+                        "CPU and their workers to the others (apart) or to the same one (together)")
         ap.add_argument(ab[1], help=argparse.SUPPRESS)
     if more is not None:
         more(ap)

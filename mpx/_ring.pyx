@@ -568,10 +568,10 @@ cdef class RingWriter(_RingEnd):
         """Wake the parked readers ahead of a message (they spin and yield again, and park
         again if none comes within their yield time): their wake-up, tens of microseconds
         on a VM, then overlaps the work of making the message. Costs nothing when no
-        reader is parked, nor once the ring was released."""
+        reader is parked, nor once the ring was released. A hint, so no fence: a reader
+        that parks just after this looks is woken by the message's publish, which fences."""
         if self.base == NULL:
             return
-        mpx_fence()
         self._wake_parked()
 
     cdef int _claim_slot(self, int64_t deadline) except? -9:

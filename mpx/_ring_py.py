@@ -37,6 +37,14 @@ _PARK_WAITS_MAX = 16384
 _COST_WEIGHT = 8
 
 
+def _nbytes(parts: Any) -> int:
+    """The bytes of a message's ``parts`` (one bytes object, the common case, without a
+    generator)."""
+    if len(parts) == 1 and type(parts[0]) is bytes:
+        return len(parts[0])
+    return sum(memoryview(p).nbytes for p in parts)
+
+
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -366,6 +374,11 @@ class RingWriter(_RingEnd):
         self._pidfds = [-1] * self.n_readers
         self._futex, self._parked, self._gate = layout.OFF_SPACE_FUTEX, layout.OFF_WRITER_PARKED, None
         self._woken, self._published = layout.OFF_SPACE_WOKEN, None
+        # each reader's read seq (an index into _q) and parked flag (into _i), looked at on
+        # every message
+        blocks = [layout.reader_block(i) for i in range(self.n_readers)]
+        self._read_seqs = [(b + layout.RB_READ_SEQ) >> 3 for b in blocks]
+        self._parked_flags = [(b + layout.RB_PARKED) >> 2 for b in blocks]
 
     def set_state(self, bits: int) -> None:
         """Set S_SHUTDOWN/S_CLOSED bits in the segment and wake every parked reader."""
@@ -380,8 +393,8 @@ class RingWriter(_RingEnd):
             return True
         q = self._q
         m = self.seq
-        for i in range(self.n_readers):
-            r = q[(layout.reader_block(i) + layout.RB_READ_SEQ) >> 3]
+        for at in self._read_seqs:
+            r = q[at]
             if r < m:
                 m = r
         self._min_read = m
@@ -432,7 +445,7 @@ class RingWriter(_RingEnd):
     def has_room(self, pieces: tuple) -> bool:
         """See ``mpx._ring.RingWriter.has_room``."""
         self._live()
-        size = sum(memoryview(p).nbytes for p in pieces)
+        size = _nbytes(pieces)
         need = min(self.n_chunks, max(1, -(-size // self.chunk_bytes)))
         return self._has_space(need)
 
@@ -450,8 +463,9 @@ class RingWriter(_RingEnd):
         self._wake_parked()
 
     def _wake_parked(self) -> None:
-        for r in range(self.n_readers):
-            if self._i[(layout.reader_block(r) + layout.RB_PARKED) >> 2]:
+        i32 = self._i
+        for at in self._parked_flags:
+            if i32[at]:
                 self._wake_stamped(layout.OFF_DATA_FUTEX, layout.OFF_DATA_WOKEN)
                 break
 
@@ -459,8 +473,7 @@ class RingWriter(_RingEnd):
         """See ``mpx._ring.RingWriter.wake_readers``."""
         if self._released:
             return
-        layout.fence()
-        self._wake_parked()
+        self._wake_parked()  # (a hint: no fence, as there)
 
     def _claim_slot(self, deadline_ns: int) -> int:
         """Wait for the next free slot, first aborting a message that a failed write left
@@ -476,7 +489,7 @@ class RingWriter(_RingEnd):
     def write(self, kind: int, parts, deadline_ns: int = -1, total: int = -1) -> int:
         """See ``mpx._ring.RingWriter.write``."""
         self._live()
-        length = sum(memoryview(p).nbytes for p in parts) if total < 0 else total
+        length = _nbytes(parts) if total < 0 else total
         if self.partial or not self._has_space(1):  # (hot: the free slot's case inline)
             st = self._claim_slot(deadline_ns)
             if st != layout.OK:

@@ -244,7 +244,7 @@ class Baton:
         """Take the baton if it is free, waiting up to ``timeout`` seconds for it (0: not
         at all); False if another thread holds it then, or this one does. A signal
         handler's exception (Ctrl-C) ends the wait, with the baton not taken."""
-        me = _this_thread()
+        me = PyThread_get_thread_ident() if cython.compiled else _get_ident()  # (hot: inline)
         if self._held and self._holder == me:
             return False
         if cython.compiled:
@@ -273,7 +273,8 @@ class Baton:
 
     def let_go(self) -> bool:
         """Release the baton if this thread holds it: whether it did."""
-        if not self._held or self._holder != _this_thread():
+        if not self._held or self._holder != (
+                PyThread_get_thread_ident() if cython.compiled else _get_ident()):  # (inline)
             return False
         self._held = False
         if cython.compiled:
