@@ -136,6 +136,34 @@ def test_a_thread_sleeping_on_the_condition_is_woken(make):
     assert got == ["woken"]
 
 
+def test_a_future_lock_behaves_as_a_threading_lock(make):
+    # (compiled, a CLock taken in C; plain, a threading.Lock: the Condition and
+    # concurrent.futures' waits use acquire, release and locked)
+    lock = make()._lock
+    assert lock.acquire() is True and lock.locked()
+    assert lock.acquire(False) is False and lock.acquire(True, 0.02) is False
+    other = []
+    t = threading.Thread(target=lambda: other.append(lock.acquire(timeout=5)))
+    t.start()
+    time.sleep(0.05)
+    lock.release()  # (the waiting thread takes it)
+    t.join(5)
+    assert other == [True] and lock.locked()
+    lock.release()  # (released by another thread than the one that took it)
+    assert not lock.locked()
+    with pytest.raises(RuntimeError):
+        lock.release()
+    with pytest.raises(ValueError):
+        lock.acquire(False, 1)
+    with pytest.raises(ValueError):
+        lock.acquire(True, -2)
+    with lock:
+        assert lock.locked()
+    assert not lock.locked()
+    if make.core.IMPLEMENTATION == "cython":
+        assert isinstance(lock, make.core.CLock)
+
+
 def test_awaited_from_the_loop_and_from_other_threads(make):
     async def main():
         loop = asyncio.get_running_loop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import os
 import signal
 import time
@@ -117,10 +118,12 @@ def test_quantiles_from_buckets():
 
 
 def test_compiled_and_plain_histograms_count_each_value_in_the_same_bucket():
-    # (compiled: a binary search over C doubles; plain: bisect over the bounds)
+    # (compiled: from the value's binary exponent; plain: bisect over the bounds)
     cores = {future_core_module(), _impl._plain("mpx._driver.future_core")}
     bounds = future_core_module().BOUNDS
-    values = [0.0, 1e-9, 1e6] + [b * f for b in bounds[::7] for f in (0.999999, 1.0, 1.000001)]
+    values = [-1.0, 0.0, 5e-324, 1e-9, 1e6, 1e300, float("inf")] + [
+        v for b in bounds
+        for v in (math.nextafter(b, 0), b, math.nextafter(b, math.inf), b * 1.1)]
     got = []
     for core in cores:
         at = []

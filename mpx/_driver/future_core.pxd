@@ -15,7 +15,8 @@ cdef extern from "pythread.h":
 
 cdef int _MORE, _ALL_OK, _ANSWERED, _LEAVE
 cdef int _W_PENDING, _W_DONE, _W_CANCELLED
-cdef int _F_HAND_OFF, _F_CALLBACKS
+cdef int _F_HAND_OFF, _F_CALLBACKS, _F_FINISHED
+cdef double _Q1, _Q2, _Q3
 cdef object _OK, _ERR
 
 cpdef bint runs_here(delivery) except -1
@@ -61,7 +62,7 @@ cdef class Histogram:
     cdef public Py_ssize_t count
     cdef public double sum, max
 
-    @cython.locals(lo=Py_ssize_t, hi=Py_ssize_t, mid=Py_ssize_t)
+    @cython.locals(lo=Py_ssize_t, e=int, m=double)
     cpdef observe(self, double value)
     @cython.locals(i=Py_ssize_t)
     cpdef add(self, Histogram other)
@@ -190,7 +191,7 @@ cdef bint _call_in_loop(delivery, fn, arg, context) except -1
 
 
 cdef class FutureCore:
-    cdef public object _lock
+    cdef public CLock _lock
     cdef public object _state
     cdef public object _result
     cdef public object _exception
@@ -203,8 +204,10 @@ cdef class FutureCore:
     cdef public object _target
     cdef public object _delivery
 
-    @cython.locals(follow=int, finished=bint)
+    @cython.locals(follow=int)
     cdef int _finish(self, result, exc) except -1
+    cdef int _finish_locked(self, result, exc) except -1
+    cdef bint _attach(self, Waiter target, delivery) except -1
     @cython.locals(target=Waiter)
     cdef _do_hand_off(self, thread)
     cdef _hand_off_rest(self, list waits)

@@ -18,8 +18,9 @@ OK and ERR statuses) and of the driver's event loops is handed to it
 It only records: the reply pump (mpx/_driver/pump.py) reads and decodes the replies, and
 hands each to ``Call.take`` or ``record_each``. The synchronisation is described in
 ``RPCFuture``'s comment: every state change of a future, and every read that must not
-miss one, holds ``_lock`` (a ``threading.Lock``), on which the Condition of the base
-class's waits is built. (Once FINISHED, the awaiting tasks and loop callbacks are written
+miss one, holds ``_lock`` (a ``CLock`` compiled, taken in C by the hot paths; a
+``threading.Lock`` in plain Python), on which the Condition of the base class's waits is
+built. (Once FINISHED, the awaiting tasks and loop callbacks are written
 by ``_hand_off`` alone, which takes them without the lock.)
 
 Completing a future is split so that the thread that reads replies runs no user code:
@@ -46,7 +47,7 @@ try:
 except ImportError:  # Cython is a build dependency only: plain Python needs cython.compiled
     from mpx import _cython_shim as cython  # type: ignore[no-redef]
 
-if cython.compiled:  # the C lock (CLock) and the thread's ident
+if cython.compiled:  # the C lock (CLock), the thread's ident, frexp
     from cython.cimports.cpython.exc import PyErr_CheckSignals
     from cython.cimports.cpython.pythread import (
         NOWAIT_LOCK,
@@ -57,6 +58,7 @@ if cython.compiled:  # the C lock (CLock) and the thread's ident
         PyThread_free_lock,
         PyThread_release_lock,
     )
+    from cython.cimports.libc.math import frexp
     from cython.cimports.mpx._driver.future_core import (  # (its .pxd)
         PyThread_acquire_lock_timed,
         PyThread_get_thread_ident,
@@ -146,14 +148,16 @@ def _running_loop() -> Any:
 
 
 class CLock:
-    """A C lock, for the compiled core's locks: the Baton's, and the call table's
-    (``Ledger.lock``, which is ``CallRegistry.lock``, mpx/_driver/registry.py). The compiled
-    code takes and releases it with no Python call between; Python code enters it only with
-    ``with``: ``__enter__`` and ``__exit__`` are C functions, so no interrupt lands inside
-    them (see Baton). Not reentrant. A wait for it lets the GIL go and runs the signal
-    handlers whenever a signal cuts it short: a handler's exception (Ctrl-C) ends the wait,
-    with the lock not taken. (Plain Python takes a threading.Lock instead: this class's
-    methods would be Python there.)"""
+    """A C lock, for the compiled core's locks: the Baton's, the call table's
+    (``Ledger.lock``, which is ``CallRegistry.lock``, mpx/_driver/registry.py) and each
+    future's (``FutureCore._lock``). The compiled code takes and releases it with no Python
+    call between; Python code enters it with ``with``: ``__enter__`` and ``__exit__`` are C
+    functions, so no interrupt lands inside them (see Baton). ``acquire``, ``release`` and
+    ``locked`` are threading.Lock's, for the threading.Condition built on a future's lock
+    and for concurrent.futures' waits. Not reentrant. A wait for it lets the GIL go and
+    runs the signal handlers whenever a signal cuts it short: a handler's exception
+    (Ctrl-C) ends the wait, with the lock not taken. (Plain Python takes a threading.Lock
+    instead: this class's methods would be Python there.)"""
 
     __slots__ = ("_c_lock",)
 
@@ -199,6 +203,33 @@ class CLock:
 
     def _release(self) -> None:
         PyThread_release_lock(self._c_lock)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take it, as threading.Lock.acquire does: without waiting unless ``blocking``,
+        else for ``timeout`` seconds at most (-1: no limit); whether it was taken."""
+        if not blocking:
+            if timeout != -1:
+                raise ValueError("can't specify a timeout for a non-blocking call")
+            return self._try()
+        if timeout == -1:
+            return self._wait(-1.0)
+        if timeout < 0:
+            raise ValueError("timeout value must be a non-negative number")
+        return self._acquire_within(timeout)
+
+    def release(self) -> None:
+        """Release it (from any thread, as a threading.Lock); RuntimeError if it is free."""
+        if self._try():
+            self._release()
+            raise RuntimeError("release unlocked lock")
+        self._release()
+
+    def locked(self) -> bool:
+        """Whether some thread holds it."""
+        if self._try():
+            self._release()
+            return False
+        return True
 
     def __enter__(self) -> CLock:
         self._acquire()
@@ -415,6 +446,9 @@ class Ledger:
 BOUNDS = tuple(2.0 ** (k / 4) for k in range(-80, 33))
 N_BUCKETS = len(BOUNDS) + 1
 _BOUNDS_AT = array.array("d", BOUNDS + (float("inf"),))
+# (Histogram.observe, compiled) a mantissa in [0.5, 1) above _Qn lies above the octave's
+# (n + 1)th bound, counting 2**(e-1) as its first
+_Q1, _Q2, _Q3 = 2.0 ** -0.75, 2.0 ** -0.5, 2.0 ** -0.25
 
 
 class Histogram:
@@ -434,16 +468,21 @@ class Histogram:
 
     def observe(self, value: float) -> None:
         """Count ``value`` (seconds) in its bucket."""
-        if cython.compiled:
+        if cython.compiled:  # the first bound >= value, from its binary exponent
             bounds = self._bounds
-            lo, hi = 0, N_BUCKETS - 1
-            while lo < hi:  # (the first bound >= value: seven steps)
-                mid = (lo + hi) // 2
-                if value <= bounds[mid]:
-                    hi = mid
-                else:
-                    lo = mid + 1
-        else:  # (the same search, in C)
+            if not value > bounds[0]:  # (NaN too, as bisect puts it)
+                lo = 0
+            else:  # value = m * 2**e, 0.5 <= m < 1: the octave's bounds are 2**(e-1)..2**e
+                e = 0
+                m = frexp(value, cython.address(e))
+                lo = 4 * e + 76 + (m > 0.5) + (m > _Q1) + (m > _Q2) + (m > _Q3)
+                if lo > N_BUCKETS - 1:
+                    lo = N_BUCKETS - 1
+                while value <= bounds[lo - 1]:  # (the rounding of 2.0 ** (k / 4))
+                    lo -= 1
+                while value > bounds[lo]:
+                    lo += 1
+        else:  # (bisect, in C)
             lo = bisect.bisect_left(BOUNDS, value)
         self._counts[lo] += 1
         self.count += 1
@@ -901,6 +940,7 @@ class Waiter:
 # What FutureCore._finish reports: the follow-up work left once the outcome is set.
 _F_HAND_OFF = 1   # an awaiting task's Waiter, or a callback added in an event loop
 _F_CALLBACKS = 2  # done callbacks, for _run_callbacks
+_F_FINISHED = 4   # (_finish_locked) it was done already: nothing changed
 
 
 def _asyncio_loop(fn: Callable[[Any], object]) -> Any:
@@ -948,7 +988,7 @@ class FutureCore:
                  "_loop_waits", "_cond", "_call", "_source", "_target", "_delivery")
 
     def __init__(self, source: Any, call: Any) -> None:
-        self._lock = _Lock()
+        self._lock: Any = CLock() if cython.compiled else _Lock()
         self._state = RUNNING
         self._result: Any = None
         self._exception: BaseException | None = None
@@ -1041,29 +1081,38 @@ class FutureCore:
         return self._finish(result, exc) != 0
 
     def _finish(self, result: Any, exc: BaseException | None) -> int:
-        follow = 0
-        with self._lock:  # (`with`, not acquire(): an interrupt cannot come in between)
-            finished = self._state is FINISHED
-            if not finished:
-                self._result = result
-                self._exception = exc
-                self._state = FINISHED
-                self._call = None  # (the call holds this future)
-                if self._waiting:
-                    for waiter in self._waiting:
-                        if exc is None:
-                            waiter.add_result(self)
-                        else:
-                            waiter.add_exception(self)
-                if self._cond is not None:
-                    self._cond.notify_all()
-                if self._target is not None or self._loop_waits is not None:
-                    follow = _F_HAND_OFF
-                if self._done_callbacks is not None:
-                    follow |= _F_CALLBACKS
-        if finished:  # (raised here: the repr takes the lock)
+        # (compiled: the CLock in C; plain: `with`, not acquire(), so that no interrupt
+        # comes in between)
+        if cython.compiled:
+            self._lock._acquire()
+            try:
+                follow = self._finish_locked(result, exc)
+            finally:
+                self._lock._release()
+        else:
+            with self._lock:
+                follow = self._finish_locked(result, exc)
+        if follow == _F_FINISHED:  # (raised here: the repr takes the lock)
             raise _InvalidStateError(f"{FINISHED}: {self!r}")
         return follow
+
+    def _finish_locked(self, result: Any, exc: BaseException | None) -> int:
+        """_finish, holding ``_lock``: _F_FINISHED if it was done already."""
+        if self._state is FINISHED:
+            return _F_FINISHED
+        self._result = result
+        self._exception = exc
+        self._state = FINISHED
+        self._call = None  # (the call holds this future)
+        if self._waiting:
+            for waiter in self._waiting:
+                if exc is None:
+                    waiter.add_result(self)
+                else:
+                    waiter.add_exception(self)
+        if self._cond is not None:
+            self._cond.notify_all()
+        return self._follow()
 
     def _hand_off(self) -> None:
         """Once done: hand the outcome to the tasks that await it and schedule asyncio's
@@ -1200,16 +1249,15 @@ class FutureCore:
             wakeups = delivery.wakeups = LoopWakeups(delivery)
         target = Waiter(loop, wakeups)
         source = self._source
-        with self._lock:
-            finished = self._state is FINISHED
-            if not finished:
-                if self._target is None:
-                    self._target = target
-                    self._delivery = delivery
-                elif self._loop_waits is None:  # a second task awaits it
-                    self._loop_waits = [(delivery, target)]
-                else:
-                    self._loop_waits.append((delivery, target))
+        if cython.compiled:  # (as in _finish)
+            self._lock._acquire()
+            try:
+                finished = self._attach(target, delivery)
+            finally:
+                self._lock._release()
+        else:
+            with self._lock:
+                finished = self._attach(target, delivery)
         if finished:  # done meanwhile
             return _finished(self)
         awaiting = delivery.awaiting  # a future of source is awaited: read for it
@@ -1217,6 +1265,21 @@ class FutureCore:
         if source not in delivery.reading:
             delivery._read(source)
         return target  # (its own iterator)
+
+
+    def _attach(self, target: Waiter, delivery: Any) -> bool:
+        """__await__, holding ``_lock``: ``target``, the Waiter of a task of ``delivery``'s
+        loop, is told the outcome; or True, and nothing done, if it is done already."""
+        if self._state is FINISHED:
+            return True
+        if self._target is None:
+            self._target = target
+            self._delivery = delivery
+        elif self._loop_waits is None:  # a second task awaits it
+            self._loop_waits = [(delivery, target)]
+        else:
+            self._loop_waits.append((delivery, target))
+        return False
 
 
 def _complete_one(fut: FutureCore, value: Any, error: BaseException | None,

@@ -194,8 +194,9 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
     # an RLock and a waiter deque: ~2 us) for every future; most RPCFutures are only awaited
     # or only done-called, and no thread ever sleeps on them. Here every state change and
     # every read that must not miss one (state, result, callbacks, waiters, the awaiting
-    # loop's future) happens under ``_lock``, a plain Lock; the Condition is built on that
-    # same lock, on first use, by whichever thread is about to sleep on it (``_condition``).
+    # loop's future) happens under ``_lock``, a plain lock (compiled a CLock, else a
+    # threading.Lock); the Condition is built on that same lock, on first use, by
+    # whichever thread is about to sleep on it (``_condition``).
     # The handshake with the completing thread is then that of any monitor:
     #   - the completer, holding _lock, sets FINISHED and, if a Condition exists by then,
     #     notifies it;
@@ -209,7 +210,7 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
     # ``_core.FutureCore`` holds the state and does the completing and the awaiting.
 
     # (its fields, for the type checker: annotations only, no class attributes)
-    _lock: threading.Lock
+    _lock: Any  # (threading.Lock's acquire, release, locked and `with`)
     _cond: threading.Condition | None
     _state: str
     _result: Any
