@@ -4,14 +4,22 @@
 # compiled, the .py runs as it reads, and this file plays no part.
 
 cimport cython
-from cpython.pythread cimport PyLockStatus, PyThread_type_lock
+from posix.time cimport timespec
 
 cdef extern from "pythread.h":
-    # (as CPython 3.7+ declares them; Cython's cpython.pythread has the ident as a long and
-    # lacks the timed acquire)
+    # (as CPython 3.7+ declares it; Cython's cpython.pythread has the ident as a long)
     unsigned long PyThread_get_thread_ident()
-    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock, long long microseconds,
-                                             int intr_flag) nogil
+
+cdef extern from "<semaphore.h>" nogil:
+    # (sem_clockwait: glibc 2.30+, declared where _GNU_SOURCE is, as Python.h defines it)
+    ctypedef struct sem_t:
+        pass
+    int sem_init(sem_t*, int pshared, unsigned int value)
+    int sem_destroy(sem_t*)
+    int sem_trywait(sem_t*)
+    int sem_wait(sem_t*)
+    int sem_clockwait(sem_t*, int clock, const timespec* until)
+    int sem_post(sem_t*)
 
 cdef int _MORE, _ALL_OK, _ANSWERED, _LEAVE
 cdef int _W_PENDING, _W_DONE, _W_CANCELLED
@@ -27,12 +35,12 @@ cdef object _running_loop()
 
 @cython.final
 cdef class CLock:
-    cdef PyThread_type_lock _c_lock
+    cdef sem_t _sem
 
     cdef bint _try(self) except -1
     cdef _acquire(self)
     cdef bint _acquire_within(self, double timeout) except -1
-    @cython.locals(us=cython.longlong, status=int)
+    @cython.locals(r=int, err=int)
     cdef bint _wait(self, double until) except -1
     cdef _release(self)
 

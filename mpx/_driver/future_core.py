@@ -49,19 +49,16 @@ except ImportError:  # Cython is a build dependency only: plain Python needs cyt
 
 if cython.compiled:  # the C lock (CLock), the thread's ident, frexp
     from cython.cimports.cpython.exc import PyErr_CheckSignals
-    from cython.cimports.cpython.pythread import (
-        NOWAIT_LOCK,
-        PY_LOCK_ACQUIRED,
-        PY_LOCK_INTR,
-        PyThread_acquire_lock,
-        PyThread_allocate_lock,
-        PyThread_free_lock,
-        PyThread_release_lock,
-    )
+    from cython.cimports.libc.errno import EINTR, ETIMEDOUT, errno
     from cython.cimports.libc.math import frexp
     from cython.cimports.mpx._driver.future_core import (  # (its .pxd)
-        PyThread_acquire_lock_timed,
         PyThread_get_thread_ident,
+        sem_clockwait,
+        sem_destroy,
+        sem_init,
+        sem_post,
+        sem_trywait,
+        sem_wait,
     )
     from cython.cimports.posix.time import CLOCK_MONOTONIC, clock_gettime, timespec
 
@@ -159,50 +156,61 @@ class CLock:
     (Ctrl-C) ends the wait, with the lock not taken. (Plain Python takes a threading.Lock
     instead: this class's methods would be Python there.)"""
 
-    __slots__ = ("_c_lock",)
+    __slots__ = ("_sem",)
+    _sem: Any  # (a C sem_t: the .pxd's)
+
+    # A POSIX semaphore of one, as CPython's own locks are on Linux, held here rather than
+    # behind PyThread_acquire_lock, which reads the clock on every acquire, even one that
+    # does not wait (3.11, HAVE_SEM_CLOCKWAIT): a free lock is taken with one atomic.
+
+    def __cinit__(self) -> None:  # (compiled only: plain Python never makes one)
+        if sem_init(cython.address(self._sem), 0, 1) != 0:
+            raise OSError(errno, "sem_init failed for a CLock")
 
     def __init__(self) -> None:
         if not cython.compiled:
             raise TypeError("CLock is the compiled core's; plain Python takes a "
                             "threading.Lock")
-        self._c_lock = PyThread_allocate_lock()
-        if not self._c_lock:
-            raise MemoryError("no C lock")
 
     def __dealloc__(self) -> None:
-        if self._c_lock:
-            PyThread_free_lock(self._c_lock)
+        sem_destroy(cython.address(self._sem))
 
     def _try(self) -> bool:
         """Take it if it is free, without waiting."""
-        return PyThread_acquire_lock(self._c_lock, NOWAIT_LOCK) == 1
+        return sem_trywait(cython.address(self._sem)) == 0
 
     def _acquire(self) -> None:
         self._wait(-1.0)
 
     def _acquire_within(self, timeout: float) -> bool:
-        return self._wait(_monotonic() + timeout)
+        return self._wait(_now() + timeout)
 
     def _wait(self, until: float) -> bool:
         """Take it, waiting until monotonic ``until`` at most (< 0: no limit)."""
         if self._try():
             return True
+        ts = cython.declare(timespec)
+        if until >= 0:
+            ts.tv_sec = int(until)
+            ts.tv_nsec = int((until - ts.tv_sec) * 1e9)
         while True:
-            us = -1
-            if until >= 0:
-                us = int((until - _monotonic()) * 1e6)
-                if us <= 0:
-                    return self._try()
             with cython.nogil:
-                status = PyThread_acquire_lock_timed(self._c_lock, us, 1)
-            if status == PY_LOCK_ACQUIRED:
+                if until >= 0:
+                    r = sem_clockwait(cython.address(self._sem), CLOCK_MONOTONIC,
+                                      cython.address(ts))
+                else:
+                    r = sem_wait(cython.address(self._sem))
+                err = errno
+            if r == 0:
                 return True
-            if status != PY_LOCK_INTR:
+            if err == ETIMEDOUT:
                 return False
+            if err != EINTR:
+                raise OSError(err, "waiting for a CLock failed")
             PyErr_CheckSignals()  # (raises what a handler raised: nothing is held)
 
     def _release(self) -> None:
-        PyThread_release_lock(self._c_lock)
+        sem_post(cython.address(self._sem))
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Take it, as threading.Lock.acquire does: without waiting unless ``blocking``,
@@ -988,7 +996,11 @@ class FutureCore:
                  "_loop_waits", "_cond", "_call", "_source", "_target", "_delivery")
 
     def __init__(self, source: Any, call: Any) -> None:
-        self._lock: Any = CLock() if cython.compiled else _Lock()
+        self._lock: Any
+        if cython.compiled:
+            self._lock = CLock.__new__(CLock)  # (tp_new, no call of the type)
+        else:
+            self._lock = _Lock()
         self._state = RUNNING
         self._result: Any = None
         self._exception: BaseException | None = None
