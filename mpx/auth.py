@@ -22,7 +22,10 @@ class Signer:
     __slots__ = ("_keyed",)
 
     def __init__(self, key: bytes) -> None:
-        self._keyed = hmac.new(key, digestmod=hashlib.sha256)
+        keyed = hmac.new(key, digestmod=hashlib.sha256)
+        # OpenSSL's HMAC inside it where there is one: its copy, update and digest are C
+        # calls (hmac.HMAC's are Python: ~0.45 us more per frame)
+        self._keyed = getattr(keyed, "_hmac", None) or keyed
 
     def digest(self, data) -> bytes:
         """HMAC-SHA256 of ``data``."""
