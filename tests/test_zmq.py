@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import signal
 import socket
@@ -127,6 +128,45 @@ def test_a_process_s_ends_share_one_io_thread_and_a_second_writer_has_its_own(cf
             e.close()
     # the last end out terminated each context: no I/O thread is left behind
     assert _procs.until(lambda: _zmq_io_threads() == base, 5)
+
+
+def _in_a_fork(inherited, cfg, conn):
+    """(forked child) New ends work on a context of the child's own; closing what it
+    inherited terminates nothing (it would wait forever: the parent's I/O thread is not
+    here)."""
+    q = mpx.MessageQueue(1, 0, config=cfg)
+    r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
+    q.wait_until_ready(10)
+    q.enqueue("in the child")
+    got = r.dequeue(timeout=5)
+    r.close()
+    q.close()
+    for end in inherited:
+        end.close()
+    conn.send(got)
+
+
+def test_a_forked_child_makes_its_own_context_and_leaves_the_parent_s_alone(cfg):
+    q = mpx.MessageQueue(1, 0, config=cfg)
+    r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
+    fork = multiprocessing.get_context("fork")
+    here, there = fork.Pipe()
+    child = fork.Process(target=_in_a_fork, args=((q, r), cfg, there))
+    try:
+        q.wait_until_ready(10)
+        child.start()
+        assert here.poll(30), "the forked child hung"
+        assert here.recv() == "in the child"
+        child.join(10)
+        assert child.exitcode == 0
+        q.enqueue("still the parent's")
+        assert r.dequeue(timeout=5) == "still the parent's"
+    finally:
+        if child.pid is not None and child.exitcode is None:
+            child.kill()
+            child.join(5)
+        r.close()
+        q.close()
 
 
 def test_a_zmq_worker_runs_one_io_thread_and_the_driver_keeps_none_after_shutdown():

@@ -140,12 +140,16 @@ class _Contexts:
     (their linger). A writer's ZAP handler is bound in its context, one per context: so the
     shared context serves one writer at a time, and a second live writer of the process (a
     queue re-formed beside the old one, a test's several queues) gets a context of its own,
-    terminated when it closes. A child forked with ends open makes its own context; what
-    it inherited it never terminates. The lock guards the counts; nothing waits under it."""
+    terminated when it closes. A forked child starts afresh (``forget``); what it inherited
+    it never terminates. The lock guards the counts; nothing waits under it."""
 
     def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """Start afresh, sharing nothing (in a forked child: the parent's context has no
+        I/O thread here, and the lock may have been held by a thread that is not)."""
         self._lock = threading.Lock()
-        self._pid = -1
         self._shared: zmq.Context | None = None
         self._users = 0
         self._has_writer = False
@@ -153,8 +157,6 @@ class _Contexts:
     def take(self, writer: bool) -> zmq.Context:
         """A context for a new end (``writer``: one that binds a ZAP handler in it)."""
         with self._lock:
-            if self._pid != os.getpid():
-                self._pid, self._shared, self._users, self._has_writer = os.getpid(), None, 0, False
             if writer and self._has_writer:
                 return zmq.Context(io_threads=1)
             if self._shared is None:
@@ -163,12 +165,14 @@ class _Contexts:
             self._has_writer |= writer
             return self._shared
 
-    def give_back(self, ctx: zmq.Context, writer: bool) -> None:
-        """``ctx``, taken by an end whose sockets are all closed now: terminated if it was
-        that end's own or the shared one's last user (waiting for what lingers)."""
+    def give_back(self, ctx: zmq.Context, writer: bool, taken_in: int) -> None:
+        """``ctx``, taken in process ``taken_in`` by an end whose sockets are all closed now:
+        terminated if it was that end's own or the shared one's last user (waiting for
+        what lingers). In another process (a fork's child), nothing: a context inherited
+        across a fork has no I/O thread there, and terminating it would wait forever."""
+        if taken_in != os.getpid():
+            return
         with self._lock:
-            if self._pid != os.getpid():
-                return  # (inherited across a fork)
             if ctx is self._shared:
                 self._users -= 1
                 if writer:
@@ -180,6 +184,7 @@ class _Contexts:
 
 
 _CONTEXTS = _Contexts()
+os.register_at_fork(after_in_child=_CONTEXTS.forget)
 
 
 def _configure(sock: zmq.Socket, config: Config) -> None:
@@ -234,7 +239,7 @@ class ZmqWriter(Writer):
         self.need = len(self.ranks) if need is None else need
         self._signer = Signer(config.auth_key.encode())
         self.token = secrets.randbits(63)
-        self._ctx = _CONTEXTS.take(writer=True)
+        self._ctx, self._ctx_pid = _CONTEXTS.take(writer=True), os.getpid()
         try:
             self._open(config, host)
         except BaseException:
@@ -430,7 +435,7 @@ class ZmqWriter(Writer):
             zap.close()
         if sock is not None:
             sock.close(linger=linger_ms)
-        _CONTEXTS.give_back(self._ctx, writer=True)
+        _CONTEXTS.give_back(self._ctx, True, self._ctx_pid)
 
 
 @dataclasses.dataclass(slots=True)  # (not frozen: its __init__ then costs ~1 us less)
@@ -465,7 +470,7 @@ class ZmqReader(Reader):
         self.token = info["token"]
         self.endpoint = info["endpoint"]
         self._heartbeat_s = info.get("heartbeat_s", config.heartbeat_s)
-        self._ctx = _CONTEXTS.take(writer=False)
+        self._ctx, self._ctx_pid = _CONTEXTS.take(writer=False), os.getpid()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock, config)
         # (its first byte not 0: libzmq keeps those for the ids it makes up)
@@ -774,4 +779,4 @@ class ZmqReader(Reader):
         self._sock.disable_monitor()
         self._monitor.close(linger=0)
         self._sock.close(linger=0)
-        _CONTEXTS.give_back(self._ctx, writer=False)
+        _CONTEXTS.give_back(self._ctx, False, self._ctx_pid)
