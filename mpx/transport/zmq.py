@@ -24,14 +24,14 @@ which libzmq refuses every new connection at its handshake. So a storm of connec
 nothing (an idle writer reads nothing, and each connection let in held ~20 KiB until read),
 and a reader whose connection drops is not let back in: its heartbeat declares it lost.
 
-A process's ends share one ZeroMQ context (``_Contexts``), so that one I/O thread carries
-both directions of its traffic; a second writer alive at once gets a context of its own.
-
-What a writer has written reaches its readers even when its process exits next: the close()
-that ends a context's last end waits (up to ``Config.heartbeat_s``) for the messages still
-queued to leave (a writer closed before the process's other ends leaves them to the I/O
-thread, which sends them while those ends are open), and a reader drained after its
-writer's death (``Reader.drain``) reads what was on its way.
+What a writer has written reaches its readers even when its process exits next: close()
+waits (up to ``Config.heartbeat_s``) for the messages still queued to leave, and a reader
+drained after its writer's death (``Reader.drain``) reads what was on its way. So each
+writer has a ZeroMQ context of its own, which its close() terminates: libzmq waits for what
+a socket still holds only when its context is terminated, which it can be only once every
+socket in it is closed. (One context for all of a process's ends would spare a wake-up of
+a second I/O thread per message, but then a writer closed while its process's other ends
+stay open, as when a worker's output thread ends the worker, could not wait.)
 
 High-water marks never drop a call: the writer sends with ROUTER_MANDATORY, so a full
 pipe to a slow reader makes it wait (until its deadline, then QueueTimeout naming the rank)
@@ -129,64 +129,6 @@ def split(parts: Iterable, size: int, total: int) -> Iterator[list]:
         yield chunk
 
 
-class _Contexts:
-    """The ZeroMQ context that a process's queue ends share, so that one I/O thread carries
-    a process's sends and receives: a worker's calls in and its replies out, a driver's
-    calls out and its replies in (with a context per end, each message woke a second I/O
-    thread: ~0.4 more thread wake-ups per call on each side, ~20% of a no-op's round trip).
-
-    Each end takes a context when it is made and gives it back once its sockets are closed;
-    the last one out terminates it, which waits for what the writers' sockets still hold
-    (their linger). A writer's ZAP handler is bound in its context, one per context: so the
-    shared context serves one writer at a time, and a second live writer of the process (a
-    queue re-formed beside the old one, a test's several queues) gets a context of its own,
-    terminated when it closes. A forked child starts afresh (``forget``); what it inherited
-    it never terminates. The lock guards the counts; nothing waits under it."""
-
-    def __init__(self) -> None:
-        self.forget()
-
-    def forget(self) -> None:
-        """Start afresh, sharing nothing (in a forked child: the parent's context has no
-        I/O thread here, and the lock may have been held by a thread that is not)."""
-        self._lock = threading.Lock()
-        self._shared: zmq.Context | None = None
-        self._users = 0
-        self._has_writer = False
-
-    def take(self, writer: bool) -> zmq.Context:
-        """A context for a new end (``writer``: one that binds a ZAP handler in it)."""
-        with self._lock:
-            if writer and self._has_writer:
-                return zmq.Context(io_threads=1)
-            if self._shared is None:
-                self._shared = zmq.Context(io_threads=1)
-            self._users += 1
-            self._has_writer |= writer
-            return self._shared
-
-    def give_back(self, ctx: zmq.Context, writer: bool, taken_in: int) -> None:
-        """``ctx``, taken in process ``taken_in`` by an end whose sockets are all closed now:
-        terminated if it was that end's own or the shared one's last user (waiting for
-        what lingers). In another process (a fork's child), nothing: a context inherited
-        across a fork has no I/O thread there, and terminating it would wait forever."""
-        if taken_in != os.getpid():
-            return
-        with self._lock:
-            if ctx is self._shared:
-                self._users -= 1
-                if writer:
-                    self._has_writer = False
-                if self._users:
-                    return
-                self._shared = None
-        ctx.term()
-
-
-_CONTEXTS = _Contexts()
-os.register_at_fork(after_in_child=_CONTEXTS.forget)
-
-
 def _configure(sock: zmq.Socket, config: Config) -> None:
     # TCP keepalive, not ZMTP heartbeats: libzmq 4.3 aborts (session_base.cpp:233) when a
     # heartbeat meets a full pipe, which ROUTER_MANDATORY with a small HWM makes routine.
@@ -239,17 +181,8 @@ class ZmqWriter(Writer):
         self.need = len(self.ranks) if need is None else need
         self._signer = Signer(config.auth_key.encode())
         self.token = secrets.randbits(63)
-        self._ctx, self._ctx_pid = _CONTEXTS.take(writer=True), os.getpid()
-        try:
-            self._open(config, host)
-        except BaseException:
-            self._close_sockets(0)
-            raise
-        self._peers: dict[int, bytes] = {}    # rank -> routing id
-        self._seq = 0
-        self.drops = _DropLog(f"queue writer {self.endpoint}")
-
-    def _open(self, config: Config, host: str) -> None:
+        # a context of its own: close() waits on it for the last messages to leave
+        self._ctx: zmq.Context = zmq.Context(io_threads=1)
         self._sock = self._ctx.socket(zmq.ROUTER)
         _configure(self._sock, config)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -271,6 +204,9 @@ class ZmqWriter(Writer):
         self._sock.setsockopt(zmq.RCVHWM, _CONTROL_HWM)
         port = self._sock.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
+        self._peers: dict[int, bytes] = {}    # rank -> routing id
+        self._seq = 0
+        self.drops = _DropLog(f"queue writer {self.endpoint}")
 
     def handle_info(self) -> dict[str, Any]:
         return dict(endpoint=self.endpoint, token=self.token, zmq_ranks=tuple(self.ranks),
@@ -427,15 +363,10 @@ class ZmqWriter(Writer):
         # the messages still queued go out first: this process may exit next (a worker
         # whose call ended it, right after its reply); a reader that takes nothing for
         # heartbeat_s is lost, and what is queued for it with it
-        self._close_sockets(int(self.config.heartbeat_s * 1000))
-
-    def _close_sockets(self, linger_ms: int) -> None:
-        zap, sock = getattr(self, "_zap", None), getattr(self, "_sock", None)
-        if zap is not None:
-            zap.close()
-        if sock is not None:
-            sock.close(linger=linger_ms)
-        _CONTEXTS.give_back(self._ctx, True, self._ctx_pid)
+        if self._zap is not None:
+            self._zap.close()
+        self._sock.close(linger=int(self.config.heartbeat_s * 1000))
+        self._ctx.term()
 
 
 @dataclasses.dataclass(slots=True)  # (not frozen: its __init__ then costs ~1 us less)
@@ -470,7 +401,7 @@ class ZmqReader(Reader):
         self.token = info["token"]
         self.endpoint = info["endpoint"]
         self._heartbeat_s = info.get("heartbeat_s", config.heartbeat_s)
-        self._ctx, self._ctx_pid = _CONTEXTS.take(writer=False), os.getpid()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock, config)
         # (its first byte not 0: libzmq keeps those for the ids it makes up)
@@ -779,4 +710,3 @@ class ZmqReader(Reader):
         self._sock.disable_monitor()
         self._monitor.close(linger=0)
         self._sock.close(linger=0)
-        _CONTEXTS.give_back(self._ctx, False, self._ctx_pid)
