@@ -10,6 +10,8 @@ import struct
 import time
 import zlib
 
+import numpy as np
+
 import mpx
 
 
@@ -227,3 +229,16 @@ def echo_object(conn):
     """Receive one object and send it back (it crosses two process boundaries)."""
     conn.send(conn.recv())
     conn.close()
+
+
+def write_then_exit(handle, cfg, nbytes, conn):
+    """With a reader of ``handle``'s queue open, write ``nbytes``, close the writer and leave
+    at once: close() must not return before the message has left."""
+    keep_open = mpx.MessageQueue.create_from_handle(handle, 0, config=cfg)
+    w = mpx.MessageQueue(1, 0, config=cfg)
+    conn.send(w.export_handle())
+    w.wait_until_ready(10)
+    keep_open.wait_until_ready(10)
+    w.enqueue(np.full(nbytes, 7, dtype=np.uint8))
+    w.close()
+    os._exit(0)  # (no finalizer, and the reader still open: the process is simply gone)

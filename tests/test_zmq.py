@@ -11,9 +11,11 @@ import threading
 import time
 
 import _procs
+import _workers
 import numpy as np
 import pytest
 import zmq
+from _env import START_METHOD
 
 import mpx
 from mpx import auth
@@ -70,9 +72,80 @@ def test_transport_zmq_for_local_readers(cfg):
             r.close()
 
 
+def _zmq_io_threads(pid: int | str = "self") -> int:
+    """How many libzmq I/O threads process ``pid`` runs (one per live context)."""
+    names = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:
+            pass  # (ended meanwhile)
+    return sum(n.startswith("ZMQbg/IO") for n in names)
+
+
+def _at_rest(cfg) -> int:
+    """_zmq_io_threads() once a queue was opened, used and closed: the first tracked send of a
+    process (ZmqWriter._flush) starts pyzmq's garbage collector, whose context stays."""
+    with mpx.MessageQueue(1, 0, config=cfg) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
+        q.wait_until_ready(10)
+        q.enqueue(0)
+        r.dequeue(timeout=5)
+        r.close()
+    return _zmq_io_threads()
+
+
+def test_a_process_s_ends_share_one_io_thread_and_a_second_writer_has_its_own(cfg):
+    base = _at_rest(cfg)
+    q1 = mpx.MessageQueue(1, 0, config=cfg)
+    ends = [q1]
+    try:
+        r1 = mpx.MessageQueue.create_from_handle(q1.export_handle(), 0, config=cfg)
+        ends.append(r1)
+        # (a thread names itself once it runs: hence the waits)
+        assert _procs.until(lambda: _zmq_io_threads() == base + 1, 5)  # writer and reader: one
+        time.sleep(0.05)
+        assert _zmq_io_threads() == base + 1
+        # a second writer alive beside the first binds a ZAP handler of its own: its own context
+        q2 = mpx.MessageQueue(1, 0, config=cfg)
+        ends.append(q2)
+        r2 = mpx.MessageQueue.create_from_handle(q2.export_handle(), 0, config=cfg)
+        ends.append(r2)
+        assert _procs.until(lambda: _zmq_io_threads() == base + 2, 5)
+        for q, r, tag in ((q1, r1, "one"), (q2, r2, "two")):
+            q.wait_until_ready(10)
+            q.enqueue((tag, np.arange(5)))
+            got = r.dequeue(timeout=5)
+            assert got[0] == tag and (got[1] == np.arange(5)).all()
+        # the second writer still refuses readers that come after it was ready
+        late = mpx.MessageQueue.create_from_handle(q2.export_handle(), 0, config=cfg)
+        ends.append(late)
+        q2.enqueue("after")
+        with pytest.raises(mpx.QueueTimeout):
+            late.dequeue(timeout=0.5)
+        assert r2.dequeue(timeout=5) == "after"
+        q1.close()
+        r1.close()
+        # the first writer gone, a new one takes the shared context (and its ZAP handler)
+        q3 = mpx.MessageQueue(1, 0, config=cfg)
+        ends.append(q3)
+        r3 = mpx.MessageQueue.create_from_handle(q3.export_handle(), 0, config=cfg)
+        ends.append(r3)
+        q3.wait_until_ready(10)
+        q3.enqueue(3)
+        assert r3.dequeue(timeout=5) == 3
+    finally:
+        for e in reversed(ends):
+            e.close()
+    # the last end out terminated each context: no I/O thread is left behind
+    assert _procs.until(lambda: _zmq_io_threads() == base, 5)
+
+
 def _in_a_fork(inherited, cfg, conn):
-    """(forked child) New ends work; closing what it inherited terminates no context of the
-    parent's (it would wait forever: the parent's I/O threads are not here)."""
+    """(forked child) New ends work on a context of the child's own; closing what it
+    inherited terminates nothing (it would wait forever: the parent's I/O thread is not
+    here)."""
     q = mpx.MessageQueue(1, 0, config=cfg)
     r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
     q.wait_until_ready(10)
@@ -106,6 +179,47 @@ def test_a_forked_child_closes_what_it_inherited_without_hanging(cfg):
             child.join(5)
         r.close()
         q.close()
+
+
+def test_a_zmq_worker_runs_one_io_thread_and_the_driver_keeps_none_after_shutdown():
+    base = _at_rest(mpx.Config(auth_key=KEY, heartbeat_s=1.0))
+    ex = mpx.Executor(_workers.Echo, 1, transport="zmq", auth_key=KEY, heartbeat_s=1.0,
+                      start_method=START_METHOD, startup_timeout_s=60)
+    try:
+        assert ex.collective_rpc("mul", args=(3,)) == [3]
+        # the worker's call reader and reply writer share one context, as do the driver's
+        # broadcast writer and reply reader
+        assert _zmq_io_threads(ex.worker_pids[0]) == 1
+        assert _procs.until(lambda: _zmq_io_threads() == base + 1, 5)
+    finally:
+        ex.shutdown()
+    assert _procs.until(lambda: _zmq_io_threads() == base, 5)
+
+
+@pytest.mark.parametrize("nbytes", [100, 3 << 20])
+def test_a_writer_closed_before_its_process_s_other_ends_still_delivers(ctx, cfg, nbytes):
+    small = dataclasses.replace(cfg, max_chunks=2)  # (much of the message still queued)
+    with mpx.MessageQueue(1, 0, config=small) as calls:
+        here, there = ctx.Pipe()
+        child = ctx.Process(target=_procs.with_key,
+                            args=(KEY, _procs.write_then_exit, calls.export_handle(), small, nbytes,
+                                  there))
+        child.start()
+        try:
+            assert here.poll(30)
+            r = mpx.MessageQueue.create_from_handle(here.recv(), 0, config=small)
+            try:
+                calls.wait_until_ready(10)
+                got = r.dequeue(timeout=30)
+                assert got.nbytes == nbytes and (got == 7).all()
+            finally:
+                r.close()
+            child.join(10)
+            assert child.exitcode == 0
+        finally:
+            if child.exitcode is None:
+                child.kill()
+                child.join(5)
 
 
 def test_no_key_refuses_unless_insecure_allowed():
