@@ -174,9 +174,9 @@ class _Contexts:
 
     def give_back(self, ctx: zmq.Context, writer: bool, taken_in: int) -> None:
         """``ctx``, taken in process ``taken_in`` by an end whose sockets are all closed now:
-        terminated if it was that end's own or the shared one's last user (waiting for
-        what lingers). In another process (a fork's child), nothing: a context inherited
-        across a fork has no I/O thread there, and terminating it would wait forever."""
+        terminated if it was that end's own or the shared one's last user. In another
+        process (a fork's child), nothing: a context inherited across a fork has no I/O
+        thread there, and terminating it would wait forever."""
         if taken_in != os.getpid():
             return
         with self._lock:
