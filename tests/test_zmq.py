@@ -181,7 +181,7 @@ def test_a_forked_child_closes_what_it_inherited_without_hanging(cfg):
         q.close()
 
 
-def test_a_zmq_worker_runs_one_io_thread_and_the_driver_keeps_none_after_shutdown():
+def test_a_zmq_worker_runs_one_io_thread_and_the_driver_s_context_ends_at_shutdown():
     base = _at_rest(mpx.Config(auth_key=KEY, heartbeat_s=1.0))
     ex = mpx.Executor(_workers.Echo, 1, transport="zmq", auth_key=KEY, heartbeat_s=1.0,
                       start_method=START_METHOD, startup_timeout_s=60)

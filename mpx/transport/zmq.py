@@ -254,6 +254,7 @@ class ZmqWriter(Writer):
             raise
         self._peers: dict[int, bytes] = {}    # rank -> routing id
         self._seq = 0
+        self._flushing = False  # (close(): see _flush)
         self.drops = _DropLog(f"queue writer {self.endpoint}")
 
     def _open(self, config: Config, host: str) -> None:
@@ -389,7 +390,10 @@ class ZmqWriter(Writer):
             finally:
                 self._seq += 1  # also when given up part way: readers drop the partial message
 
-    def _send(self, rank: int, frame: bytes, deadline_ns: int) -> None:
+    def _send(self, rank: int, frame: bytes, deadline_ns: int, track: bool = False) -> Any:
+        """Send ``frame`` to reader ``rank``, waiting for room until ``deadline_ns``; a frame
+        of ``_COPY_MAX`` bytes or more goes without a copy, and with ``track``, its tracker
+        is returned. Shutdown ends the wait (Cancelled), but for close()'s own _flush."""
         peer, sock = self._peers[rank], self._sock
         small = len(frame) < _COPY_MAX
         credit_taken = False
@@ -401,8 +405,9 @@ class ZmqWriter(Writer):
                     sock.send(peer, _MORE_NOBLOCK)
                     sock.send(frame, _NOBLOCK)
                 else:
-                    sock.send_multipart([peer, frame], zmq.NOBLOCK, copy=False)
-                return
+                    return sock.send_multipart([peer, frame], zmq.NOBLOCK, copy=False,
+                                               track=track)
+                return None
             except zmq.Again:
                 # That reader's pipe is full, or looks full: libzmq passes the credit for
                 # what the reader took to this socket as a command, which a send processes
@@ -418,7 +423,7 @@ class ZmqWriter(Writer):
                     raise PeerDiedError(f"remote reader rank {rank} disconnected (died, or its "
                                         "link was cut)", role="reader", rank=rank) from None
                 raise
-            if self._shut:
+            if self._shut and not self._flushing:
                 raise Cancelled("enqueue cancelled: the queue was shut down")
             if 0 <= deadline_ns <= time.monotonic_ns():
                 raise QueueTimeout(f"enqueue timed out: remote reader rank {rank} is not "
@@ -448,38 +453,20 @@ class ZmqWriter(Writer):
         frame = self._signer.seal(_HEADER.pack(MAGIC, VERSION, 0, self.token, self._seq, 0, 0, 0),
                                   (_END_PAD,))
         trackers = []
-        for peer in self._peers.values():
-            for track in (False, True):
-                sent = self._send_end(peer, frame, track, deadline_ns)
-                if sent is None:
-                    return  # (the deadline)
-                if sent is False:
-                    break  # gone: nothing more reaches it
-                if track:
-                    trackers.append(sent)
+        self._flushing = True  # (close() has shut the end down: _send waits all the same)
+        for rank in list(self._peers):
+            try:
+                self._send(rank, frame, deadline_ns)
+                trackers.append(self._send(rank, frame, deadline_ns, track=True))
+            except PeerDiedError:
+                continue  # gone: nothing more reaches it
+            except QueueTimeout:
+                return
         for tracker in trackers:
             try:
                 tracker.wait(max((deadline_ns - time.monotonic_ns()) / 1e9, 0.0))
             except zmq.NotDone:
                 return
-
-    def _send_end(self, peer: bytes, frame: bytes, track: bool, deadline_ns: int) -> Any:
-        """Send ``frame`` to ``peer`` without a copy: its tracker (True if not ``track``),
-        False if the peer is gone, None at the deadline."""
-        while True:
-            try:
-                tracker = self._sock.send_multipart([peer, frame], zmq.NOBLOCK, copy=False,
-                                                    track=track)
-                return tracker if track else True
-            except zmq.Again:
-                self._sock.getsockopt(zmq.EVENTS)  # (the credit for what it took, if any)
-            except zmq.ZMQError as e:
-                if e.errno != zmq.EHOSTUNREACH:
-                    raise
-                return False
-            if time.monotonic_ns() >= deadline_ns:
-                return None
-            time.sleep(_BACKOFF_S)
 
     def _close_sockets(self) -> None:
         zap, sock = getattr(self, "_zap", None), getattr(self, "_sock", None)
