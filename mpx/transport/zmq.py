@@ -254,7 +254,6 @@ class ZmqWriter(Writer):
             raise
         self._peers: dict[int, bytes] = {}    # rank -> routing id
         self._seq = 0
-        self._flushing = False  # (close(): see _flush)
         self.drops = _DropLog(f"queue writer {self.endpoint}")
 
     def _open(self, config: Config, host: str) -> None:
@@ -390,10 +389,12 @@ class ZmqWriter(Writer):
             finally:
                 self._seq += 1  # also when given up part way: readers drop the partial message
 
-    def _send(self, rank: int, frame: bytes, deadline_ns: int, track: bool = False) -> Any:
+    def _send(self, rank: int, frame: bytes, deadline_ns: int, track: bool = False,
+              past_shutdown: bool = False) -> Any:
         """Send ``frame`` to reader ``rank``, waiting for room until ``deadline_ns``; a frame
         of ``_COPY_MAX`` bytes or more goes without a copy, and with ``track``, its tracker
-        is returned. Shutdown ends the wait (Cancelled), but for close()'s own _flush."""
+        is returned. Shutdown ends the wait (Cancelled), unless ``past_shutdown`` (close()'s
+        own _flush: close has shut the end down)."""
         peer, sock = self._peers[rank], self._sock
         small = len(frame) < _COPY_MAX
         credit_taken = False
@@ -423,7 +424,7 @@ class ZmqWriter(Writer):
                     raise PeerDiedError(f"remote reader rank {rank} disconnected (died, or its "
                                         "link was cut)", role="reader", rank=rank) from None
                 raise
-            if self._shut and not self._flushing:
+            if self._shut and not past_shutdown:
                 raise Cancelled("enqueue cancelled: the queue was shut down")
             if 0 <= deadline_ns <= time.monotonic_ns():
                 raise QueueTimeout(f"enqueue timed out: remote reader rank {rank} is not "
@@ -453,11 +454,11 @@ class ZmqWriter(Writer):
         frame = self._signer.seal(_HEADER.pack(MAGIC, VERSION, 0, self.token, self._seq, 0, 0, 0),
                                   (_END_PAD,))
         trackers = []
-        self._flushing = True  # (close() has shut the end down: _send waits all the same)
         for rank in list(self._peers):
             try:
-                self._send(rank, frame, deadline_ns)
-                trackers.append(self._send(rank, frame, deadline_ns, track=True))
+                self._send(rank, frame, deadline_ns, past_shutdown=True)
+                trackers.append(self._send(rank, frame, deadline_ns, track=True,
+                                           past_shutdown=True))
             except PeerDiedError:
                 continue  # gone: nothing more reaches it
             except QueueTimeout:
