@@ -15,6 +15,7 @@ import _workers
 import numpy as np
 import pytest
 import zmq
+import zmq.utils.garbage
 from _env import START_METHOD
 
 import mpx
@@ -84,15 +85,25 @@ def _zmq_io_threads(pid: int | str = "self") -> int:
     return sum(n.startswith("ZMQbg/IO") for n in names)
 
 
-def _at_rest(cfg) -> int:
-    """_zmq_io_threads() once a queue was opened, used and closed: the first tracked send of a
-    process (ZmqWriter._flush) starts pyzmq's garbage collector, whose context stays."""
+def _through_a_new_queue(cfg, obj):
+    """``obj`` as a reader of a queue made for it got it; the queue closed."""
     with mpx.MessageQueue(1, 0, config=cfg) as q:
         r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
-        q.wait_until_ready(10)
-        q.enqueue(0)
-        r.dequeue(timeout=5)
-        r.close()
+        try:
+            q.wait_until_ready(10)
+            q.enqueue(obj)
+            return r.dequeue(timeout=5)
+        finally:
+            r.close()
+
+
+def _at_rest(cfg) -> int:
+    """_zmq_io_threads() once a queue was opened, used and closed: the first tracked send of a
+    process (ZmqWriter._flush) starts pyzmq's garbage collector, whose context stays; its I/O
+    thread is counted once it has named itself (it starts under this thread's name)."""
+    _through_a_new_queue(cfg, 0)
+    collector = 1 if zmq.utils.garbage.gc.is_alive() else 0
+    assert _procs.until(lambda: _zmq_io_threads() >= collector, 5)
     return _zmq_io_threads()
 
 
@@ -146,13 +157,7 @@ def _in_a_fork(inherited, cfg, conn):
     """(forked child) New ends work on a context of the child's own; closing what it
     inherited terminates nothing (it would wait forever: the parent's I/O thread is not
     here)."""
-    q = mpx.MessageQueue(1, 0, config=cfg)
-    r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0, config=cfg)
-    q.wait_until_ready(10)
-    q.enqueue("in the child")
-    got = r.dequeue(timeout=5)
-    r.close()
-    q.close()
+    got = _through_a_new_queue(cfg, "in the child")
     for end in inherited:
         end.close()
     conn.send(got)
