@@ -155,12 +155,17 @@ def test_a_process_s_ends_share_one_io_thread_and_a_second_writer_has_its_own(cf
 
 def _in_a_fork(inherited, cfg, conn):
     """(forked child) New ends work on a context of the child's own; closing what it
-    inherited terminates nothing (it would wait forever: the parent's I/O thread is not
-    here)."""
+    inherited calls nothing of libzmq on its sockets (a send there could wait forever on a
+    lock the parent's I/O thread held at the fork; terminating the context, for that
+    thread, which is not here): sends ``(what the new queue carried, the socket calls
+    the closes made)``."""
     got = _through_a_new_queue(cfg, "in the child")
+    made = []
+    for name in ("send", "send_multipart", "recv", "poll", "getsockopt", "disable_monitor"):
+        setattr(zmq.Socket, name, lambda self, *a, _name=name, **kw: made.append(_name))
     for end in inherited:
         end.close()
-    conn.send(got)
+    conn.send((got, made))
 
 
 def test_a_forked_child_closes_what_it_inherited_without_hanging(cfg):
@@ -173,7 +178,7 @@ def test_a_forked_child_closes_what_it_inherited_without_hanging(cfg):
         q.wait_until_ready(10)
         child.start()
         assert here.poll(30), "the forked child hung"
-        assert here.recv() == "in the child"
+        assert here.recv() == ("in the child", [])
         child.join(10)
         assert child.exitcode == 0
         q.enqueue("still the parent's")

@@ -147,8 +147,10 @@ class _Contexts:
     writer's ZAP handler is bound in its context, one per context: so the
     shared context serves one writer at a time, and a second live writer of the process (a
     queue re-formed beside the old one, a test's several queues) gets a context of its own,
-    terminated when it closes. A forked child starts afresh (``forget``); what it inherited
-    it never terminates. The lock guards the counts; nothing waits under it."""
+    terminated when it closes. A forked child starts afresh (``forget``), and an end it
+    inherited, closed there, calls nothing of libzmq (``_inherited``): its sockets, their I/O
+    thread and the locks inside them are the parent's. The lock guards the counts; nothing
+    waits under it."""
 
     def __init__(self) -> None:
         self.forget()
@@ -172,13 +174,9 @@ class _Contexts:
             self._has_writer |= writer
             return self._shared
 
-    def give_back(self, ctx: zmq.Context, writer: bool, taken_in: int) -> None:
-        """``ctx``, taken in process ``taken_in`` by an end whose sockets are all closed now:
-        terminated if it was that end's own or the shared one's last user. In another
-        process (a fork's child), nothing: a context inherited across a fork has no I/O
-        thread there, and terminating it would wait forever."""
-        if taken_in != os.getpid():
-            return
+    def give_back(self, ctx: zmq.Context, writer: bool) -> None:
+        """``ctx``, taken in this process by an end whose sockets are all closed now:
+        terminated if it was that end's own or the shared one's last user."""
         with self._lock:
             if ctx is self._shared:
                 self._users -= 1
@@ -192,6 +190,16 @@ class _Contexts:
 
 _CONTEXTS = _Contexts()
 os.register_at_fork(after_in_child=_CONTEXTS.forget)
+
+
+def _inherited(taken_in: int) -> bool:
+    """Whether an end made in process ``taken_in`` is closed in another, a fork's child: it
+    must then leave its sockets alone. libzmq is not fork-safe: a send or a monitor's
+    teardown there posts to the parent's I/O thread through a mailbox whose lock that
+    thread may have held at the fork (the child then waits forever), and terminating the
+    inherited context waits for an I/O thread that is not there. pyzmq's close() already
+    does nothing in such a child; the descriptors go with the child."""
+    return taken_in != os.getpid()
 
 
 def _configure(sock: zmq.Socket, config: Config) -> None:
@@ -437,6 +445,8 @@ class ZmqWriter(Writer):
         the readers are not told (that is close())."""
 
     def _release(self) -> None:
+        if _inherited(self._ctx_pid):
+            return
         # the messages still queued go out first: this process may exit next (a worker
         # whose call ended it, right after its reply); a reader that takes nothing for
         # heartbeat_s is lost, and what is queued for it with it
@@ -475,7 +485,7 @@ class ZmqWriter(Writer):
             zap.close()
         if sock is not None:
             sock.close(linger=0)  # (what was to leave has: _flush)
-        _CONTEXTS.give_back(self._ctx, True, self._ctx_pid)
+        _CONTEXTS.give_back(self._ctx, True)
 
 
 @dataclasses.dataclass(slots=True)  # (not frozen: its __init__ then costs ~1 us less)
@@ -818,7 +828,9 @@ class ZmqReader(Reader):
         """Nothing to do: a waiting dequeue polls ``_shut`` every receive timeout."""
 
     def _release(self) -> None:
+        if _inherited(self._ctx_pid):
+            return
         self._sock.disable_monitor()
         self._monitor.close(linger=0)
         self._sock.close(linger=0)
-        _CONTEXTS.give_back(self._ctx, False, self._ctx_pid)
+        _CONTEXTS.give_back(self._ctx, False)
