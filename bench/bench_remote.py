@@ -15,8 +15,12 @@ the leader. Every byte to the follower crosses tcp://127.0.0.1, on the same core
    tcp://127.0.0.1 both ways) vs a pyzmq REQ/REP loop of the same call, pickled, to a child that
    unpickles it, calls kit.Worker's method and sends the pickled reply: what ZeroMQ, pickle and
    the method cost by themselves.                                     target: <= 1.10x that REQ/REP
-   Every side is up at once and timed in alternating blocks. ``--zmq-only`` runs this last
-   comparison alone (~10 s).
+   Every side is up at once and timed in alternating blocks. Then where those two spend their
+   time (informational): the CPU per call of the driver's and the worker's main and ZeroMQ I/O
+   threads (schedstat, over blocks taking turns), and both round trips again with every thread
+   of both sides on one CPU (kit.on_one_cpu), where a round trip is what its threads' work costs
+   one after the other, with no idle CPU to wake. ``--zmq-only`` runs this comparison alone
+   (~15 s).
 2. a 64 MiB torch.float32 tensor (numpy without torch) as the argument of a call to 2 nodes x 2
    ranks: GB/s = the bytes delivered to the remote ranks (2 x 64 MiB) / call time, vs a pyzmq PUSH
    streaming the same bytes to 2 PULL children (copy=False, each acked back).
@@ -49,6 +53,10 @@ import mpx
 from mpx import wire
 
 KEY = secrets.token_hex(32)
+# Where a transport="zmq" no-op's time goes: the CPU per call of each process's threads, measured in
+# this many blocks a side (its rows, in this order).
+SPLIT_BLOCKS = 6
+SPLIT_ROWS = (("driver", "main"), ("driver", "ZeroMQ I/O"), ("worker", "main"), ("worker", "ZeroMQ I/O"))
 PATH = os.pathsep.join([kit.BENCH, kit.ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])
 
 
@@ -206,19 +214,27 @@ class PushPull:
 
 def bench_noop(iters, warm, zmq_only=False):
     """Stats of mpx (2 nodes x 1 rank), REQ/REP, unique_reply_rank=1; then of transport="zmq" and
-    REQ/REP of the pickled call (those two alone with ``zmq_only``)."""
+    REQ/REP of the pickled call (those two alone with ``zmq_only``); then where those two spend
+    their time: (cpu_split of each, their stats with every thread on one CPU)."""
     group = zex = base = calls = None
     try:
         zex = kit.new_executor(1, transport="zmq", startup_timeout_s=kit.SETUP_TIMEOUT)
         calls = ReqRep(_call_rep_child)
-        fns = [lambda: zex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT), lambda: calls.rpc("noop")]
+        sides = [(lambda: zex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT), zex.worker_pids[0]),
+                 (lambda: calls.rpc("noop"), calls.proc.pid)]
+        fns = [fn for fn, _ in sides]
         if not zmq_only:
             group, base = Group(2), ReqRep()
             ex = group.ex
             fns = [lambda: ex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT), base.call,
                    lambda: ex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT, unique_reply_rank=1),
                    *fns]
-        return [kit.stats(v) for v in kit.interleaved(fns, warm, iters, 4).values()]
+        timed = [kit.stats(v) for v in kit.interleaved(fns, warm, iters, 4).values()]
+        split = cpu_split(sides, max(1, iters // SPLIT_BLOCKS // 2), SPLIT_BLOCKS)
+        with kit.on_one_cpu([pid for _, pid in sides]):
+            one_cpu = [kit.stats(v) for v in kit.interleaved([fn for fn, _ in sides], warm,
+                                                              iters // 2, 4).values()]
+        return timed, (split, one_cpu)
     finally:
         for obj in (calls, base, group):
             if obj is not None:
@@ -227,12 +243,39 @@ def bench_noop(iters, warm, zmq_only=False):
             zex.shutdown()
 
 
-def zmq_rows(rows, raw, z, c):
+def cpu_split(sides, iters, blocks):
+    """For each side ``(call, its worker's pid)``: {(who, thread role): stats of the CPU us per call
+    over ``blocks`` blocks of ``iters`` calls, the sides taking turns}; who is "driver" (this
+    process: its main thread makes the calls) or "worker"; roles as kit.thread_role."""
+    me, out = os.getpid(), [{} for _ in sides]
+    for b in range(blocks):
+        for i in (range(len(sides)) if b % 2 == 0 else reversed(range(len(sides)))):
+            fn, peer = sides[i]
+            before = kit.cpu_ns_by_role((me, peer))
+            for _ in range(iters):
+                fn()
+            for (pid, role), ns in kit.cpu_ns_by_role((me, peer)).items():
+                us = (ns - before.get((pid, role), 0)) / iters / 1e3
+                out[i].setdefault(("driver" if pid == me else "worker", role), []).append(us)
+    return [{key: kit.stats(v) for key, v in side.items()} for side in out]
+
+
+def zmq_rows(rows, raw, z, c, where):
     rows.append(kit.row("no-op round trip, 1 rank over ZeroMQ only (1 node, transport='zmq')", "us", z, c,
                         "<= 1.10x REQ/REP", z["median"] / c["median"] <= 1.1,
                         note="baseline: pyzmq REQ/REP of the pickled call to a child that runs it and "
                              "pickles the reply, tcp://127.0.0.1"))
-    raw["zmq_only_us"] = {"mpx": z, "reqrep_call": c}
+    split, one_cpu = where
+    rows.append(kit.row("  the same, every thread of both sides on one CPU", "us", *one_cpu,
+                        note="kit.on_one_cpu: no idle CPU to wake, so the round trip is what its threads' "
+                             "work costs, one after the other"))
+    for who, role in SPLIT_ROWS:
+        m, b = split[0].get((who, role)), split[1].get((who, role))
+        if m is not None and b is not None:
+            rows.append(kit.row(f"    CPU per call, the {who}'s {role} thread", "us CPU", m, b))
+    raw["zmq_only_us"] = {"mpx": z, "reqrep_call": c, "one_cpu": {"mpx": one_cpu[0], "reqrep_call": one_cpu[1]},
+                          "cpu_us": [{f"{who} {role}": st for (who, role), st in side.items()}
+                                     for side in split]}
 
 
 def bench_tensor(tensor, reps, warm):
@@ -365,16 +408,17 @@ def main():
         if args.zmq_only:
             kit.progress(f"[1] no-op, transport='zmq' and REQ/REP of the pickled call, {iters} calls "
                          "each ...")
-            zmq_rows(rows, raw, *bench_noop(iters, warm, zmq_only=True))
+            (z, c), where = bench_noop(iters, warm, zmq_only=True)
+            zmq_rows(rows, raw, z, c, where)
         elif not args.launchers_only:
             kit.progress(f"[1] no-op, 2 nodes x 1 rank, {iters} calls each of 5 loops ...")
-            m, b, u, z, c = bench_noop(iters, warm)
+            (m, b, u, z, c), where = bench_noop(iters, warm)
             rows.append(kit.row("no-op round trip, 2 nodes x 1 rank (world_size=2)", "us", m, b,
                                 "<= 1.50x REQ/REP", m["median"] / b["median"] <= 1.5,
                                 note="baseline: pyzmq REQ/REP of 100 bytes, tcp://127.0.0.1"))
             rows.append(kit.row("  same, unique_reply_rank=1", "us", u, b))
             raw["noop_us"] = {"mpx": m, "reqrep": b, "unique_1": u}
-            zmq_rows(rows, raw, z, c)
+            zmq_rows(rows, raw, z, c, where)
             try:
                 import torch
                 tensor = torch.arange(kit.BIG // 4, dtype=torch.float32)

@@ -412,6 +412,25 @@ def place(pids, how):
                 os.sched_setaffinity(int(tid), cpu)
 
 
+@contextlib.contextmanager
+def on_one_cpu(pids):
+    """Every thread of this process and of the processes ``pids`` on this process's first CPU for the
+    block, then back on the CPUs each had: the round trips timed inside measure what their threads'
+    work costs, one after the other, with no wake-up of an idle CPU in it."""
+    first, saved = min(os.sched_getaffinity(0)), {}
+    for pid in (os.getpid(), *pids):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                saved[int(tid)] = os.sched_getaffinity(int(tid))
+                os.sched_setaffinity(int(tid), {first})
+    try:
+        yield
+    finally:
+        for tid, cpus in saved.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, cpus)
+
+
 def serve_ab(call, block, warm, idle_s=0.0, pids=()):
     """One side, in its child: once ``call`` is warm, print this mpx's path as JSON, then for each
     "go" line on stdin the us of ``block`` calls (after ``idle_s`` asleep). ``pids``: the
@@ -669,6 +688,29 @@ def _thread_ns(pid, tid):
     with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
         return int(f.read().split()[0])
     return 0  # the thread ended
+
+
+def thread_role(pid, tid):
+    """What thread ``tid`` of process ``pid`` is: "main" (the process's first thread), "ZeroMQ I/O"
+    (libzmq names its I/O threads ZMQbg/IO/N) or "other"."""
+    if int(tid) == pid:
+        return "main"
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/comm") as f:
+        if f.read().startswith("ZMQbg/IO"):
+            return "ZeroMQ I/O"
+    return "other"
+
+
+def cpu_ns_by_role(pids):
+    """{(pid, thread_role): CPU nanoseconds its live threads have run} (schedstat: needs a kernel that
+    has it, as every Linux of mpx's does)."""
+    out = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                key = (pid, thread_role(pid, tid))
+                out[key] = out.get(key, 0) + _thread_ns(pid, tid)
+    return out
 
 
 def cpu_s(pids):
