@@ -24,6 +24,8 @@ Everything else is internal. The tree, bottom up (each layer imports only those 
 
     _ring.pyx, _ring_py.py, layout.py   the shared-memory ring (compiled, and its Python twin),
                                         with the compiled halves of its transport ends
+    waiting.py                          the wait policy's choices in Python (yield budget, a
+                                        crowded host), for the Python ring and the ZeroMQ reader
     _codec.py (+ .pxd)                  serde's mechanism, compiled from Python (Cython pure mode):
                                         owned message memory, the pickler's sink, the small codec
     segments.py, serde.py, sharing.py   named POSIX segments; objects <-> bytes; tensors by reference

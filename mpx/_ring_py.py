@@ -22,19 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 from mpx import layout
+from mpx.waiting import COST_WEIGHT, AdaptiveWait
 
 IMPLEMENTATION = "python"
 
 # _park(): woken by the peer with nothing to take yet (RingWriter.wake_readers)
 _WOKEN = -3
-# the least a yield budget grows by when it was too short (see mpx._ring._RingEnd)
-_YIELD_STEP_NS = 20000
-# see mpx._ring: WAKE_COST_PRIOR_NS, COST_WINDOW, PARK_WAITS_*, COST_WEIGHT
-_WAKE_COST_PRIOR_NS = 50000
-_COST_WINDOW = 32
-_PARK_WAITS_MIN = 256
-_PARK_WAITS_MAX = 16384
-_COST_WEIGHT = 8
 
 
 def _nbytes(parts: Any) -> int:
@@ -80,7 +73,7 @@ def _slice_end(slice_ns: int) -> int:
     return time.monotonic_ns() + slice_ns if slice_ns >= 0 else -1
 
 
-class _RingEnd:
+class _RingEnd(AdaptiveWait):
     """See ``mpx._ring._RingEnd``."""
 
     # set by the subclasses: the word this end parks on, the word that says it is parked,
@@ -112,11 +105,8 @@ class _RingEnd:
         if self._mv.nbytes < self._slots + self.stride * self.n_chunks:
             self.release()
             raise ValueError("ring buffer is smaller than its header's geometry")
-        self.spin_ns, self.yield_ns, self.poll_ns = spin_ns, yield_ns, poll_ns
-        self.yield_budget_ns = yield_ns  # (see mpx._ring._RingEnd: adapts in [0, yield_ns])
-        self.yield_cost_ns, self.wake_cost_ns = 0, _WAKE_COST_PRIOR_NS  # (and _cost)
-        self.parks_first, self.park_waits, self._probing = False, _PARK_WAITS_MIN, False
-        self._window_n = self._window_lost_ns = self._parked_waits = 0
+        self.poll_ns = poll_ns
+        self._init_waiting(spin_ns, yield_ns)  # (see mpx._ring._RingEnd)
         self._interrupted = False
         self._nudged = False  # set by nudge(); taken (under the GIL) by the wait it ends
         self._resting = False
@@ -203,23 +193,18 @@ class _RingEnd:
         t0 = now = start = time.monotonic_ns()
         if 0 <= deadline <= now:
             return self._not_waiting()
-        skip = False
         if self._resting:
             self._resting = False
             skip = True
-        elif self.parks_first:
-            self._parked_waits += 1
-            if self._parked_waits <= self.park_waits:
-                skip = True
-            else:
-                self.parks_first, self._probing = False, True
+        else:
+            skip = self._skips_yield()
         yield_cpu, clock = os.sched_yield, time.monotonic_ns
         while True:
             while not skip and now - t0 < self.spin_ns + self.yield_budget_ns:
                 yield_cpu()
                 took = clock() - now
                 now += took
-                self.yield_cost_ns += int((took - self.yield_cost_ns) / _COST_WEIGHT)  # (C's /)
+                self._yielded(took)
                 if self._ready():
                     if self._published is not None:
                         self._judge(now - self._w64(self._published))
@@ -238,30 +223,6 @@ class _RingEnd:
                 return st
             t0 = now = time.monotonic_ns()
             skip = self.parks_first
-
-    def _judge(self, late: int) -> None:
-        """See ``mpx._ring._RingEnd._judge``."""
-        self._window_n += 1
-        if late > self.wake_cost_ns:
-            self._window_lost_ns += late - self.wake_cost_ns
-        crowded = self._window_lost_ns > _COST_WINDOW * self.wake_cost_ns
-        if not crowded and self._window_n < _COST_WINDOW:
-            return
-        if crowded:
-            if self._probing:
-                self.park_waits = min(2 * self.park_waits, _PARK_WAITS_MAX)
-            self.parks_first, self._parked_waits = True, 0
-        else:
-            self.park_waits = _PARK_WAITS_MIN
-        self._probing = False
-        self._window_n = self._window_lost_ns = 0
-
-    def _adapt(self, waited: int, found: bool) -> None:
-        """See ``mpx._ring._RingEnd._adapt``."""
-        if waited > self.spin_ns + self.yield_ns:
-            self.yield_budget_ns //= 2
-        elif found:
-            self.yield_budget_ns = min(self.yield_ns, 2 * self.yield_budget_ns + _YIELD_STEP_NS)
 
     def _not_waiting(self) -> int:
         """See ``mpx._ring._RingEnd._not_waiting``."""
@@ -302,7 +263,7 @@ class _RingEnd:
                 woken = self._w64(self._woken)
                 if woken >= now:  # (the peer woke this park: what did it cost?)
                     self.wake_cost_ns += int(
-                        (time.monotonic_ns() - woken - self.wake_cost_ns) / _COST_WEIGHT)
+                        (time.monotonic_ns() - woken - self.wake_cost_ns) / COST_WEIGHT)
                 return layout.OK
             if self._take_nudge():
                 return layout.NUDGED

@@ -95,7 +95,15 @@ def paced_writer(cpu, gap_s, work_s, conn):
     """Create a 1-reader queue, send its handle, and once the reader is attached enqueue a
     small message every ``gap_s`` from CPU ``cpu`` until ``conn`` says stop, each after
     ``work_s`` of busy work (the message's making)."""
-    q = mpx.MessageQueue(1, 1)
+    _pace(mpx.MessageQueue(1, 1), cpu, gap_s, work_s, conn)
+
+
+def paced_remote_writer(config, cpu, gap_s, work_s, conn):
+    """paced_writer's, to a reader over ZeroMQ (``config`` has the key)."""
+    _pace(mpx.MessageQueue(1, 0, config=config), cpu, gap_s, work_s, conn)
+
+
+def _pace(q, cpu, gap_s, work_s, conn):
     conn.send(q.export_handle())
     q.wait_until_ready(30)
     os.sched_setaffinity(0, {cpu})

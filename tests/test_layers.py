@@ -23,6 +23,9 @@ FORBIDDEN = {
     "mpx._codec": ("mpx.serde", "mpx.sharing", "mpx.wire", "mpx.errors", "mpx.segments",
                    "mpx.transport", "mpx.queue", "mpx._driver", "mpx._worker", "mpx._node",
                    "mpx._cli"),
+    # the wait policy's choices in Python: the pure ring and the ZeroMQ reader use them
+    "mpx.waiting": ("mpx.layout", "mpx.serde", "mpx.transport", "mpx.queue", "mpx._driver",
+                    "mpx._worker", "mpx._node", "mpx._cli"),
     "mpx.wire": ("mpx.queue", "mpx._driver", "mpx._worker", "mpx._node", "mpx._cli"),
     "mpx.dumps": ("mpx.queue", "mpx._driver", "mpx._worker", "mpx._node", "mpx._cli"),
 }

@@ -1,5 +1,6 @@
 """The wait policy across processes: a waiter whose yields hand its core away parks at
-once, and one on a quiet host yields (mpx._ring._RingEnd's docstring)."""
+once, and one on a quiet host yields (mpx._ring._RingEnd's docstring; over ZeroMQ,
+ZmqReader's)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import _procs
 import pytest
 
 import mpx
+
+KEY = "test-key-" + "c" * 20
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
@@ -30,18 +33,25 @@ def _stop(loops):
         p.wait()
 
 
-def test_a_reader_on_a_crowded_core_parks_first_and_yields_again_once_it_is_quiet(impl, ctx):
+@pytest.mark.parametrize("remote", [False, True], ids=["shm", "zmq"])
+def test_a_reader_on_a_crowded_core_parks_first_and_yields_again_once_it_is_quiet(impl, ctx, remote):
     """The reader (this thread) shares its CPU with two busy loops, the writer (a child
     process on the other CPU) sends a message every millisecond: each yield returns a time
     slice late, so the reader learns that a wake costs less and parks at once. Once the
-    loops are gone, a window of yielding finds quick yields, and it yields again."""
+    loops are gone, a window of yielding finds quick yields, and it yields again. The same
+    over ZeroMQ, whose reader judges by how long the yield took that found the message."""
     cpu_a, cpu_b = sorted(os.sched_getaffinity(0))[:2]
-    w, conn = _procs.start(ctx, _procs.paced_writer, cpu_b, 0.001, 0.0)
+    # (a wide window: each message is found yielding)
+    cfg = mpx.Config(spin_us=0, yield_us=50_000, **(dict(auth_key=KEY, heartbeat_s=5.0)
+                                                    if remote else {}))
+    if remote:
+        w, conn = _procs.start(ctx, _procs.paced_remote_writer, cfg, cpu_b, 0.001, 0.0)
+    else:
+        w, conn = _procs.start(ctx, _procs.paced_writer, cpu_b, 0.001, 0.0)
     mine = os.sched_getaffinity(0)
     loops = []
-    q = mpx.MessageQueue.create_from_handle(conn.recv(), 0, config=mpx.Config(
-        spin_us=0, yield_us=50_000))  # (a wide window: each message is found yielding)
-    ring = q.reading_end()._ring
+    q = mpx.MessageQueue.create_from_handle(conn.recv(), 0, config=cfg)
+    ring = q.reading_end() if remote else q.reading_end()._ring
     try:
         q.wait_until_ready(10)
         assert not ring.parks_first

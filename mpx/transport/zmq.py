@@ -69,6 +69,7 @@ from mpx.errors import (
     WaitNudged,
 )
 from mpx.transport.base import Reader, Writer
+from mpx.waiting import AdaptiveWait
 
 logger = logging.getLogger("mpx")
 
@@ -510,11 +511,23 @@ class _Partial:
         self.next = 0
 
 
-class ZmqReader(Reader):
-    """Remote reader ``rank``: a DEALER connected to the writer's ROUTER."""
+class ZmqReader(AdaptiveWait, Reader):
+    """Remote reader ``rank``: a DEALER connected to the writer's ROUTER.
+
+    A read waits as a ring's reader does (mpx.waiting): it looks at its socket, with
+    ``sched_yield`` between looks, for its yield budget, and only then blocks in libzmq's
+    receive (the park), so that a frame that comes soon is taken by a thread that is still
+    running: a blocked one must be woken by the I/O thread, and on a VM an idle CPU's wake
+    costs tens of microseconds, several of them to a round trip. The budget adapts as the
+    ring's does (halved by a wait longer than the window, grown back by one the window would
+    have ended); the host is judged crowded by how long the yield took that found a frame
+    (there is no writer's stamp to compare with across machines), so a reader whose yields
+    hand its core to other work for a time slice parks at once for a span of waits.
+    ``yield_us=0`` blocks at once, always."""
 
     def __init__(self, info: dict[str, Any], rank: int, config: Config) -> None:
         super().__init__(config)
+        self._init_waiting(config.spin_us * 1000, config.yield_us * 1000)
         self.rank = rank
         self._signer = Signer(config.auth_key.encode())
         self.token = info["token"]
@@ -743,46 +756,95 @@ class ZmqReader(Reader):
             return stashed
         if self._closed:
             raise Cancelled("the queue is closed")
+        start = time.monotonic_ns()
+        yield_phase, parked, found = True, False, False
+        try:
+            while True:
+                shut = self._shut
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
+                if shut:
+                    waits = self._drain_until >= 0 and self._in_flight(deadline_ns)
+                else:
+                    waits = deadline_ns < 0 or time.monotonic_ns() < deadline_ns
+                block = waits and not (self._nudged and not shut)  # (a nudge ends no drain)
+                frame = None
+                if block and yield_phase:
+                    yield_phase = False
+                    frame = self._yield_for_frame(start, deadline_ns, cancel)
+                    if frame is None and (self._nudged or self._shut or
+                                          cancel is not None and cancel.is_set()):
+                        continue  # (ended early: the loop's checks see why)
+                if frame is None:
+                    try:  # blocks up to RCVTIMEO = _POLL_MS, but for a reader that must not wait
+                        frame = self._sock.recv(0 if block else _NOBLOCK, copy=False)
+                    except zmq.Again:
+                        if shut and not waits:
+                            raise Cancelled(f"dequeue on rank {self.rank} cancelled: the queue "
+                                            "was shut down") from None
+                        if waits and not block:
+                            self._nudged = False  # (a nudge that comes in between is merged in)
+                            raise WaitNudged(f"dequeue on remote reader rank {self.rank}: its "
+                                             "wait was nudged") from None
+                    parked |= block
+                if frame is not None:
+                    if self._drain_until >= 0:
+                        self._heard_ns = time.monotonic_ns()
+                    if not frame.more:
+                        c = self._parse(frame)
+                        if c is not None:
+                            found = True
+                            return c
+                    else:  # a multipart message: no writer of ours sends one
+                        self._sock.recv_multipart(copy=False)  # (the rest arrived with it)
+                        self.drops.drop(self.endpoint, "malformed message (multipart)")
+                    # (on to the deadline: a stream of forged frames holds no reader past it)
+                self._watch_link()
+                if self._lost_since is not None and \
+                        time.monotonic() - self._lost_since > self._heartbeat_s:
+                    raise PeerDiedError(
+                        f"reader rank {self.rank} lost the writer at {self.endpoint} for more "
+                        f"than {self._heartbeat_s} s (it died, or the link was cut)",
+                        role="writer")
+                if 0 <= deadline_ns <= time.monotonic_ns():
+                    raise QueueTimeout(f"dequeue on remote reader rank {self.rank} timed out: "
+                                       f"nothing from the writer at {self.endpoint}")
+        finally:
+            if parked:
+                self._adapt(time.monotonic_ns() - start, found)
+
+    def _yield_for_frame(self, start: int, deadline_ns: int,
+                         cancel: threading.Event | None) -> zmq.Frame | None:
+        """A wait's yield phase (see the class docstring): the next frame if one comes within
+        ``spin_us`` of looking and the yield budget of looking with ``sched_yield`` between
+        (to ``deadline_ns`` at most), else None (and None at once while the host is judged
+        crowded). Shutdown, a nudge and ``cancel`` end it early: the wait then sees them."""
+        if self._skips_yield() or not self.spin_ns + self.yield_budget_ns:
+            return None
+        end = spin_end = start + self.spin_ns
+        end += self.yield_budget_ns
+        if 0 <= deadline_ns < end:
+            end = deadline_ns
+        sock, clock, yield_cpu = self._sock, time.monotonic_ns, os.sched_yield
+        now, took = start, 0
         while True:
-            shut = self._shut
-            if cancel is not None and cancel.is_set():
-                raise Cancelled(f"dequeue on rank {self.rank} cancelled by its cancel event")
-            if shut:
-                waits = self._drain_until >= 0 and self._in_flight(deadline_ns)
-            else:
-                waits = deadline_ns < 0 or time.monotonic_ns() < deadline_ns
-            nudged = self._nudged and not shut  # (a nudge ends no drain)
-            try:  # blocks up to RCVTIMEO = _POLL_MS, but for a reader that must not wait
-                frame = self._sock.recv(0 if waits and not nudged else _NOBLOCK, copy=False)
+            try:
+                frame = sock.recv(_NOBLOCK, copy=False)
             except zmq.Again:
-                if shut and not waits:
-                    raise Cancelled(f"dequeue on rank {self.rank} cancelled: the queue was "
-                                    "shut down") from None
-                if waits and nudged:
-                    self._nudged = False  # (a nudge that comes in between is merged in)
-                    raise WaitNudged(f"dequeue on remote reader rank {self.rank}: its wait "
-                                     "was nudged") from None
+                pass
             else:
-                if self._drain_until >= 0:
-                    self._heard_ns = time.monotonic_ns()
-                if not frame.more:
-                    c = self._parse(frame)
-                    if c is not None:
-                        return c
-                else:  # a multipart message: no writer of ours sends one
-                    self._sock.recv_multipart(copy=False)  # (the rest arrived with it)
-                    self.drops.drop(self.endpoint, "malformed message (multipart)")
-                # (on to the deadline: a stream of forged frames holds no reader past it)
-            self._watch_link()
-            if self._lost_since is not None and \
-                    time.monotonic() - self._lost_since > self._heartbeat_s:
-                raise PeerDiedError(
-                    f"reader rank {self.rank} lost the writer at {self.endpoint} for more "
-                    f"than {self._heartbeat_s} s (it died, or the link was cut)",
-                    role="writer")
-            if 0 <= deadline_ns <= time.monotonic_ns():
-                raise QueueTimeout(f"dequeue on remote reader rank {self.rank} timed out: "
-                                   f"nothing from the writer at {self.endpoint}")
+                if took:  # (the frame came during that yield: seen that late at most)
+                    self._judge(took)
+                return frame
+            if now >= end or self._shut or self._nudged or cancel is not None and cancel.is_set():
+                return None
+            if now < spin_end:
+                now, took = clock(), 0
+                continue
+            yield_cpu()
+            took = clock() - now
+            now += took
+            self._yielded(took)
 
     def drain(self, deadline_ns: int) -> None:
         """After shutdown(), reads go on taking what the writer sent, waiting (up to
