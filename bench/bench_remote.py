@@ -273,7 +273,8 @@ def zmq_rows(rows, raw, z, c, where):
         m, b = split[0].get((who, role)), split[1].get((who, role))
         if m is not None and b is not None:
             rows.append(kit.row(f"    CPU per call, the {who}'s {role} thread", "us CPU", m, b))
-    raw["zmq_only_us"] = {"mpx": z, "reqrep_call": c, "one_cpu": {"mpx": one_cpu[0], "reqrep_call": one_cpu[1]},
+    raw["zmq_only_us"] = {"mpx": z, "reqrep_call": c,
+                          "one_cpu": {"mpx": one_cpu[0], "reqrep_call": one_cpu[1]},
                           "cpu_us": [{f"{who} {role}": st for (who, role), st in side.items()}
                                      for side in split]}
 
