@@ -417,12 +417,12 @@ def on_one_cpu(pids):
     """Every thread of this process and of the processes ``pids`` on this process's first CPU for the
     block, then back on the CPUs each had: the round trips timed inside measure what their threads'
     work costs, one after the other, with no wake-up of an idle CPU in it."""
-    first, saved = min(os.sched_getaffinity(0)), {}
+    saved = {}
     for pid in (os.getpid(), *pids):
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError):
                 saved[int(tid)] = os.sched_getaffinity(int(tid))
-                os.sched_setaffinity(int(tid), {first})
+    place(pids, "together")
     try:
         yield
     finally:
