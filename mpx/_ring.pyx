@@ -467,7 +467,7 @@ cdef class RingWriter(_RingEnd):
         m = self.seq
         for i in range(self.n_readers):
             r = mpx_load64(self._u64(OFF_READERS + READER_BLOCK * i + RB_READ_SEQ))
-            if r < m:
+            if r < m and not mpx_load32(self._u32(OFF_READERS + READER_BLOCK * i + RB_RELEASED)):
                 m = r
         self.min_read = m
         return self.seq - m + need <= self.n_chunks
@@ -485,7 +485,8 @@ cdef class RingWriter(_RingEnd):
             return INTERRUPTED
         for i in range(self.n_readers):
             blk = OFF_READERS + READER_BLOCK * i
-            if self.seq - mpx_load64(self._u64(blk + RB_READ_SEQ)) < self.n_chunks:
+            if self.seq - mpx_load64(self._u64(blk + RB_READ_SEQ)) < self.n_chunks or \
+                    mpx_load32(self._u32(blk + RB_RELEASED)):
                 continue
             if mpx_load32(self._u32(blk + RB_CLOSED)):
                 self.gone_index = <int>i
@@ -508,14 +509,37 @@ cdef class RingWriter(_RingEnd):
         return st
 
     def release_reader(self, int index):
-        """Free the slots reader ``index`` has not read: its process is gone for good and
-        the group re-forms its queue without it. Its position moves up to the writer's,
-        so the writer can fill the whole ring once more before that reader holds it up
-        again (enough for the message that tells the others where to go)."""
+        """Free the slots reader ``index`` has not read, for good: its process is gone and
+        the group re-forms its queue without it. From now on that reader holds the writer
+        up no more (a message larger than the ring, the one that tells the others where to
+        go, streams past it), until ``reopen_reader`` gives its place to a new process."""
+        cdef size_t blk
         self._live()
         if index < 0 or <uint64_t>index >= self.n_readers:
             raise ValueError(f"reader index {index} out of range for {self.n_readers} readers")
-        mpx_store64(self._u64(OFF_READERS + READER_BLOCK * index + RB_READ_SEQ), self.seq)
+        blk = OFF_READERS + READER_BLOCK * index
+        mpx_store32(self._u32(blk + RB_RELEASED), 1)
+        mpx_store64(self._u64(blk + RB_READ_SEQ), self.seq)
+        mpx_fence()
+
+    def reopen_reader(self, int index):
+        """Give reader ``index``'s place to a new process: the one that attached as that
+        reader is gone (it died while it started) and read nothing the writer still needs.
+        The next process to attach as ``index`` reads from the writer's position on."""
+        cdef size_t blk
+        self._live()
+        if index < 0 or <uint64_t>index >= self.n_readers:
+            raise ValueError(f"reader index {index} out of range for {self.n_readers} readers")
+        blk = OFF_READERS + READER_BLOCK * index
+        mpx_close_fd(self.pidfds[index])
+        self.pidfds[index] = -1
+        mpx_store64(self._u64(blk + RB_READ_SEQ), self.seq)
+        mpx_store64(self._u64(blk + RB_PID), 0)
+        mpx_store32(self._u32(blk + RB_CLOSED), 0)
+        mpx_store32(self._u32(blk + RB_PARKED), 0)
+        mpx_store32(self._u32(blk + RB_RELEASED), 0)
+        mpx_fence()
+        mpx_store32(self._u32(blk + RB_ATTACHED), 0)  # last: the place is free once this shows
         mpx_fence()
 
     def free_slots(self):

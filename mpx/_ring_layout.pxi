@@ -23,11 +23,13 @@ cdef enum:
 
     # reader blocks
     READER_BLOCK = 64
+    MAX_READERS = 1024
     RB_READ_SEQ = 0
     RB_PID = 8
     RB_ATTACHED = 16
     RB_CLOSED = 20
     RB_PARKED = 24
+    RB_RELEASED = 28
 
     # slot header
     SLOT_HEADER = 64

@@ -340,6 +340,7 @@ class RingWriter(_RingEnd):
         blocks = [layout.reader_block(i) for i in range(self.n_readers)]
         self._read_seqs = [(b + layout.RB_READ_SEQ) >> 3 for b in blocks]
         self._parked_flags = [(b + layout.RB_PARKED) >> 2 for b in blocks]
+        self._released_flags = [(b + layout.RB_RELEASED) >> 2 for b in blocks]
 
     def set_state(self, bits: int) -> None:
         """Set S_SHUTDOWN/S_CLOSED bits in the segment and wake every parked reader."""
@@ -352,11 +353,11 @@ class RingWriter(_RingEnd):
     def _has_space(self, need: int) -> bool:
         if self.seq - self._min_read + need <= self.n_chunks:
             return True
-        q = self._q
+        q, i32 = self._q, self._i
         m = self.seq
-        for at in self._read_seqs:
+        for at, released in zip(self._read_seqs, self._released_flags):
             r = q[at]
-            if r < m:
+            if r < m and not i32[released]:
                 m = r
         self._min_read = m
         return self.seq - m + need <= self.n_chunks
@@ -369,7 +370,8 @@ class RingWriter(_RingEnd):
             return layout.INTERRUPTED
         for i in range(self.n_readers):
             blk = layout.reader_block(i)
-            if self.seq - self._w64(blk + layout.RB_READ_SEQ) < self.n_chunks:
+            if self.seq - self._w64(blk + layout.RB_READ_SEQ) < self.n_chunks or \
+                    self._w32(blk + layout.RB_RELEASED):
                 continue
             if self._w32(blk + layout.RB_CLOSED):
                 self.gone_index = i
@@ -394,7 +396,26 @@ class RingWriter(_RingEnd):
         self._live()
         if not 0 <= index < self.n_readers:
             raise ValueError(f"reader index {index} out of range for {self.n_readers} readers")
-        self._q[(layout.reader_block(index) + layout.RB_READ_SEQ) >> 3] = self.seq
+        blk = layout.reader_block(index)
+        self._set32(blk + layout.RB_RELEASED, 1)
+        self._q[(blk + layout.RB_READ_SEQ) >> 3] = self.seq
+        layout.fence()
+
+    def reopen_reader(self, index: int) -> None:
+        """See ``mpx._ring.RingWriter.reopen_reader``."""
+        self._live()
+        if not 0 <= index < self.n_readers:
+            raise ValueError(f"reader index {index} out of range for {self.n_readers} readers")
+        blk = layout.reader_block(index)
+        if self._pidfds[index] >= 0:
+            os.close(self._pidfds[index])
+            self._pidfds[index] = -1
+        self._q[(blk + layout.RB_READ_SEQ) >> 3] = self.seq
+        self._q[(blk + layout.RB_PID) >> 3] = 0
+        for field in (layout.RB_CLOSED, layout.RB_PARKED, layout.RB_RELEASED):
+            self._set32(blk + field, 0)
+        layout.fence()
+        self._set32(blk + layout.RB_ATTACHED, 0)  # last: the place is free once this shows
         layout.fence()
 
     def free_slots(self) -> int:

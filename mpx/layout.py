@@ -57,11 +57,17 @@ OFF_READERS = 256
 SLOTS_ALIGN = 4096  # the slots start at the first multiple of this after the reader blocks
 
 READER_BLOCK = 64
+# The most readers one ring serves: the writer scans every reader's block for each message
+# it publishes (who is parked, who holds it up) and keeps a pidfd open per reader, so a
+# ring's cost grows with its readers; a group larger than this is refused before anything
+# is allocated (mpx/_driver/preflight.py).
+MAX_READERS = 1024
 RB_READ_SEQ = 0
 RB_PID = 8
 RB_ATTACHED = 16
 RB_CLOSED = 20
 RB_PARKED = 24
+RB_RELEASED = 28  # set by the writer: the reader's process is gone, it holds nothing up
 
 SLOT_HEADER = 64
 SH_LENGTH = 0
@@ -118,6 +124,9 @@ def segment_size(max_chunk_bytes: int, max_chunks: int, n_readers: int) -> int:
 def init_header(buf, max_chunk_bytes: int, max_chunks: int, n_readers: int, token: int,
                 writer_pid: int) -> None:
     """Write a fresh header into ``buf`` (the whole, zero-filled segment)."""
+    if not 0 < n_readers <= MAX_READERS:
+        raise ValueError(f"a ring has 1 to {MAX_READERS} readers (layout.MAX_READERS), "
+                         f"not {n_readers}")
     _HEAD.pack_into(buf, 0, MAGIC, VERSION, header_size(n_readers), max_chunk_bytes,
                     max_chunks, n_readers, slot_stride(max_chunk_bytes), token, writer_pid)
 

@@ -125,6 +125,10 @@ class _Broadcast:
         for e in self.ends:
             e.release_reader(rank)
 
+    def reopen_reader(self, rank: int) -> None:
+        for e in self.ends:
+            e.reopen_reader(rank)
+
     def write(self, kind: int, parts: Any, deadline_ns: int, total: int = -1) -> None:
         """Write to every end (``parts``, an iterable, is gathered first)."""
         parts = tuple(parts)

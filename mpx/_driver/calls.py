@@ -184,9 +184,11 @@ class CallTable(Sending, ReplyPump):
         """(paused) The group was re-formed: the calls go out on ``broadcast`` from now on,
         and each rank answers on ``resp[rank]``. A rank whose queue is new answers first the
         oldest call not sent yet; the queued calls wait for ``len(resp)`` replies."""
-        first = self.first_unsent()
         n = len(resp)
-        with self.lock:
+        # one step under `order` (then `lock`): a call is numbered, checked and sized
+        # against the old membership and queued, or against the new one, never half of each
+        with self.order, self.lock:
+            first = self._outbox[0][0].seq if self._outbox else self.next_seq
             for rank in [r for r in self.stalls.reports if r >= n or resp[r] is not self.resp[r]]:
                 del self.stalls.reports[rank]  # (its process is gone: so is its stall)
             for rank, q in enumerate(resp):
@@ -204,13 +206,12 @@ class CallTable(Sending, ReplyPump):
                 call.resize(n)
             orphans = [call for call, _, _, _ in self._outbox
                        if call.reply_rank is not None and call.reply_rank >= n]
+            self.use_broadcast(broadcast)
+            self.attach_replies(resp)
         for call in orphans:  # (settled, it is never sent)
             self._settle(call, error=ValueError(
                 f"collective_rpc {call.method!r}: unique_reply_rank {call.reply_rank} left the "
                 f"group, which was resized to {n} ranks before the call went out"))
-        with self.order:
-            self.use_broadcast(broadcast)
-        self.attach_replies(resp)
 
     def resume(self) -> None:
         """End the pause: the queued calls go out, in order, and the readers read again."""

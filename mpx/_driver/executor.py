@@ -23,7 +23,7 @@ from typing import Any
 import cloudpickle
 
 from mpx import dumps, wire
-from mpx._driver import stats, tracing
+from mpx._driver import preflight, stats, tracing
 from mpx._driver.calls import PendingCalls
 from mpx._driver.group import WorkerGroup
 from mpx._driver.stats import Stats
@@ -97,6 +97,8 @@ class Executor:
             dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
         if cfg.nnodes > 1 and world_size % cfg.nnodes:
             raise ValueError(f"world_size {world_size} is not a multiple of nnodes {cfg.nnodes}")
+        local = world_size // cfg.nnodes
+        preflight.check_size(world_size, local, local)
         if cfg.nnodes > 1 and not cfg.auth_key and not cfg.allow_insecure and \
                 cfg.launcher != "ray":
             raise ValueError("a multi-node executor needs Config.auth_key (MPX_AUTH_KEY), the "
@@ -326,6 +328,7 @@ class Executor:
         group.calls.check_usable()
         if world_size == group.world_size:
             return
+        preflight.check_size(world_size, world_size, max(0, world_size - group.world_size))
         group.resize(world_size, timeout)
 
     @property

@@ -43,7 +43,7 @@ STOP_MESSAGE_TIMEOUT_S = 0.5
 def _run_callback(cb: Callable[[], None]) -> None:
     try:
         cb()
-    except Exception:
+    except BaseException:  # (SystemExit, KeyboardInterrupt too: the monitor thread goes on)
         logger.exception("a failure callback raised")
 
 
@@ -292,7 +292,7 @@ class WorkerGroup:
         for cb in callbacks:
             try:
                 cb(rank)
-            except Exception:
+            except BaseException:  # (SystemExit too: the death watch must go on)
                 logger.exception("a restart callback raised")
 
     def resize(self, n: int, timeout: float) -> None:

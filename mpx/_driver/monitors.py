@@ -88,14 +88,24 @@ class ProcessMonitor:
                 while not self._reports.empty():
                     report = self._reports.get()
                     if isinstance(report, tuple):
-                        self._on_death(*report)
+                        self._handle(self._on_death, *report)
                     else:
-                        self._on_failure(report)
+                        self._handle(self._on_failure, report)
             for s in ready:
                 with self._watch_lock:
                     rank = self._sentinels.pop(s, None)  # (None: no longer watched)
                 if rank is not None:
-                    self._on_death(rank, None)
+                    self._handle(self._on_death, rank, None)
+
+    @staticmethod
+    def _handle(handler: Callable[..., None], *args: Any) -> None:
+        """Run one handler; whatever it raises (SystemExit from a callback it ran, too) is
+        logged, and the watch goes on: a death watch that ended would leave every later
+        death unnoticed."""
+        try:
+            handler(*args)
+        except BaseException:
+            logger.exception("the process monitor's handler of %r raised", args)
 
     def stop(self) -> None:
         """End the thread and release its pipe (idempotent)."""

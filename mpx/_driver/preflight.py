@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import resource
 import warnings
 
 from mpx import dumps, layout, segments
@@ -20,6 +21,44 @@ logger = logging.getLogger("mpx")
 WORKERS_PER_CORE_WARNING = 4
 
 
+
+
+def _processes_left() -> int | None:
+    """How many more processes this user may start now (RLIMIT_NPROC, and the kernel's
+    threads-max and pid_max, less what runs), or None where that cannot be read."""
+    limits = []
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft != resource.RLIM_INFINITY:
+        limits.append(soft)
+    for knob in ("/proc/sys/kernel/threads-max", "/proc/sys/kernel/pid_max"):
+        try:
+            with open(knob) as f:
+                limits.append(int(f.read()))
+        except (OSError, ValueError):
+            pass
+    if not limits:
+        return None
+    try:
+        running = sum(1 for name in os.listdir("/proc") if name.isdigit())
+    except OSError:
+        return None
+    return max(0, min(limits) - running)
+
+
+def check_size(world_size: int, n_local: int, n_new: int) -> None:
+    """ValueError, naming the limit, when a group of ``world_size`` ranks (``n_local`` of
+    them on this node, ``n_new`` of those still to start) cannot be held: more local ranks
+    than a ring has readers, or more new processes than the host lets this user start.
+    Made before anything is allocated: the per-rank bookkeeping grows with the size."""
+    if n_local > layout.MAX_READERS:
+        raise ValueError(f"world_size {world_size} is over the limit of {layout.MAX_READERS} "
+                         f"local ranks per executor (a ring's reader limit, "
+                         f"mpx.layout.MAX_READERS): {n_local} ranks would run on this node")
+    left = _processes_left()
+    if left is not None and n_new > left:
+        raise ValueError(f"world_size {world_size} is over this host's process limit: it "
+                         f"needs {n_new} new worker processes and only {left} more may start "
+                         f"(RLIMIT_NPROC, kernel.threads-max, kernel.pid_max)")
 
 
 def ring_bytes(cfg: Config, n_local: int) -> int:

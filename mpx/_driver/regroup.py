@@ -231,6 +231,7 @@ def _start(group: WorkerGroup, new: MessageQueue, ranks: list[int], n: int,
             except WorkerStartupError as e:
                 if not _died_restarting(group, ranks, e):
                     raise
+                new.writing_end().reopen_reader(ranks[0])  # (its dead process may have attached)
         with workers.startup_deaths(ranks):
             for rank in ranks:
                 opened[rank] = MessageQueue.create_from_handle(handles[rank], 0, config=cfg)

@@ -109,7 +109,11 @@ class Sending(_Base):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.order:  # (`with`, not acquire(): an interrupt cannot come in between)
             seq = self.next_seq
-            call = Call(seq, name, self.n_ranks, reply_rank, aggregator, deadline)
+            n_ranks = self.n_ranks  # (the membership this call is checked against and sent to)
+            if reply_rank is not None and reply_rank >= n_ranks:
+                raise ValueError(f"unique_reply_rank must be in [0, {n_ranks}), got "
+                                 f"{reply_rank!r}: the group has {n_ranks} ranks now")
+            call = Call(seq, name, n_ranks, reply_rank, aggregator, deadline)
             if non_block:
                 call.future = RPCFuture(self, call)
             try:

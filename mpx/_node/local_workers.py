@@ -160,7 +160,6 @@ class LocalWorkers:
         # (kept open until stop: a worker started later gets it too)
         self._death_r, self.death_w = self._mp.Pipe(duplex=False)
         _death_pipe_fds.add(self.death_w.fileno())
-        self._arm = threading.current_thread() is threading.main_thread()
         for ctx in ctxs:
             proc, ready = self._start(ctx, handle)
             self.procs.append(proc)
@@ -171,12 +170,18 @@ class LocalWorkers:
         process, the read end of its ready pipe)."""
         config = self.config
         ready_r, ready_w = self._mp.Pipe(duplex=False)
-        close_fds = (self.death_w.fileno(), *(c.fileno() for c in self.ready), *self.keep_fds) \
-            if config.start_method == "fork" else ()
+        close_fds = (self.death_w.fileno(), *(c.fileno() for c in self.ready if not c.closed),
+                     *self.keep_fds) if config.start_method == "fork" else ()
+        # The kernel's parent-death signal fires when the *thread* that forked the child
+        # ends, not the process: only the main thread, which lives as long as this
+        # process, may arm it. A worker started from any other thread (a resize from a
+        # request thread, a restart) is tied to this process by its death pipe and its
+        # pidfd watch alone (mpx._worker.main), never to the thread that started it.
+        arm = threading.current_thread() is threading.main_thread()
         spec = WorkerSpec(ctx=ctx, handle=handle,
                           queue_rank=ctx.local_rank if self._local_queue else ctx.rank,
                           worker_cls=self._cls_bytes, worker_kwargs=self._kw_bytes,
-                          parent_pid=os.getpid(), arm_pdeathsig=self._arm, close_fds=close_fds,
+                          parent_pid=os.getpid(), arm_pdeathsig=arm, close_fds=close_fds,
                           remote_driver=self._remote_driver)
         p = self._mp.Process(target=worker_main, args=(spec, ready_w, self._death_r),
                              name=f"mpx-worker-{ctx.rank}")

@@ -177,6 +177,11 @@ class Writer(Endpoint):
         it): what it left unread stops holding this writer up, for the messages that tell
         the other readers where to go next. A rank this end does not serve is ignored."""
 
+    def reopen_reader(self, rank: int) -> None:
+        """The process that attached as reader ``rank`` died before it read anything this
+        writer must keep (it died while it started): its place goes to the next process
+        that attaches as ``rank``. A rank this end does not serve is ignored."""
+
     @contextlib.contextmanager
     def slot(self, deadline_ns: int, kind: int) -> Iterator[memoryview]:
         """A writable buffer of ``max_chunk_bytes``; a clean exit delivers all of it as one

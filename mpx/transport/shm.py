@@ -188,6 +188,12 @@ class ShmWriter(Writer):
                 self._check_open()
                 self._ring.release_reader(self.ranks.index(rank))
 
+    def reopen_reader(self, rank: int) -> None:
+        if rank in self.ranks:
+            with self._lock:
+                self._check_open()
+                self._ring.reopen_reader(self.ranks.index(rank))
+
     def free_slots(self) -> int:
         """Slots the writer can fill now without waiting for any reader."""
         return self._ring.free_slots()
