@@ -105,9 +105,12 @@ class Collector(_CollectorBase):
 
     def _read(self, ex: Executor) -> tuple[Any, ...]:
         group = ex._group
-        snap = _stats.snapshot(group)
         meter = group.calls.meter
         calls, durations, replies, nbytes, in_flight, up, deaths = self._families()
+        with group.members.lock:  # (one membership: a resize waits for this scrape)
+            snap = _stats.snapshot(group)
+            per_rank = [_buckets(*_stats.rank_histograms(meter, rank.rank))
+                        for rank in snap.ranks]
         with group.calls.lock:  # (outcomes and durations change under it: exact together)
             methods = [(name, m.ok, m.error, m.timeout, _buckets(m.durations))
                        for name, m in meter.methods.items()]
@@ -115,8 +118,7 @@ class Collector(_CollectorBase):
             for outcome, n in (("ok", ok), ("error", error), ("timeout", timeout)):
                 calls.add_metric([name, outcome], n)
             durations.add_metric([name], buckets, total)
-        for rank in range(meter.n_ranks):
-            buckets, total = _buckets(*_stats.rank_histograms(meter, rank))
+        for rank, (buckets, total) in enumerate(per_rank):
             replies.add_metric([str(rank)], buckets, total)
         nbytes.add_metric(["sent"], snap.bytes_sent)
         nbytes.add_metric(["received"], snap.bytes_received)

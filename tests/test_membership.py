@@ -155,7 +155,7 @@ def test_unique_reply_rank_racing_a_shrink_never_fails_the_executor(impl, execut
 
 
 def test_snapshots_see_one_membership_while_the_group_resizes(impl, executor):
-    ex = executor(Member, n=2, stats_window=64, **RING)
+    ex = executor(Member, n=2, **RING)
     stop = threading.Event()
     errors: list[BaseException] = []
     seen = set()

@@ -27,24 +27,28 @@ if TYPE_CHECKING:
 # ping's timeout. Each look is one loop timer.
 STALL_POLL_S = 0.1
 
-# (the executor's instance attributes these keep, made on first use)
-_SHUTDOWN = "_mpx_shutdown_future"
-_FAILURE = "_mpx_failure_future"
 
+class Once:
+    """One future, made and started (``start(fut)``) by the first caller of ``get`` only;
+    the executor keeps one for its shutdown and one for its failure. The future runs from
+    the start, so that a caller who wraps it (``asyncio.wrap_future``) and is cancelled
+    cannot cancel it for the others."""
 
-def _once(ex: Executor, attr: str, start: Callable[[concurrent.futures.Future], None]
-          ) -> concurrent.futures.Future:
-    """The future kept in ``ex.attr``, made and started (``start(fut)``) by the first
-    caller only. It is running from the start, so that a caller who wraps it
-    (``asyncio.wrap_future``) and is cancelled cannot cancel it for the others."""
-    fut = ex.__dict__.get(attr)
-    if fut is None:
-        new: concurrent.futures.Future = concurrent.futures.Future()
-        new.set_running_or_notify_cancel()
-        fut = ex.__dict__.setdefault(attr, new)  # (atomic: one caller wins)
-        if fut is new:
-            start(new)
-    return fut
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # (held to make the future only, never to start it)
+        self._future: concurrent.futures.Future | None = None
+
+    def get(self, start: Callable[[concurrent.futures.Future], None]
+            ) -> concurrent.futures.Future:
+        with self._lock:
+            fut, first = self._future, False
+            if fut is None:
+                fut = self._future = concurrent.futures.Future()
+                fut.set_running_or_notify_cancel()
+                first = True
+        if first:
+            start(fut)
+        return fut
 
 
 def _run_into(fn: Callable[[], Any], fut: concurrent.futures.Future) -> None:
@@ -66,7 +70,7 @@ async def shutdown(ex: Executor) -> None:
     """See ``Executor.shutdown_async``."""
     if not ex._finalizer.alive:
         return  # shut down already
-    fut = _once(ex, _SHUTDOWN, lambda f: _start_shutdown(ex, f))
+    fut = ex._shutdown_once.get(lambda f: _start_shutdown(ex, f))
     await asyncio.wrap_future(fut)
 
 
@@ -100,7 +104,7 @@ def failure_future(ex: Executor) -> concurrent.futures.Future:
 
         group.add_failure_callback(failed)
 
-    return _once(ex, _FAILURE, start)
+    return ex._failure_once.get(start)
 
 
 async def wait_for_failure(ex: Executor) -> ExecutorFailed:

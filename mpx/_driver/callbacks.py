@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from mpx import _debug
+from mpx._driver import lockorder
 
 logger = logging.getLogger("mpx")
 
@@ -28,7 +29,8 @@ class CallbackThread:
 
     def __init__(self) -> None:
         self._due: collections.deque[Any] = collections.deque()
-        self._cv_lock = threading.Lock()  # (entered itself, not the Condition: see pump.py)
+        # (entered itself, not the Condition: see pump.py)
+        self._cv_lock = lockorder.lock("CallbackThread's lock", lockorder.CALLBACKS)
         self._cv = threading.Condition(self._cv_lock)
         self._thread: threading.Thread | None = None
         self._closed = False

@@ -31,8 +31,14 @@ The rules, which hold by construction:
    the registry is repaired and the table stays usable.
 6. While the group is re-formed (``pause`` to ``resume``) the thread re-forming it holds
    the baton, every new call is queued (it goes out on the new broadcast queue, in order),
-   and no other thread reads; a call already sent that a restarted rank did not answer
-   fails with its WorkerDiedError, and the other ranks' replies to it are dropped.
+   and no other thread reads; a call already sent that a dead rank did not answer fails
+   with its WorkerDiedError when the death is found (``lose``), not when the restart
+   ends, and the other ranks' replies to it are dropped.
+7. A call is checked against, sized for and sent to one membership: ``send`` numbers it
+   and checks its ``unique_reply_rank`` under ``order``, and ``regrouped`` swaps the
+   membership under ``order`` too. Locks nest ``order`` -> ``lock`` (-> ``completing``),
+   under the membership's (mpx/_driver/membership.py); the baton is never waited for
+   while one of them is held.
 
 The jobs live apart: the registry of calls (mpx/_driver/registry.py), the reply pump and
 the background reader (mpx/_driver/pump.py), the sender (mpx/_driver/sender.py) and the
@@ -130,6 +136,24 @@ class CallTable(Sending, ReplyPump):
             return True
         self.resume()
         return False
+
+    def lose(self, rank: int, err: ExecutorFailed) -> None:
+        """(the death watch) ``rank``'s process died and the rank will be restarted: new
+        calls wait in the driver from now on (until the restart's ``resume``); what the
+        rank wrote before it died is read, so the calls it answered keep their replies
+        (unless a regroup holds the baton past FAIL_HANDOVER_S: it reads them itself);
+        the calls it did not answer fail with ``err``, and their futures complete now,
+        not when the restart ends."""
+        self.hold_sending()
+        self.nudge_reader()
+        try:
+            if self.baton.take(FAIL_HANDOVER_S):
+                self.drain_rank(rank)
+        finally:
+            if self.baton.let_go():
+                self._handed_over()
+        self.fail_unanswered(rank, err)
+        self.after_reading()
 
     def hold_sending(self) -> None:
         """Queue every call from now on, in the driver (a resize waits for the calls in

@@ -23,7 +23,7 @@ from typing import Any
 import cloudpickle
 
 from mpx import dumps, wire
-from mpx._driver import preflight, stats, tracing
+from mpx._driver import aio, preflight, stats, tracing
 from mpx._driver.calls import PendingCalls
 from mpx._driver.group import WorkerGroup
 from mpx._driver.stats import Stats
@@ -118,6 +118,9 @@ class Executor:
                     cfg.start_method)
         logger.debug("config: %s", cfg.describe())
         self._pid = os.getpid()
+        # the awaitable forms' state (mpx/_driver/aio.py): one shutdown, one failure future
+        self._shutdown_once = aio.Once()
+        self._failure_once = aio.Once()
         group = self._group = WorkerGroup(cfg, world_size)
         self._finalizer = weakref.finalize(self, group.shutdown)
         _shutdown_before_thread_join(self._finalizer)
@@ -234,7 +237,6 @@ class Executor:
         """:meth:`check_health` for a coroutine, with the same errors, never blocking the
         event loop: the ping is a non-blocking call that the loop awaits (a stall report
         that comes in meanwhile raises WorkerStalledError within 0.1 s)."""
-        from mpx._driver import aio
         await aio.check_health(self, timeout)
 
     async def shutdown_async(self) -> None:
@@ -242,7 +244,6 @@ class Executor:
         (``mpx-shutdown``) while the event loop goes on, and returns once it is over.
         Idempotent: concurrent callers await the same shutdown. Cancelling the awaiting
         task leaves the shutdown to finish in its thread."""
-        from mpx._driver import aio
         await aio.shutdown(self)
 
     def failure_future(self) -> Any:
@@ -252,14 +253,12 @@ class Executor:
         failure (at once if that already happened). The same future for every caller; it
         cannot be cancelled; it never completes if the executor shuts down without
         failing. For threads: ``ex.failure_future().result()`` or a done callback."""
-        from mpx._driver import aio
         return aio.failure_future(self)
 
     async def wait_for_failure(self) -> ExecutorFailed:
         """Return the executor's failure once it fails (see :meth:`failure_future`), never
         blocking the event loop; cancel the waiting task to stop waiting (an executor shut
         down without failing never fails)."""
-        from mpx._driver import aio
         return await aio.wait_for_failure(self)
 
     def dump_stacks(self, timeout: float = 5.0) -> dict[int, str]:

@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from mpx import dumps, wire
-from mpx._driver import preflight, regroup, stats, stats_server
+from mpx._driver import lockorder, preflight, regroup, stats, stats_server
 from mpx._driver.calls import CallTable
+from mpx._driver.membership import Membership
 from mpx._driver.monitors import NodeMonitor, ProcessMonitor
 from mpx._driver.stalls import StallDiagnosis
 from mpx._driver.stats_server import StatsServer
 from mpx._node.leader import Leader
 from mpx._node.local_workers import EXIT_WAIT_S, LocalWorkers
-from mpx._procinfo import describe_exit, reserve_tcp_port
+from mpx._procinfo import describe_exit
 from mpx.config import Config
 from mpx.errors import ExecutorFailed, PeerDiedError, WorkerDiedError
 from mpx.queue import MessageQueue
@@ -52,39 +52,25 @@ class WorkerGroup:
 
     def __init__(self, config: Config, world_size: int) -> None:
         self.config = config
-        self.world_size = world_size
         self.creator_pid = os.getpid()
-        self.workers: LocalWorkers | None = None
-        self.leader: Leader | None = None
+        # who is in the group: its processes, queues, counters; restart and resize change it
+        self.members = Membership(world_size)
         self.placement: Any = None  # a RayPlacement with launcher="ray"
-        self.broadcast: MessageQueue | None = None
-        self.resp: list[MessageQueue] = []
-        # The port of the workers' distributed_init_method, held until shutdown: rank 0's
-        # TCPStore binds it whenever the workers init torch.distributed, and until then no
-        # one else may take it (reserve_tcp_port).
-        self.dist_port: socket.socket | None = None
         self.stalls = StallDiagnosis(config, lambda: self.pids, self.is_local)
         self.calls = CallTable(world_size, self.stalls, self._peer_gone)
         self.process_monitor: ProcessMonitor | None = None
         self.node_monitor: NodeMonitor | None = None
-        self.lock = threading.Lock()
+        self.lock = lockorder.lock("WorkerGroup.lock", lockorder.LEAF)
         self.callbacks: list[Callable[[], None]] = []
         self.callbacks_ran = False
         self._workers_stopped = False
-        self._stop_lock = threading.Lock()
+        self._stop_lock = lockorder.lock("WorkerGroup's stop lock", lockorder.STOP)
         self.closed = False
-        # per rank, how many times its process was found dead (stats; the monitor thread's)
-        self.deaths = [0] * world_size
-        self._dead: set[int] = set()
         self.stats_server: StatsServer | None = None  # Config.stats_socket's
-        # re-forming the group (mpx/_driver/regroup.py), one at a time: per rank, how many
-        # times it was restarted, and which of its processes is the current one (a death
-        # reported of an earlier one is stale); the callbacks of Executor.register_restart_callback
-        self.regroup_lock = threading.Lock()
-        self.restarts = [0] * world_size
-        self.incarnation = [0] * world_size
+        # the callbacks of Executor.register_restart_callback, and the thread that restarts
+        # dead ranks and runs them (mpx/_driver/regroup.py)
         self.restart_callbacks: list[Callable[[int], None]] = []
-        self.dist_method = ""  # the workers' distributed_init_method now
+        self.restarter = regroup.Restarter(self)
         self.closing = threading.Event()  # set first thing at shutdown: ends a regroup's waits
 
     # ------------------------------------------------------------------ start
@@ -92,7 +78,7 @@ class WorkerGroup:
     def start(self, cls_bytes: bytes, kw_bytes: bytes) -> None:
         """Start every worker (and admit the follower nodes), wait until all are ready and
         attached, then start the monitors. Raises WorkerStartupError naming the rank."""
-        cfg, world = self.config, self.world_size
+        cfg, world, members = self.config, self.world_size, self.members
         local = world // cfg.nnodes
         deadline = time.monotonic() + cfg.startup_timeout_s
         if cfg.launcher == "ray":
@@ -102,80 +88,98 @@ class WorkerGroup:
         preflight.check(cfg, local)
         # remote readers: one relay per follower node, or every remote rank directly
         remote = cfg.nnodes - 1 if cfg.relays(local) else world - local
-        self.broadcast = MessageQueue(local + remote, local, local_reader_ranks=list(range(local)),
-                               connect_ip=cfg.host, config=cfg)
-        dist_host = cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1"
-        self.dist_port = reserve_tcp_port(dist_host)
-        dist = self.dist_method = f"tcp://{dist_host}:{self.dist_port.getsockname()[1]}"
+        broadcast = MessageQueue(local + remote, local, local_reader_ranks=list(range(local)),
+                                 connect_ip=cfg.host, config=cfg)
+        members.set_broadcast(broadcast)
+        dist = members.reserve_init_method(cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1")
         node_id = self.placement.node_ids[0] if self.placement is not None else ""
         ctxs = [WorkerContext(rank=rank, local_rank=rank, world_size=world,
                               local_world_size=local, node_rank=0,
                               distributed_init_method=dist, config=cfg, node_id=node_id)
                 for rank in range(local)]
         dumps.reap_empty_dumps(dumps.dump_dir(cfg.dump_dir))
-        self.workers = LocalWorkers(cfg, ctxs, self.broadcast.export_handle(), cls_bytes, kw_bytes,
-                                    keep_fds=(self.dist_port.fileno(),))
+        workers = LocalWorkers(cfg, ctxs, broadcast.export_handle(), cls_bytes, kw_bytes,
+                               keep_fds=(members.dist_port_fd(),))
+        members.started(workers)
+        leader = None
         if cfg.nnodes > 1:
             if cfg.max_restarts:
                 logger.warning("Config.max_restarts is for single-node executors: on %d nodes "
                                "a worker's death fails the executor", cfg.nnodes)
-            self.leader = Leader(cfg, world)
+            leader = Leader(cfg, world)
+            members.led(leader)
             if self.placement is not None:
-                self.leader.startup_check = self.placement.check
-                self.leader.gone_check = self.placement.gone
+                leader.startup_check = self.placement.check
+                leader.gone_check = self.placement.gone
                 self.placement.start_followers()
-            self.leader.admit(wire.NodeSpec(node_rank=0, config=cfg, world_size=world,
-                                            distributed_init_method=dist,
-                                            handle=self.broadcast.export_handle(),
-                                            worker_cls=cls_bytes, worker_kwargs=kw_bytes),
-                              deadline)
-        handles = self.workers.handshake(deadline)
-        if self.leader is not None:
-            handles.update(self.leader.collect(deadline))
-        with self.workers.startup_deaths():  # a worker that died: its error, not the attach's
-            self.resp = [MessageQueue.create_from_handle(handles[r], 0, config=cfg)
-                         for r in range(world)]
-            self.broadcast.wait_until_ready(timeout=max(1.0, deadline - time.monotonic()))
-        self.calls.attach(self.broadcast, self.resp)
+            leader.admit(wire.NodeSpec(node_rank=0, config=cfg, world_size=world,
+                                       distributed_init_method=dist,
+                                       handle=broadcast.export_handle(),
+                                       worker_cls=cls_bytes, worker_kwargs=kw_bytes),
+                         deadline)
+        handles = workers.handshake(deadline)
+        if leader is not None:
+            handles.update(leader.collect(deadline))
+        with workers.startup_deaths():  # a worker that died: its error, not the attach's
+            resp: list[MessageQueue] = []
+            members.attached(resp)  # (filled as attached: a failure closes what was)
+            for r in range(world):
+                resp.append(MessageQueue.create_from_handle(handles[r], 0, config=cfg))
+            broadcast.wait_until_ready(timeout=max(1.0, deadline - time.monotonic()))
+        self.calls.attach(broadcast, resp)
         if cfg.stats_socket:
             self.stats_server = StatsServer(cfg.stats_socket, self._stats_json)
-        self.process_monitor = ProcessMonitor(self.workers.procs, self._died, self.fail)
+        self.process_monitor = ProcessMonitor(workers.procs, self._died, self.fail)
         self.process_monitor.start()
-        if self.leader is not None:
-            self.node_monitor = NodeMonitor(self.leader, self.fail)
+        if leader is not None:
+            self.node_monitor = NodeMonitor(leader, self.fail)
             self.node_monitor.start()
 
     # ------------------------------------------------------------------ who is where
+    # (read-only: the membership's, mpx/_driver/membership.py)
+
+    @property
+    def world_size(self) -> int:
+        return self.members.world_size
+
+    @property
+    def workers(self) -> LocalWorkers | None:
+        return self.members.workers
+
+    @property
+    def leader(self) -> Leader | None:
+        return self.members.leader
+
+    @property
+    def broadcast(self) -> MessageQueue | None:
+        return self.members.broadcast
+
+    @property
+    def resp(self) -> list[MessageQueue]:
+        return self.members.resp
+
+    @property
+    def dist_method(self) -> str:
+        """The workers' distributed_init_method now."""
+        return self.members.dist_method
 
     @property
     def procs(self) -> list[Any]:
         """This node's worker processes, by rank."""
-        return self.workers.procs if self.workers is not None else []
+        return self.members.procs
 
     @property
     def pids(self) -> list[int]:
         """Every worker's pid by rank (those of follower nodes as they reported)."""
-        remote = self.leader.pids if self.leader is not None else {}
-        return [p.pid for p in self.procs] + [remote[r] for r in sorted(remote)]
+        return self.members.pids
 
     def is_local(self, rank: int) -> bool:
         """Whether ``rank`` runs on this node (else on a follower node)."""
-        return rank < len(self.procs)
+        return self.members.is_local(rank)
 
     def alive(self) -> list[bool]:
-        """Per rank, whether its worker runs: not found dead, not stopped, and (a local
-        one) its process not exited. Never waits."""
-        if self._workers_stopped:
-            return [False] * self.world_size
-        procs = self.procs
-        return [r not in self._dead and (r >= len(procs) or procs[r].exitcode is None)
-                for r in range(self.world_size)]
-
-    def found_dead(self, rank: int) -> None:
-        """(stats) ``rank``'s process was found dead, not stopped by mpx: count it once."""
-        if not self._workers_stopped and rank not in self._dead:
-            self._dead.add(rank)
-            self.deaths[rank] += 1
+        """Per rank, whether its worker runs (never waits)."""
+        return self.members.alive()
 
     def died_error(self, rank: int) -> WorkerDiedError:
         """The error that says how ``rank`` died (exit code or signal when local: this waits
@@ -196,21 +200,28 @@ class WorkerGroup:
 
     def _died(self, rank: int, incarnation: int | None) -> None:
         """(the monitor thread) ``rank``'s process number ``incarnation`` (None: the current
-        one) died: restart it in place if it has restarts left, else fail the group."""
-        if rank >= self.world_size or incarnation not in (None, self.incarnation[rank]):
+        one) died. If it has restarts left: the calls it will never answer fail now
+        (``CallTable.lose``: their futures complete at once), new calls wait, and the
+        restarter thread starts it again in place; else the group fails. Never waits for
+        a restart or a resize under way (it holds no lock they hold)."""
+        members = self.members
+        if not members.is_current(rank, incarnation):
             return  # said of a process that was replaced already, or left the group
+        incarnation = members.incarnation(rank)
         if self.calls.failure is None and not self.calls.closed and self.may_restart(rank):
-            regroup.restart(self, rank, self.incarnation[rank])
+            died = self.died_error(rank)
+            self.calls.lose(rank, died)
+            members.found_dead(rank)  # (counted once new calls wait: stats() shows it)
+            self.restarter.request(rank, incarnation, died)
             return
-        self.found_dead(rank)
+        members.found_dead(rank)
         if self.calls.failure is None and not self.calls.closed:
             self.fail(self.died_error(rank))
 
     def may_restart(self, rank: int) -> bool:
         """Whether ``rank`` is started again in place after its death (Config.max_restarts;
         a single-node group's)."""
-        return self.leader is None and self.restarts[rank] < self.config.max_restarts and \
-            not self._workers_stopped
+        return self.members.may_restart(rank, self.config.max_restarts)
 
     def _peer_gone(self, rank: int, error: PeerDiedError) -> None:
         """A reader found ``rank``'s queue dead: the monitor thread fails the group."""
@@ -218,9 +229,9 @@ class WorkerGroup:
         if monitor is None:
             return
         if self.is_local(rank):  # (died_error waits for its exit: not in this thread)
-            monitor.report_death(rank, self.incarnation[rank])
+            monitor.report_death(rank, self.members.read_incarnation(rank))
         else:
-            self.found_dead(rank)
+            self.members.found_dead(rank)
             pid = self.leader.pids.get(rank) if self.leader is not None else None
             monitor.report(WorkerDiedError(f"worker rank {rank} (pid {pid}) is gone: {error}",
                                            rank=rank, pid=pid))
@@ -271,22 +282,13 @@ class WorkerGroup:
         if self.process_monitor is not None:
             self.process_monitor.unwatch(rank)
 
-    def resized(self, n: int) -> None:
-        """(regroup) The group was re-formed as ``n`` ranks, every one of them running."""
-        def fit(counts: list[int]) -> None:
-            del counts[n:]
-            counts.extend([0] * (n - len(counts)))
-        for counts in (self.deaths, self.restarts, self.incarnation):
-            fit(counts)
-        self._dead.clear()
-        self.world_size = n
-
     def add_restart_callback(self, callback: Callable[[int], None]) -> None:
         with self.lock:
             self.restart_callbacks.append(callback)
 
     def run_restart_callbacks(self, rank: int) -> None:
-        """``cb(rank)`` for each restart callback (the monitor thread, no lock held)."""
+        """``cb(rank)`` for each restart callback (the restarter thread, or a resize's
+        caller for a rank it restarted; no lock held)."""
         with self.lock:
             callbacks = list(self.restart_callbacks)
         for cb in callbacks:
@@ -308,6 +310,7 @@ class WorkerGroup:
             if self._workers_stopped:
                 return
             self._workers_stopped = True
+            self.members.stopped()
             try:
                 if self.broadcast is not None:
                     try:
@@ -334,7 +337,8 @@ class WorkerGroup:
             self.closed = True
         self.closing.set()
         steps = [self.calls.close, self._stop_stats_server, self.stop_workers,
-                 self._stop_monitors, self._close_queues, self._release_placement]
+                 self._stop_monitors, self.restarter.close, self._close_queues,
+                 self._release_placement]
         raised: BaseException | None = None
         for step in steps:
             try:
@@ -370,8 +374,7 @@ class WorkerGroup:
             self.placement.close(close_wait_s(self.config))
 
     def _close_queues(self) -> None:
-        if self.dist_port is not None:
-            self.dist_port.close()
+        self.members.release_port()
         for q in self.resp:
             q.close()
         if self.broadcast is not None:

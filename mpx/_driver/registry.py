@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mpx._driver import lockorder
 from mpx._driver.callbacks import CallbackThread
 from mpx._driver.futures import complete_each
 from mpx._driver.stalls import StallDiagnosis
@@ -77,7 +78,7 @@ class CallRegistry:
         # a call done, or the baton free: sleep on `turn` holding `turn_lock`, entered with
         # `with turn_lock` (a Condition's own __enter__ is Python: an interrupt can leave
         # its lock held, see mpx/_driver/pump.py)
-        self.turn_lock = threading.Lock()
+        self.turn_lock = lockorder.lock("CallTable.turn_lock", lockorder.TURN)
         self.turn = threading.Condition(self.turn_lock)
         self.waiting = 0                    # threads sleeping on `turn` for their call
         self.pending: dict[int, Call] = self.ledger.pending  # sent or queued to send
@@ -90,7 +91,7 @@ class CallRegistry:
         self.paused = False
         self.closed = False
         self._completed: collections.deque[Call] = self.ledger.completed  # futures to set
-        self.completing = threading.Lock()  # (see the module docstring)
+        self.completing = lockorder.lock("CallRegistry.completing", lockorder.COMPLETING)
         self._answered: collections.deque[Call] = collections.deque()   # outcomes to make
         self.callbacks = CallbackThread()
 

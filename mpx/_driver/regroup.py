@@ -1,43 +1,56 @@
 """Re-forming a running group: a rank restarted in place after its process died
-(``Config.max_restarts``), and the group resized between calls (``Executor.resize``).
+(``Config.max_restarts``), and the group resized between calls (``Executor.resize``); the
+operations of the group's membership (mpx/_driver/membership.py), which they change
+through its methods alone.
 
 Who runs what::
 
-    mpx-process-monitor   restart(): the thread that found the death, once per death
-    the caller            resize()
-    (one at a time)       WorkerGroup.regroup_lock
+    mpx-process-monitor   finds the death; fails the calls the dead rank will never answer
+                          at once (CallTable.lose) and hands the restart on; never waits
+    mpx-restarter         restart(), once per death, in the order found; then the restart
+                          callbacks (user code), outside every lock
+    the caller            resize(); the restart callbacks of ranks it restarted
+    (one at a time)       Membership.regroup_lock
 
 Both run with the call table paused (``CallTable.pause``): the thread re-forming the group
 holds the baton, so nobody else reads replies, and every call made meanwhile is queued in
 the driver, to go out in order on the new broadcast queue once it ends (a blocking caller
-waits for its call as usual, within its timeout). No user code runs while it is paused:
-the restart callbacks run after ``resume``, in the monitor thread, outside every lock.
+waits for its call as usual, within its timeout). No user code runs while it is paused.
+A resize in the main thread holds Ctrl-C back (mpx/_driver/interrupts.py): it is raised
+where the resize is cleanly undone (waiting for the lock or the calls in flight), else once
+the resize is over.
 
 The steps (``_reform``), each undone if a later one fails before the old queue is told:
 
 1. a new broadcast queue for the new set of ranks;
 2. the new processes (the restarted rank, or the ranks the group grows by) start on it,
    and their ready handshake returns their response queues; a failure here leaves the
-   group as it was (resize), or fails it with the startup error (restart);
+   group as it was (resize), or fails it with the startup error (restart); a restarted
+   rank's new process that dies before it is ready is started once more (its reader
+   place on the new ring given back), while the rank has restarts left;
 3. the old broadcast queue tells the ranks that stay where the next calls come from
    (``wire.regroup``; a rank not below the new size leaves, as at stop), after the dead
-   rank's unread slots were released, and is closed;
-4. the call table takes the new queues (``CallTable.regrouped``), and waits until every
-   rank attached to the new broadcast queue: the ranks that stay do so when they read the
-   message, after the calls before it (so a restart waits for the survivors' calls in
-   progress), and its segment's name is unlinked then;
+   ranks' readers were released (they hold the writer up no more), and is closed;
+4. the membership swaps in one step (``Membership.swap``: the call table's queues and
+   sizes, the per-rank counters), then waits until every rank attached to the new
+   broadcast queue: the ranks that stay do so when they read the message, after the calls
+   before it (so a restart waits for the survivors' calls in progress), and its segment's
+   name is unlinked then;
 5. the ranks that left are reaped, and the monitor watches the new processes.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from mpx import wire
-from mpx._procinfo import reserve_tcp_port
+from mpx import _debug, wire
+from mpx._driver import lockorder
+from mpx._driver.interrupts import Deferred
 from mpx.errors import (
     ExecutorFailed,
     PeerDiedError,
@@ -60,32 +73,90 @@ logger = logging.getLogger("mpx")
 PAUSE_TIMEOUT_S = 5.0
 # While a resize waits for the calls in flight to finish, it looks this often.
 IN_FLIGHT_POLL_S = 0.002
+# While a resize waits for a restart under way to end, it looks this often for Ctrl-C.
+LOCK_POLL_S = 0.05
 # While a regroup waits for the ranks to attach to the new queue, it looks this often
 # whether one of those it waits for died.
 ATTACH_POLL_S = 0.05
 # While the old queue is full for the message that moves the ranks, and no reply came that
 # would make a rank take it, the regroup waits this long before it looks again.
 FULL_POLL_S = 0.001
+# How long shutdown waits for the restarter thread to end (a restart under way ends as
+# soon as the workers are stopped: its waits watch them).
+RESTARTER_JOIN_S = 10.0
 
 
-def restart(group: WorkerGroup, rank: int, incarnation: int) -> None:
-    """(the monitor thread) ``rank``'s process number ``incarnation`` died and the rank has
-    restarts left: fail the calls it did not answer with its WorkerDiedError, start it
-    again in place, and run the restart callbacks. Fails the group if that cannot be done.
-    The calls made once the death is counted (``stats()``) wait for the restart."""
-    calls = group.calls
-    with group.regroup_lock:
-        if rank >= group.world_size or group.incarnation[rank] != incarnation:
-            return  # a resize that ran meanwhile restarted it already, or it left the group
+class Restarter:
+    """The thread (``mpx-restarter``, started on the first death) that restarts dead ranks
+    in place, one at a time in the order their deaths were found, and then runs the
+    restart callbacks, outside every lock. The death watch hands it each death
+    (``request``) and goes on watching: a restart, however long, never delays the report
+    of another death."""
+
+    def __init__(self, group: WorkerGroup) -> None:
+        self._group = group
+        self._due: collections.deque[tuple[int, int, WorkerDiedError]] = collections.deque()
+        # (entered itself, not the Condition: see pump.py)
+        self._lock = lockorder.lock("Restarter's lock", lockorder.LEAF)
+        self._cv = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def request(self, rank: int, incarnation: int, died: WorkerDiedError) -> None:
+        """Restart ``rank``, whose process number ``incarnation`` died with ``died``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._due.append((rank, incarnation, died))
+            if self._thread is None:
+                self._thread = threading.Thread(target=_debug.counted_thread(self._run),
+                                                name="mpx-restarter", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._due and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                rank, incarnation, died = self._due.popleft()
+            try:
+                restarted = restart(self._group, rank, incarnation, died)
+            except BaseException:  # (logged: the next death must still be restarted)
+                logger.exception("restarting worker rank %d failed", rank)
+                continue
+            for r in restarted:
+                self._group.run_restart_callbacks(r)
+
+    def close(self) -> None:
+        """Drop the restarts not begun and end the thread (shutdown)."""
+        with self._lock:
+            self._closed = True
+            self._due.clear()
+            thread = self._thread
+            self._cv.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(RESTARTER_JOIN_S)
+
+
+def restart(group: WorkerGroup, rank: int, incarnation: int, died: WorkerDiedError) -> list[int]:
+    """(the restarter thread) ``rank``'s process number ``incarnation`` died with ``died``
+    and the rank has restarts left: fail the calls it did not answer, start it again in
+    place. Fails the group if that cannot be done. The ranks restarted (this one, and any
+    that died meanwhile), for their callbacks."""
+    calls, members = group.calls, group.members
+    with members.regroup_lock:
+        if not members.is_current(rank, incarnation):
+            return []  # a resize that ran meanwhile restarted it already, or it left the group
         paused = calls.pause(PAUSE_TIMEOUT_S)
-        group.found_dead(rank)
-        died = group.died_error(rank)
         if not paused:
             group.fail(died)  # (a no-op when the table failed or closed meanwhile)
-            return
+            return []
         try:
             _lose(group, rank, died)
-            restarted = [rank, *_reform(group, group.world_size, [rank], dead=[rank])]
+            restarted = [rank, *_reform(group, members.world_size, [rank], dead=[rank])]
         except BaseException as e:
             err = e if isinstance(e, ExecutorFailed) else ExecutorFailed(
                 f"worker rank {rank} could not be restarted: {e!r}")
@@ -98,88 +169,100 @@ def restart(group: WorkerGroup, rank: int, incarnation: int) -> None:
                 group.after_failure(err)
             if not isinstance(e, Exception):
                 raise
-            return
+            return []
         calls.resume()
-    for r in restarted:
-        group.run_restart_callbacks(r)
+    return restarted
 
 
 def _lose(group: WorkerGroup, rank: int, died: WorkerDiedError) -> None:
     """(paused) ``rank``'s process died and it will be started again: what it wrote is
-    read, the calls it did not answer fail with ``died``."""
+    read, the calls it did not answer fail with ``died`` (those sent since the death was
+    found too) and their futures complete now, and one of its restarts is used."""
     group.calls.drain_rank(rank)
     group.calls.fail_unanswered(rank, died)
+    group.calls.complete_futures()
     _count_restart(group, rank, died)
 
 
 def _count_restart(group: WorkerGroup, rank: int, why: BaseException) -> None:
-    """``rank`` is started once more: one restart used, and what is reported of its
-    process so far is stale."""
-    group.incarnation[rank] += 1
-    group.restarts[rank] += 1
-    logger.warning("restarting worker rank %d (restart %d of %d): %s", rank,
-                   group.restarts[rank], group.config.max_restarts, why)
+    n = group.members.count_restart(rank)
+    logger.warning("restarting worker rank %d (restart %d of %d): %s", rank, n,
+                   group.config.max_restarts, why)
 
 
 def resize(group: WorkerGroup, world_size: int, timeout: float) -> None:
     """(the caller) Grow or shrink the group to ``world_size`` ranks once the calls in
     flight are done (ResizeError if they are not within ``timeout`` seconds; the calls made
     meanwhile wait, and go to the new group)."""
-    calls = group.calls
+    members = group.members
     deadline = time.monotonic() + timeout
-    if not group.regroup_lock.acquire(timeout=max(0.0, timeout)):
-        raise ResizeError(f"resize({world_size}): a restart or another resize was still "
-                          f"under way after {timeout:g} s")
-    try:
-        calls.check_usable()
-        calls.hold_sending()
+    with Deferred() as interrupt:
+        while not members.regroup_lock.acquire(timeout=LOCK_POLL_S):
+            interrupt.raise_if_interrupted()
+            if time.monotonic() >= deadline:
+                raise ResizeError(f"resize({world_size}): a restart or another resize was "
+                                  f"still under way after {timeout:g} s")
         try:
-            while calls.in_flight():
-                if time.monotonic() >= deadline:
-                    raise ResizeError(f"resize({world_size}): {calls.in_flight()} calls were "
-                                      f"still in flight after {timeout:g} s; the executor "
-                                      "is as it was")
-                time.sleep(IN_FLIGHT_POLL_S)
-            if not calls.pause(max(0.001, deadline - time.monotonic())):
-                calls.check_usable()
-                raise ResizeError(f"resize({world_size}): the replies' reader did not let go "
-                                  f"within {timeout:g} s; the executor is as it was")
-        except BaseException:
-            calls.release_sending()
-            raise
-        queue = group.broadcast
-        try:
-            old = group.world_size
-            restarted = _reform(group, world_size, list(range(old, world_size)),
-                                leaving=list(range(world_size, old)))
-        except BaseException as e:
-            if group.broadcast is queue:  # (failed before the ranks were told: as it was)
-                calls.resume()
-                raise
-            err = ExecutorFailed(f"resize({world_size}) failed part way: {e!r}")
-            failed = calls.fail(err)
-            calls.resume()
-            if failed:
-                group.after_failure(err)
-            raise
-        calls.resume()
-    finally:
-        group.regroup_lock.release()
+            restarted = _resize_locked(group, world_size, deadline, timeout, interrupt)
+        finally:
+            members.regroup_lock.release()
     for rank in restarted:  # (ranks that died while it ran, started again in it)
         group.run_restart_callbacks(rank)
+
+
+def _resize_locked(group: WorkerGroup, world_size: int, deadline: float, timeout: float,
+                   interrupt: Deferred) -> list[int]:
+    """resize(), ``regroup_lock`` held; Ctrl-C is raised only while nothing is changed."""
+    calls, members = group.calls, group.members
+    calls.check_usable()
+    calls.hold_sending()
+    try:
+        while calls.in_flight():
+            interrupt.raise_if_interrupted()
+            if time.monotonic() >= deadline:
+                raise ResizeError(f"resize({world_size}): {calls.in_flight()} calls were "
+                                  f"still in flight after {timeout:g} s; the executor "
+                                  "is as it was")
+            time.sleep(IN_FLIGHT_POLL_S)
+        interrupt.raise_if_interrupted()
+        if not calls.pause(max(0.001, deadline - time.monotonic())):
+            calls.check_usable()
+            raise ResizeError(f"resize({world_size}): the replies' reader did not let go "
+                              f"within {timeout:g} s; the executor is as it was")
+    except BaseException:
+        calls.release_sending()
+        raise
+    queue = members.broadcast
+    try:
+        old = members.world_size
+        restarted = _reform(group, world_size, list(range(old, world_size)),
+                            leaving=list(range(world_size, old)))
+    except BaseException as e:
+        if members.broadcast is queue:  # (failed before the ranks were told: as it was)
+            calls.resume()
+            raise
+        err = ExecutorFailed(f"resize({world_size}) failed part way: {e!r}")
+        failed = calls.fail(err)
+        calls.resume()
+        if failed:
+            group.after_failure(err)
+        raise
+    calls.resume()
+    return restarted
 
 
 def _reform(group: WorkerGroup, n: int, starting: list[int], dead: Sequence[int] = (),
             leaving: Sequence[int] = ()) -> list[int]:
     """(paused) Re-form the group as ``n`` ranks: ``starting`` get new processes, ``dead``
-    ranks' unread slots are released first, ``leaving`` ranks go (see the module
-    docstring). Returns the ranks that stayed but died meanwhile, and were restarted too."""
-    cfg, workers, calls = group.config, group.workers, group.calls
-    assert workers is not None and group.broadcast is not None
+    ranks' readers are released first, ``leaving`` ranks go (see the module docstring).
+    Returns the ranks that stayed but died meanwhile, and were restarted too."""
+    cfg, members, calls = group.config, group.members, group.calls
+    workers = members.workers
+    assert workers is not None and members.broadcast is not None
     deadline = time.monotonic() + cfg.startup_timeout_s
     new = MessageQueue(n, n, connect_ip=cfg.host, config=cfg)
     try:
-        _fresh_init_method(group)
+        members.reserve_init_method("127.0.0.1")
         opened = _start(group, new, starting, n, deadline)
     except BaseException:
         new.close()
@@ -187,12 +270,12 @@ def _reform(group: WorkerGroup, n: int, starting: list[int], dead: Sequence[int]
     # the point of no return: the ranks that stay are told where to go
     for rank in leaving:
         group.monitor_unwatch(rank)
-    staying = [r for r in range(min(n, len(group.resp))) if r not in starting]
-    old, group.broadcast = group.broadcast, new
+    staying = [r for r in range(min(n, len(members.resp))) if r not in starting]
+    old = members.set_broadcast(new)
+    assert old is not None
     _tell(old, wire.regroup(calls.first_unsent(), new.export_handle(), n),
           {*dead, *workers.exited(0.0, staying)}, deadline, lambda: calls.read_paused(dead))
-    _use(group, new, [opened.get(r) or group.resp[r] for r in range(n)])
-    group.resized(n)
+    _swap(group, [opened.get(r) or members.resp[r] for r in range(n)])
     if leaving:
         workers.retire(list(leaving))
     if group.closing.is_set():  # (shut down meanwhile: its queues may be closed already)
@@ -200,8 +283,15 @@ def _reform(group: WorkerGroup, n: int, starting: list[int], dead: Sequence[int]
     return _await_attached(group, new, n, deadline)
 
 
+def _swap(group: WorkerGroup, resp: list[MessageQueue]) -> None:
+    """The membership swaps to the broadcast queue set and ``resp``; the response queues
+    no longer read are closed."""
+    for q in group.members.swap(group.calls, resp):
+        q.close()
+
+
 def _close_all(group: WorkerGroup) -> None:
-    for q in [group.broadcast, *group.resp]:
+    for q in [group.members.broadcast, *group.members.resp]:
         if q is not None:
             q.close()
 
@@ -212,7 +302,8 @@ def _start(group: WorkerGroup, new: MessageQueue, ranks: list[int], n: int,
     and attach to their response queues once they are ready; ``{rank: that queue}``. On a
     failure (WorkerStartupError naming the rank) what was started is ended: the ranks the
     group grew by are stopped, a restarted rank's process is left to the group's failure."""
-    cfg, workers = group.config, group.workers
+    cfg, members = group.config, group.members
+    workers = members.workers
     assert workers is not None
     started: list[int] = []
     opened: dict[int, MessageQueue] = {}
@@ -222,9 +313,7 @@ def _start(group: WorkerGroup, new: MessageQueue, ranks: list[int], n: int,
             with group.start_lock:
                 if group.workers_stopped:
                     raise ExecutorFailed("the executor is shutting down")
-                started = [workers.add(_context(group, rank, n, group.restarts[rank]
-                                                if rank < len(group.restarts) else 0), handle)
-                           for rank in ranks]
+                started = [workers.add(_context(group, rank, n), handle) for rank in ranks]
             try:
                 handles = workers.handshake(deadline, started)
                 break
@@ -240,7 +329,7 @@ def _start(group: WorkerGroup, new: MessageQueue, ranks: list[int], n: int,
     except BaseException:
         for q in opened.values():
             q.close()
-        grown = [workers.ranks[i] for i in started if workers.ranks[i] >= group.world_size]
+        grown = [workers.ranks[i] for i in started if workers.ranks[i] >= members.world_size]
         if grown:
             workers.retire(grown, grace_s=0.0)
         raise
@@ -254,19 +343,19 @@ def _died_restarting(group: WorkerGroup, ranks: list[int], e: WorkerStartupError
     if len(ranks) != 1 or e.ranks != ranks or e.exitcode is None or e.remote_traceback:
         return False
     rank = ranks[0]
-    if rank >= group.world_size or not group.may_restart(rank):
+    if not group.may_restart(rank):
         return False
-    group.deaths[rank] += 1
+    group.members.count_startup_death(rank)
     _count_restart(group, rank, e)
     return True
 
 
 def _tell(old: MessageQueue, message: tuple, gone: set[int], deadline: float,
           read: Callable[[], int]) -> None:
-    """Broadcast ``message`` (the last) on the ``old`` queue, past the unread slots of the
-    ranks in ``gone`` and of any that turns out to be gone too, and close it. While the
-    queue is full, ``read()`` the replies (a rank blocked on its full response queue takes
-    no message)."""
+    """Broadcast ``message`` (the last) on the ``old`` queue, past the readers of the ranks
+    in ``gone`` and of any that turns out to be gone too, and close it. While the queue is
+    full, ``read()`` the replies (a rank blocked on its full response queue takes no
+    message)."""
     out = old.writing_end()
 
     def while_full() -> None:
@@ -290,21 +379,12 @@ def _tell(old: MessageQueue, message: tuple, gone: set[int], deadline: float,
         old.close()
 
 
-def _use(group: WorkerGroup, new: MessageQueue, resp: list[MessageQueue]) -> None:
-    """The call table sends on ``new`` and reads ``resp`` from now on; the response queues
-    it no longer reads are closed."""
-    replaced = [q for r, q in enumerate(group.resp) if r >= len(resp) or resp[r] is not q]
-    group.calls.regrouped(new, resp)
-    group.resp = resp
-    for q in replaced:
-        q.close()
-
-
 def _await_attached(group: WorkerGroup, new: MessageQueue, n: int, deadline: float) -> list[int]:
     """Wait until every rank attached to ``new``; a rank that stayed but died before it
     could is restarted on it too (while it has restarts left: else its death fails the
     regroup). Returns those ranks."""
-    workers = group.workers
+    members = group.members
+    workers = members.workers
     assert workers is not None
     restarted: list[int] = []
     while True:
@@ -317,32 +397,22 @@ def _await_attached(group: WorkerGroup, new: MessageQueue, n: int, deadline: flo
         missing = new.writing_end().missing_readers()
         for rank in workers.exited(0.0, missing):
             died = group.died_error(rank)
-            group.found_dead(rank)
+            members.found_dead(rank)
             if not group.may_restart(rank):
                 raise died
             _lose(group, rank, died)
             opened = _start(group, new, [rank], n, deadline)
-            _use(group, new, [opened.get(r) or group.resp[r] for r in range(n)])
+            _swap(group, [opened.get(r) or members.resp[r] for r in range(n)])
             restarted.append(rank)
         if time.monotonic() >= deadline:
             raise QueueTimeout(f"ranks {missing} did not join the re-formed group within "
                                f"{group.config.startup_timeout_s:g} s (startup_timeout_s)")
 
 
-def _fresh_init_method(group: WorkerGroup) -> None:
-    """A new ``distributed_init_method`` for the re-formed group (a new port, held as the
-    first was)."""
-    if group.dist_port is not None:
-        group.dist_port.close()
-    group.dist_port = reserve_tcp_port("127.0.0.1")
-    group.dist_method = f"tcp://127.0.0.1:{group.dist_port.getsockname()[1]}"
-    if group.workers is not None:  # (a forked worker closes it, as it did the first)
-        group.workers.keep_fds = (group.dist_port.fileno(),)
-
-
-def _context(group: WorkerGroup, rank: int, n: int, generation: int) -> WorkerContext:
-    cfg = group.config
+def _context(group: WorkerGroup, rank: int, n: int) -> WorkerContext:
+    cfg, members = group.config, group.members
     node_id = group.placement.node_ids[0] if group.placement is not None else ""
+    generation = members.restarts(rank) if rank < members.world_size else 0
     return WorkerContext(rank=rank, local_rank=rank, world_size=n, local_world_size=n,
-                         node_rank=0, distributed_init_method=group.dist_method, config=cfg,
+                         node_rank=0, distributed_init_method=members.dist_method, config=cfg,
                          node_id=node_id, generation=generation)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mpx import _debug, serde, wire
+from mpx._driver import lockorder
 from mpx._driver.futures import RPCFuture
 from mpx._driver.pump import until_ns
 from mpx._driver.registry import Call
@@ -71,7 +72,7 @@ class Sending(_Base):
         self.use_broadcast(broadcast)
         # while the group is re-formed (mpx/_driver/regroup.py), every call is queued
         self.held = False
-        self.order = threading.Lock()
+        self.order = lockorder.lock("CallTable.order", lockorder.ORDER)
         self._queued_cv = threading.Condition(self.order)
         self._queued_seqs: set[int] = set()
         self._sender: threading.Thread | None = None

@@ -114,16 +114,15 @@ def snapshot(group: WorkerGroup) -> Stats:
     """The Stats of ``group``'s executor now."""
     calls = group.calls
     meter = calls.meter
-    by_method = method_counts(meter, calls.lock)
-    in_flight, queued = calls.pending_calls()
-    pids = group.pids
-    alive = group.alive()
-    ranks = tuple(
-        RankStats(rank, pids[rank] if rank < len(pids) else None, alive[rank],
-                  sum(h.count for h in rank_histograms(meter, rank)),
-                  group.deaths[rank] if rank < len(group.deaths) else 0,
-                  latency(meter.recent[rank], meter.previous[rank]))
-        for rank in range(meter.n_ranks))
+    with group.members.lock:  # (one membership: its size, pids and the meter's ranks)
+        by_method = method_counts(meter, calls.lock)
+        in_flight, queued = calls.pending_calls()
+        view = group.members.view()
+        ranks = tuple(
+            RankStats(rank, view.pids[rank], view.alive[rank],
+                      sum(h.count for h in rank_histograms(meter, rank)), view.deaths[rank],
+                      latency(meter.recent[rank], meter.previous[rank]))
+            for rank in range(view.world_size))
     return Stats(
         calls=MappingProxyType({k: MappingProxyType(v) for k, v in by_method.items()}),
         in_flight=in_flight, queued=queued, bytes_sent=meter.bytes_sent,
