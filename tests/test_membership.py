@@ -234,7 +234,11 @@ def test_a_restarted_rank_whose_new_process_dies_in_startup_comes_back(impl, exe
                   worker_kwargs=dict(slow_generation=1), **RING)
     first = _kill(ex, 1)
     _until(lambda: ex.worker_pids()[1] != first, what="generation 1")
-    time.sleep(0.5)  # (inside __init__, attached to the new broadcast ring)
+    pid = ex.worker_pids()[1]
+    if transport == "shm":  # until it has mapped (and so attached to) the new ring
+        _until(lambda: _maps_a_ring(pid), what="generation 1's attach")
+    else:
+        time.sleep(1.0)  # (inside __init__'s nap)
     second = _kill(ex, 1)
     deadline = time.monotonic() + 60
     while True:
@@ -247,12 +251,20 @@ def test_a_restarted_rank_whose_new_process_dies_in_startup_comes_back(impl, exe
     assert out[1][1] == 2 and out[1][2] not in (first, second) and not ex.is_failed
 
 
+def _maps_a_ring(pid):
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "/dev/shm/mpx-" in f.read()
+    except OSError:
+        return False
+
+
 def test_restart_works_with_every_start_method(impl, executor):
     for method in ("fork", "forkserver", "spawn"):
         ex = executor(Member, n=2, max_restarts=1, start_method=method, **RING)
         old = _kill(ex, 1)
-        _until(lambda: ex.worker_pids()[1] != old and _answers(ex), timeout=60,
-               what=f"the restart under {method}")
+        _until(lambda ex=ex, old=old: ex.worker_pids()[1] != old and _answers(ex),
+               timeout=60, what=f"the restart under {method}")
         assert not ex.is_failed, method
         ex.shutdown()
 

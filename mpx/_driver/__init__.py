@@ -3,10 +3,15 @@
 - :mod:`.executor`: ``Executor``, the public facade; it holds no state of its own.
 - :mod:`.group`: the processes, queues and threads one executor owns, how they start, how a
   failure stops them and how they shut down.
+- :mod:`.membership`: the one owner of the group's membership (ranks, processes,
+  incarnations, restarts, deaths, the distributed port, the queues), changed in one step.
 - :mod:`.calls`: the call table and the reply pump: sequence numbers, pending calls, sending,
   reading replies (in the waiting thread, or a background reader), deadlines.
 - :mod:`.monitors`: the threads that notice a dead worker process or a lost node.
-- :mod:`.regroup`: re-forming a running group: a dead rank restarted in place, a resize.
+- :mod:`.regroup`: re-forming a running group: a dead rank restarted in place (by the
+  ``mpx-restarter`` thread), a resize; :mod:`.interrupts` holds Ctrl-C back meanwhile.
+- :mod:`.lockorder`: every driver lock with its rank, the order they nest in, and the check
+  of it (``MPX_CHECK_LOCKS=1``).
 - :mod:`.stalls`: why a rank has not answered (watchdog reports, dumps, process state).
 - :mod:`.futures`: ``RPCFuture``, awaitable, over :mod:`.future_core` (a call's record and
   the future's hot part: one source, compiled where it was built, else run as plain Python;

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mpx import _debug, wire
+from mpx._driver import lockorder
 from mpx.errors import ExecutorFailed
 
 if TYPE_CHECKING:
@@ -35,7 +36,8 @@ class Once:
     cannot cancel it for the others."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # (held to make the future only, never to start it)
+        # (held to make the future only, never to start it)
+        self._lock = lockorder.lock("aio.Once's lock", lockorder.LEAF)
         self._future: concurrent.futures.Future | None = None
 
     def get(self, start: Callable[[concurrent.futures.Future], None]

@@ -291,11 +291,12 @@ class Executor:
     def register_restart_callback(self, callback: Callable[[int], None]) -> None:
         """Run ``callback(rank)`` each time a rank restarted in place
         (``Config.max_restarts``) is ready: its new process answers calls, and the calls
-        held meanwhile went out. It runs in the mpx monitor thread, outside every mpx lock;
-        a user re-forms the workers' process groups from there with a collective call that
-        passes :attr:`distributed_init_method` (the ranks that stayed still hold the old
-        one), made with ``non_block=True``: the monitor notices the next death only once
-        the callback returns (see docs/restart.md). It must not resize the executor."""
+        held meanwhile went out. It runs in the ``mpx-restarter`` thread (for a rank that a
+        resize restarted, in the resize's thread), outside every mpx lock; what it raises
+        is logged. A user re-forms the workers' process groups from there with a collective
+        call that passes :attr:`distributed_init_method` (the ranks that stayed still hold
+        the old one), made with ``non_block=True``: the next restart starts only once the
+        callback returns (deaths are reported meanwhile; see docs/restart.md)."""
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
         self._group.add_restart_callback(callback)
@@ -313,7 +314,12 @@ class Executor:
         ``__init__`` raises gives WorkerStartupError, the executor as it was. Afterwards
         each call returns one result per rank of the new size; re-form a
         ``torch.distributed`` group with a collective call that passes
-        :attr:`distributed_init_method` and the new size (see docs/restart.md)."""
+        :attr:`distributed_init_method` and the new size (see docs/restart.md).
+
+        From any thread: the new workers live as long as this process. In the main thread
+        Ctrl-C is held back until the resize is undone or over. A size over a limit (a
+        ring's reader limit, the host's process limit) is a ValueError naming it, before
+        anything is allocated."""
         group = self._group
         if self._pid != os.getpid():
             raise self._not_owner()

@@ -17,12 +17,15 @@ rank  lock                          guards
 70    CallbackThread's lock         the done callbacks handed to mpx-callbacks
 80    WorkerGroup.lock              the failure and restart callbacks lists (a leaf)
 80    Restarter's lock              the deaths handed to mpx-restarter (a leaf)
+80    ProcessMonitor's watch lock   the processes the death watch watches (a leaf)
+80    aio.Once's lock               making the shutdown or failure future once (a leaf)
 ====  ============================  ========================================================
 
 Innermost of all, taken with none of the above waited for inside it: the call ledger's lock
-(``Ledger.lock``, compiled; held for dict and counter updates only) and each transport
-end's own lock. The baton (mpx/_driver/future_core.py) is never waited for while one of
-these locks is held, and no user code runs under any of them.
+(``Ledger.lock``, compiled; held for dict and counter updates only), the futures' own locks
+(mpx/_driver/futures.py, future_core.py) and each transport end's own lock. The baton
+(mpx/_driver/future_core.py) is never waited for while one of these locks is held, and no
+user code runs under any of them.
 
 With ``MPX_CHECK_LOCKS=1`` in the environment when mpx is imported, the locks are made as
 ``CheckedLock``s, which raise :class:`LockOrderError` (and record it in ``violations``) on

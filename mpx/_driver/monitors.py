@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpx import _debug
+from mpx._driver import lockorder
 from mpx._node.leader import Leader
 from mpx.errors import ExecutorFailed
 
@@ -29,7 +30,7 @@ class ProcessMonitor:
     def __init__(self, procs: list[Any], on_death: Callable[[int, int | None], None],
                  on_failure: Callable[[ExecutorFailed], None]) -> None:
         self._sentinels = {p.sentinel: rank for rank, p in enumerate(procs)}
-        self._watch_lock = threading.Lock()
+        self._watch_lock = lockorder.lock("ProcessMonitor's watch lock", lockorder.LEAF)
         self._on_death = on_death
         self._on_failure = on_failure
         self._reports: queue.SimpleQueue[ExecutorFailed | tuple[int, int]] = queue.SimpleQueue()
