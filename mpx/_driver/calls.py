@@ -143,7 +143,13 @@ class CallTable(Sending, ReplyPump):
         rank wrote before it died is read, so the calls it answered keep their replies
         (unless a regroup holds the baton past FAIL_HANDOVER_S: it reads them itself);
         the calls it did not answer fail with ``err``, and their futures complete now,
-        not when the restart ends."""
+        not when the restart ends. The table stays paused until the restart's ``resume``
+        (or ``unpause``): a reader that holds the baton lets go within one read, and none
+        takes it meanwhile, so that this thread gets it."""
+        with self.lock:
+            if self.failure is not None or self.closed:
+                return
+            self.paused = True
         self.hold_sending()
         self.nudge_reader()
         try:
@@ -154,6 +160,31 @@ class CallTable(Sending, ReplyPump):
                 self._handed_over()
         self.fail_unanswered(rank, err)
         self.after_reading()
+
+    def unpause(self) -> None:
+        """Undo ``lose`` when no restart follows it (a resize restarted the rank meanwhile,
+        or it left the group): the held calls go out and the readers read again. Called
+        holding the membership's ``regroup_lock``, so that no re-forming is under way."""
+        with self.lock:
+            self.paused = False
+        self.release_sending()
+        with self.turn_lock:
+            self.turn.notify_all()
+
+    def read_if_free(self) -> None:
+        """Read the replies already there, unless another thread reads (a resize waiting
+        for the calls in flight: while a restart is due the table is paused, and nobody
+        else would read them)."""
+        try:
+            if self.baton.take():
+                self._read_available()
+        except BaseException:
+            if self.baton.held():
+                self.repair()
+            raise
+        finally:
+            if self.baton.let_go():
+                self._handed_over()
 
     def hold_sending(self) -> None:
         """Queue every call from now on, in the driver (a resize waits for the calls in

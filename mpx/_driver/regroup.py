@@ -114,6 +114,11 @@ class Restarter:
                 self._thread.start()
             self._cv.notify()
 
+    def due(self) -> bool:
+        """Whether a restart was asked for and has not begun."""
+        with self._lock:
+            return bool(self._due)
+
     def _run(self) -> None:
         while True:
             with self._lock:
@@ -149,7 +154,11 @@ def restart(group: WorkerGroup, rank: int, incarnation: int, died: WorkerDiedErr
     calls, members = group.calls, group.members
     with members.regroup_lock:
         if not members.is_current(rank, incarnation):
-            return []  # a resize that ran meanwhile restarted it already, or it left the group
+            # a resize that ran meanwhile restarted it already, or it left the group: the
+            # calls held since the death go out (unless another restart is due)
+            if not group.restarter.due():
+                calls.unpause()
+            return []
         paused = calls.pause(PAUSE_TIMEOUT_S)
         if not paused:
             group.fail(died)  # (a no-op when the table failed or closed meanwhile)
@@ -219,6 +228,7 @@ def _resize_locked(group: WorkerGroup, world_size: int, deadline: float, timeout
     try:
         while calls.in_flight():
             interrupt.raise_if_interrupted()
+            calls.read_if_free()  # (a restart may be due: nobody else reads meanwhile)
             if time.monotonic() >= deadline:
                 raise ResizeError(f"resize({world_size}): {calls.in_flight()} calls were "
                                   f"still in flight after {timeout:g} s; the executor "
