@@ -118,11 +118,12 @@ class Schedule:
             elif now - t0 > _HANG_S:
                 self.problems.append(f"{what} has not ended after {now - t0:.0f} s")
                 t = self.ex._group.calls
-                print(f"{what} hangs; the table: pending {sorted(t.pending)}, answered "
-                      f"{[c.seq for c in t._answered]}, queued {len(t._outbox)}, outstanding "
-                      f"{t.ledger.outstanding}, waiting {t.waiting}, baton {t.baton.locked()}, "
-                      f"lease {t.loops_until - time.monotonic():.3f}, next_reply "
-                      f"{t.next_reply}; the threads:\n{_stacks()}", file=sys.stderr)
+                reg, pump = t.registry, t.pump
+                print(f"{what} hangs; the table: pending {sorted(reg.pending)}, answered "
+                      f"{[c.seq for c in reg.answered]}, queued {len(t.sender.outbox)}, "
+                      f"outstanding {reg.ledger.outstanding}, waiting {reg.waiting}, baton "
+                      f"{pump.baton.locked()}, lease {pump.loops_until - time.monotonic():.3f}, "
+                      f"next_reply {reg.next_reply}; the threads:\n{_stacks()}", file=sys.stderr)
             else:
                 still.append((what, fut, t0))
         self.running = still

@@ -270,7 +270,7 @@ def test_failing_calls_leak_nothing(ex, record):
     took = time.monotonic() - t0
     assert not e.is_failed
     assert group.calls.pending == {}
-    assert group.calls.next_reply == [group.calls.next_seq] * 2  # every reply read, none owed
+    assert group.calls.registry.next_reply == [group.calls.next_seq] * 2  # every reply read, none owed
     assert group.broadcast.writing_end().free_slots() == e.config.max_chunks  # every slot consumed
     assert not any(q.poll() for q in group.resp)
     for pid, (fds, threads) in sizes.items():

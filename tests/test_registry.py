@@ -43,8 +43,8 @@ def test_an_undecodable_reply_in_a_batch_fails_its_call_alone(where):
              for seq in range(3)]
     if where == "alone":
         batch = batch[:1]
-    reg._record_batch(0, batch)
-    reg._record_batch(1, [(seq, wire.OK, f"r1-{seq}") for seq in range(3)])
+    reg.record_batch(0, batch)
+    reg.record_batch(1, [(seq, wire.OK, f"r1-{seq}") for seq in range(3)])
     reg.finish_answered()
     answered = 1 if where == "alone" else 3
     assert reg.next_reply == [answered, 3]
@@ -64,7 +64,7 @@ def test_undecodable_replies_and_stall_reports_in_one_batch():
     reg, calls = _registry(1, 3)
     stall = {"seq": 1, "seconds": 2.0, "rank": 0, "method": "m", "pid": 1, "stack": "",
              "dump_file": "/nonexistent"}
-    reg._record_batch(0, [(0, wire.OK, "a"), (0, wire.STALL, dict(stall, seq=0)),
+    reg.record_batch(0, [(0, wire.OK, "a"), (0, wire.STALL, dict(stall, seq=0)),
                           (1, wire.STALL, dict(stall)), _undecodable_reply(),
                           (2, wire.OK, "c")])
     reg.finish_answered()
@@ -78,8 +78,8 @@ def test_undecodable_replies_and_stall_reports_in_one_batch():
 
 def test_an_undecodable_reply_recorded_by_itself():
     reg, calls = _registry(2, 1)
-    reg._record(0, 0, wire.ERR, _undecodable_reply())
-    reg._record(1, 0, wire.OK, "fine")
+    reg.record(0, 0, wire.ERR, _undecodable_reply())
+    reg.record(1, 0, wire.OK, "fine")
     reg.finish_answered()
     err = _outcome(calls[0])
     assert isinstance(err, mpx.RPCError) and err.ranks == [0]
@@ -89,11 +89,12 @@ def _pump(n_ranks: int, seqs: list[int], inbox: dict[int, list]):
     """A reply pump with calls ``seqs`` pending, whose rank r reads ``inbox[r]`` in order (a
     reply, or an exception to raise), and the list of what each read was asked."""
     from mpx._driver.pump import ReplyPump
-    pump = ReplyPump(n_ranks, StallDiagnosis(mpx.Config(), lambda: [0] * n_ranks,
-                                             lambda rank: False), lambda rank, err: None)
+    reg = CallRegistry(n_ranks, StallDiagnosis(mpx.Config(), lambda: [0] * n_ranks,
+                                               lambda rank: False), lambda rank, err: None)
+    pump = ReplyPump(reg, lambda err: None)
     calls = {seq: Call(seq, "m", n_ranks, None, None, None) for seq in seqs}
     pump.pending.update(calls)
-    pump.next_seq = max(seqs) + 1
+    reg.next_seq = max(seqs) + 1
     asked: list = []
 
     class End:  # a rank's reply channel
@@ -126,13 +127,13 @@ def test_the_pump_hands_what_is_not_the_calls_next_reply_to_the_table():
     # table, and the gathering stops there; next time rank 1's reply is undecodable
     pump, calls, asked = _pump(2, [1], {0: [(0, wire.OK, "late"), (1, wire.OK, "x")],
                                         1: [mpx.DeserializationError("no such class")]})
-    pump.next_reply = [0, 1]
+    pump.next_reply[:] = [0, 1]
     pump._gather(calls[1], None)
     assert [a[0] for a in asked] == [0] and pump.next_reply == [1, 1]
     assert not calls[1].done and calls[1].missing() == [0, 1]
     pump._gather(calls[1], None)
     assert [a[0] for a in asked] == [0, 0, 1] and pump.next_reply == [2, 2]
-    pump.finish_answered()
+    pump.registry.finish_answered()
     err = _outcome(calls[1])
     assert isinstance(err, mpx.RPCError) and err.ranks == [1]
     assert err.exc_type == "DeserializationError"

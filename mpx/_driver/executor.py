@@ -199,11 +199,11 @@ class Executor:
         elif aggregator is not None and not callable(aggregator):
             raise TypeError(f"aggregator must be a callable or have an aggregate() method, "
                             f"got {type(aggregator).__name__}")
-        call = calls.send(method, name, tuple(args), kwargs or None, reply_rank,
+        call = calls.sender.send(method, name, tuple(args), kwargs or None, reply_rank,
                           aggregator, timeout, non_block, _trace)
         if call.future is not None:
             return call.future
-        calls.wait(call)
+        calls.pump.wait(call)
         return call.outcome()
 
     def _traced(self, method: str | Callable, timeout: float | None, args: tuple,

@@ -129,7 +129,8 @@ class WorkerGroup:
         self.calls.attach(broadcast, resp)
         if cfg.stats_socket:
             self.stats_server = StatsServer(cfg.stats_socket, self._stats_json)
-        self.process_monitor = ProcessMonitor(workers.procs, self._died, self.fail)
+        self.process_monitor = ProcessMonitor(workers.procs, members.incarnations(), self._died,
+                                              self.fail)
         self.process_monitor.start()
         if leader is not None:
             self.node_monitor = NodeMonitor(leader, self.fail)
@@ -198,21 +199,21 @@ class WorkerGroup:
 
     # ------------------------------------------------------------------ failure
 
-    def _died(self, rank: int, incarnation: int | None) -> None:
-        """(the monitor thread) ``rank``'s process number ``incarnation`` (None: the current
-        one) died. If it has restarts left: the calls it will never answer fail now
-        (``CallTable.lose``: their futures complete at once), new calls wait, and the
-        restarter thread starts it again in place; else the group fails. Never waits for
-        a restart or a resize under way (it holds no lock they hold)."""
+    def _died(self, rank: int, incarnation: int) -> None:
+        """(the monitor thread) ``rank``'s process number ``incarnation`` died. If it has
+        restarts left: the calls it will never answer fail now (``CallTable.lose``: their
+        futures complete at once), new calls wait, and the restarter thread starts it
+        again in place; else the group fails. Never waits for a restart or a resize under
+        way (it holds no lock they hold)."""
         members = self.members
         if not members.is_current(rank, incarnation):
             return  # said of a process that was replaced already, or left the group
-        incarnation = members.incarnation(rank)
         if self.calls.failure is None and not self.calls.closed and self.may_restart(rank):
             died = self.died_error(rank)
-            self.calls.lose(rank, died)
-            members.found_dead(rank)  # (counted once new calls wait: stats() shows it)
-            self.restarter.request(rank, incarnation, died)
+            if self.calls.lose(rank, died, lambda: members.is_current(rank, incarnation),
+                               members.lock):
+                members.found_dead(rank)  # (counted once new calls wait: stats() shows it)
+                self.restarter.request(rank, incarnation, died)
             return
         members.found_dead(rank)
         if self.calls.failure is None and not self.calls.closed:
@@ -275,8 +276,9 @@ class WorkerGroup:
         return self._workers_stopped
 
     def monitor_watch(self, rank: int, proc: Any) -> None:
+        """Watch ``proc`` as ``rank``'s current process (its membership's number)."""
         if self.process_monitor is not None:
-            self.process_monitor.watch(rank, proc)
+            self.process_monitor.watch(rank, proc, self.members.incarnation(rank))
 
     def monitor_unwatch(self, rank: int) -> None:
         if self.process_monitor is not None:

@@ -65,8 +65,12 @@ class Membership:
         self.dist_method = ""
         self._deaths = [0] * world_size       # per rank: its processes found dead (stats)
         self._restarts = [0] * world_size     # per rank: how many times it was restarted
-        self._incarnation = [0] * world_size  # per rank: which of its processes is current
-        self._read = [0] * world_size         # per rank: the process whose queue is read
+        # Each process a rank ever had is numbered apart, across the group's life (a rank
+        # that left and came back by resizes too): a report about a process names its
+        # number, and a report about one that is no longer current is stale.
+        self._incarnation = {rank: rank for rank in range(world_size)}  # per rank: now
+        self._read = list(range(world_size))  # per rank: the process whose queue is read
+        self._next_incarnation = world_size
         self._dead: set[int] = set()          # ranks found dead and not yet replaced
         self._stopped = False                 # the workers were stopped: none runs
 
@@ -92,7 +96,13 @@ class Membership:
         return rank < len(self.procs)
 
     def incarnation(self, rank: int) -> int:
+        """The number of ``rank``'s current process (see ``__init__``)."""
         return self._incarnation[rank]
+
+    def incarnations(self) -> list[int]:
+        """The number of each rank's current process, by rank."""
+        with self.lock:
+            return [self._incarnation[r] for r in range(self._world_size)]
 
     def restarts(self, rank: int) -> int:
         return self._restarts[rank]
@@ -102,10 +112,10 @@ class Membership:
         now (until the swap, the one that died, while its successor starts)."""
         return self._read[rank]
 
-    def is_current(self, rank: int, incarnation: int | None) -> bool:
-        """Whether ``rank`` is in the group and its process number ``incarnation`` (None:
-        whichever runs now) is the current one: a report about an earlier one is stale."""
-        return rank < self._world_size and incarnation in (None, self._incarnation[rank])
+    def is_current(self, rank: int, incarnation: int) -> bool:
+        """Whether ``rank`` is in the group and its process number ``incarnation`` is the
+        current one: a report about any other is stale."""
+        return rank < self._world_size and self._incarnation.get(rank) == incarnation
 
     def alive(self) -> list[bool]:
         """Per rank, whether its worker runs: not found dead, not stopped, and (a local
@@ -177,9 +187,19 @@ class Membership:
         """``rank`` is started once more: one restart used, and what is reported of its
         process so far is stale. Its restart number (its new process's generation)."""
         with self.lock:
-            self._incarnation[rank] += 1
+            self._incarnation[rank] = self._new_incarnation()
             self._restarts[rank] += 1
             return self._restarts[rank]
+
+    def joining(self, rank: int) -> int:
+        """A rank the group grows by gets its first process: its number."""
+        with self.lock:
+            self._incarnation[rank] = self._new_incarnation()
+            return self._incarnation[rank]
+
+    def _new_incarnation(self) -> int:
+        self._next_incarnation += 1
+        return self._next_incarnation - 1
 
     def count_startup_death(self, rank: int) -> None:
         """A new process of ``rank`` died before it was ready (stats)."""
@@ -205,9 +225,11 @@ class Membership:
             calls.regrouped(self.broadcast, resp)
             old = self.resp
             self.resp = resp
-            for counts in (self._deaths, self._restarts, self._incarnation, self._read):
+            for counts in (self._deaths, self._restarts, self._read):
                 del counts[n:]
                 counts.extend([0] * (n - len(counts)))
+            for rank in [r for r in self._incarnation if r >= n]:
+                del self._incarnation[rank]
             for r in range(n):
                 if r >= len(old) or old[r] is not resp[r]:
                     self._read[r] = self._incarnation[r]

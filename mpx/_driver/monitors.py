@@ -21,15 +21,19 @@ logger = logging.getLogger("mpx")
 
 
 class ProcessMonitor:
-    """Thread: ``on_death(rank, incarnation)`` when a local worker's process sentinel fires
-    (it exited; ``incarnation`` None: the process it watches now) or :meth:`report_death`
-    says so, ``on_failure(error)`` for what :meth:`report` hands it from other threads.
-    :meth:`watch` and :meth:`unwatch` change the processes it watches (a rank restarted,
-    the group resized), from any thread."""
+    """Thread: ``on_death(rank, incarnation)`` when the sentinel of a local worker's
+    process fires (it exited; ``incarnation``, the number that process was watched as:
+    see mpx/_driver/membership.py) or :meth:`report_death` says so; ``on_failure(error)``
+    for what :meth:`report` hands it from other threads. :meth:`watch` and :meth:`unwatch`
+    change the processes it watches (a rank restarted, the group resized), from any
+    thread."""
 
-    def __init__(self, procs: list[Any], on_death: Callable[[int, int | None], None],
+    def __init__(self, procs: list[Any], incarnations: list[int],
+                 on_death: Callable[[int, int], None],
                  on_failure: Callable[[ExecutorFailed], None]) -> None:
-        self._sentinels = {p.sentinel: rank for rank, p in enumerate(procs)}
+        # each watched sentinel: (rank, the number of its process)
+        self._sentinels = {p.sentinel: (rank, inc)
+                           for rank, (p, inc) in enumerate(zip(procs, incarnations))}
         self._watch_lock = lockorder.lock("ProcessMonitor's watch lock", lockorder.LEAF)
         self._on_death = on_death
         self._on_failure = on_failure
@@ -42,11 +46,12 @@ class ProcessMonitor:
     def start(self) -> None:
         self._thread.start()
 
-    def watch(self, rank: int, proc: Any) -> None:
-        """Watch ``proc`` as ``rank``'s process from now on (instead of the one before)."""
+    def watch(self, rank: int, proc: Any, incarnation: int) -> None:
+        """Watch ``proc``, ``rank``'s process number ``incarnation``, from now on (instead
+        of the one before)."""
         with self._watch_lock:
             self._unwatch(rank)
-            self._sentinels[proc.sentinel] = rank
+            self._sentinels[proc.sentinel] = (rank, incarnation)
         self._wake()
 
     def unwatch(self, rank: int) -> None:
@@ -56,7 +61,7 @@ class ProcessMonitor:
         self._wake()
 
     def _unwatch(self, rank: int) -> None:
-        for s in [s for s, r in self._sentinels.items() if r == rank]:
+        for s in [s for s, (r, _) in self._sentinels.items() if r == rank]:
             del self._sentinels[s]
 
     def report(self, error: ExecutorFailed) -> None:
@@ -94,9 +99,9 @@ class ProcessMonitor:
                         self._handle(self._on_failure, report)
             for s in ready:
                 with self._watch_lock:
-                    rank = self._sentinels.pop(s, None)  # (None: no longer watched)
-                if rank is not None:
-                    self._handle(self._on_death, rank, None)
+                    process = self._sentinels.pop(s, None)  # (None: no longer watched)
+                if process is not None:
+                    self._handle(self._on_death, *process)
 
     @staticmethod
     def _handle(handler: Callable[..., None], *args: Any) -> None:

@@ -43,6 +43,7 @@ from mpx.errors import Cancelled, DeserializationError, ExecutorFailed, PeerDied
 from mpx.queue import MessageQueue
 
 if TYPE_CHECKING:
+    from mpx._driver.sender import Sender
     from mpx.transport.base import Reader
 
 logger = logging.getLogger("mpx")
@@ -82,15 +83,18 @@ def until_ns(until: float | None) -> int:
     return -1 if until is None else int(until * 1e9)
 
 
-class ReplyPump(CallRegistry):
-    """Reads replies into the registry (see the module docstring)."""
+class ReplyPump:
+    """Reads replies into ``registry`` (see the module docstring). ``fail(error)`` fails
+    the call table (the background reader's queue broke); the sender whose queued calls
+    the readers flush as replies show room is given by ``attach_sender``."""
 
-    # (the sender's, sender.py: write the queued calls the ring has room for now; readers
-    # call it as replies come in, since each reply means its rank has taken a call)
-    flush: Callable[[], None]
-
-    def __init__(self, n_ranks: int, *args: Any) -> None:
-        super().__init__(n_ranks, *args)
+    def __init__(self, registry: CallRegistry, fail: Callable[[ExecutorFailed], Any]) -> None:
+        self.registry = registry
+        self._fail = fail
+        # (the registry's containers, the same objects: the hot paths look them up once)
+        self.ledger, self.pending, self.next_reply = \
+            registry.ledger, registry.pending, registry.next_reply
+        self.turn, self.turn_lock, self.stalls = registry.turn, registry.turn_lock, registry.stalls
         self.resp: list[MessageQueue] = []
         self.baton = _core.Baton()           # held by the one thread that reads replies
         self.reading_until: float | None = None  # the holder's read limit (see above)
@@ -102,9 +106,20 @@ class ReplyPump(CallRegistry):
         self.loops_until = 0.0
         self._ends: list[Reader] = []  # each rank's reply channel (its queue's reading end)
         self.gone_bytes = 0  # what the reply channels of processes that are gone read
-        # the sender's queue (sender.py): while calls wait in it, waits are sliced
-        # (each entry: the call, its message's kind and parts, whether it fits the ring)
+        self.sender: Sender | None = None
+        # the sender's queue (sender.py): while calls wait in it, waits are sliced and the
+        # readers flush it as replies show room
         self._outbox: collections.deque[tuple[Call, int, tuple, bool]] = collections.deque()
+
+    def attach_sender(self, sender: Sender) -> None:
+        """The sender whose queue (``outbox``) the readers flush as replies come in: each
+        reply means its rank has taken a call, so the ring has room again."""
+        self.sender = sender
+        self._outbox = sender.outbox
+
+    def flush(self) -> None:
+        assert self.sender is not None
+        self.sender.flush()
 
     def attach_replies(self, resp: list[MessageQueue]) -> None:
         self.resp = resp
@@ -121,7 +136,7 @@ class ReplyPump(CallRegistry):
         for end in self._ends:
             end.nudge()
 
-    def _deadline_added(self, deadline: float) -> None:
+    def deadline_added(self, deadline: float) -> None:
         """A call with ``deadline`` was registered: shorten the reader's wait if it would
         outlast it."""
         if self.baton.locked():
@@ -139,7 +154,7 @@ class ReplyPump(CallRegistry):
         wait_until = None if timeout is None else time.monotonic() + timeout
         while not call.done:
             read = False
-            if not (self.stopping or self.paused):
+            if not (self.registry.stopping or self.registry.paused):
                 try:
                     read = self.baton.take()
                     if read:
@@ -154,11 +169,11 @@ class ReplyPump(CallRegistry):
 
     def _wait_turn(self, call: Call, wait_until: float | None) -> None:
         with self.turn_lock:
-            self.waiting += 1
+            self.registry.waiting += 1
             if self._background_reads:
                 self.nudge_reader()  # the background reader hands the baton over
             try:
-                while not call.done and (self.stopping or self.paused or self.baton.locked()
+                while not call.done and (self.registry.stopping or self.registry.paused or self.baton.locked()
                                          or call.seq not in self.pending):
                     limit = wait_until if call.deadline is None or wait_until is not None \
                         and wait_until < call.deadline else call.deadline
@@ -168,8 +183,8 @@ class ReplyPump(CallRegistry):
                     self.turn.wait(TURN_RECHECK_S if left is None or left > TURN_RECHECK_S
                                    else left)
             finally:
-                self.waiting -= 1
-                if not self.waiting and self.ledger.outstanding:
+                self.registry.waiting -= 1
+                if not self.registry.waiting and self.ledger.outstanding:
                     self.turn.notify_all()  # the background reader may read again
         if not call.done:
             self._check_time(call, wait_until)
@@ -180,7 +195,7 @@ class ReplyPump(CallRegistry):
         then do what reading left to do (after_reading). An interrupt may cut this short:
         the waiters look again every TURN_RECHECK_S."""
         try:
-            if self.waiting:
+            if self.registry.waiting:
                 with self.turn_lock:
                     self.turn.notify_all()
             elif self.ledger.outstanding:
@@ -188,8 +203,8 @@ class ReplyPump(CallRegistry):
         finally:
             if self._outbox:
                 self.flush()
-            if self._answered or self._completed:
-                self.after_reading()
+            if self.registry.answered or self.registry.completed:
+                self.registry.after_reading()
 
     @staticmethod
     def _queued_slice(until: float | None) -> float:
@@ -201,15 +216,16 @@ class ReplyPump(CallRegistry):
         """Fail ``call`` if its deadline passed; TimeoutError if the wait's did."""
         now = time.monotonic()
         if call.deadline is not None and now >= call.deadline:
-            self._expire(call, now)
+            self.registry.expire(call, now)
         elif wait_until is not None and now >= wait_until:
             raise TimeoutError(f"result() timed out; call {call.method!r} is still running")
 
     # ------------------------------------------------------------------ reading (baton held)
 
     def _read_until(self, call: Call, wait_until: float | None) -> None:
+        reg = self.registry
         try:
-            while not (self.stopping or self.paused) and call.seq in self.pending:  # (answered: no)
+            while not (reg.stopping or reg.paused) and call.seq in self.pending:  # (answered: no)
                 self.reading_until = _COMPUTING
                 if not self.ledger.with_deadline:
                     until = wait_until
@@ -218,7 +234,7 @@ class ReplyPump(CallRegistry):
                     until = wait_until if d is None or wait_until is not None and \
                         wait_until < d else d
                 else:
-                    until = self._read_limit(wait_until)
+                    until = self.registry.read_limit(wait_until)
                 if self._outbox:
                     until = self._queued_slice(until)
                 self.reading_until = until
@@ -233,7 +249,7 @@ class ReplyPump(CallRegistry):
                     self._read_available()  # the stall reports of the other ranks
                     if self._outbox:
                         self.flush()
-                    self._expire_due()
+                    self.registry.expire_due()
                     if not call.done and call.seq in self.pending:
                         self._check_time(call, wait_until)
                 except PeerDiedError as e:
@@ -243,7 +259,7 @@ class ReplyPump(CallRegistry):
                 if call.done:
                     return
         except BaseException:
-            self.repair()
+            self.registry.repair()
             raise
 
     def _gather(self, call: Call, until: float | None) -> None:
@@ -257,22 +273,22 @@ class ReplyPump(CallRegistry):
             try:
                 reply = ends[rank].recv(deadline_ns)
             except DeserializationError as e:
-                self._record(rank, next_reply[rank], wire.ERR, _undecodable(e))
+                self.registry.record(rank, next_reply[rank], wire.ERR, _undecodable(e))
                 return
             except PeerDiedError as e:
                 e.rank = rank
                 raise
             answered = call.take(rank, reply, next_reply)
             if answered == _ALL_OK:
-                self._settle(call, call.ok_value())
+                self.registry.settle(call, call.ok_value())
             elif answered == _MORE:
                 rank = call.first_missing()
                 continue
             elif answered == _ANSWERED:
-                self._answer(call)
+                self.registry.answer(call)
             else:  # (LEAVE) not this call's next reply: the table records it
                 seq, status, payload = reply
-                self._record(rank, seq, status, payload)
+                self.registry.record(rank, seq, status, payload)
             return
 
     def _read_one(self, rank: int, until: float | None) -> None:
@@ -284,7 +300,7 @@ class ReplyPump(CallRegistry):
         except PeerDiedError as e:
             e.rank = rank
             raise
-        self._record(rank, seq, status, payload)
+        self.registry.record(rank, seq, status, payload)
 
     def _read_available(self, skip: Collection[int] = ()) -> int:
         """Read every reply that is already there, a batch per rank (but the ranks in
@@ -302,15 +318,15 @@ class ReplyPump(CallRegistry):
             except Cancelled:
                 continue
             if replies:
-                self._record_batch(rank, replies)
+                self.registry.record_batch(rank, replies)
                 got += len(replies)
         return got
 
     def _peer_gone(self, e: PeerDiedError) -> None:
-        with self.lock:
-            self.paused = True  # until the monitor fails the group or restarts the rank
+        with self.registry.lock:
+            self.registry.paused = True  # until the monitor fails the group or restarts the rank
         assert e.rank is not None
-        self.on_peer_gone(e.rank, e)
+        self.registry.on_peer_gone(e.rank, e)
 
     # ------------------------------------------------------------------ other readers
 
@@ -322,7 +338,7 @@ class ReplyPump(CallRegistry):
                 self._read_available()
         except BaseException:
             if self.baton.held():
-                self.repair()
+                self.registry.repair()
             raise
         finally:
             if self.baton.let_go():
@@ -333,7 +349,7 @@ class ReplyPump(CallRegistry):
         ``wait_s``), unless another thread holds the baton (None): how many were read. An
         event loop's reader calls this in the loop's thread; a sender whose call was
         queued, with ``wait_s=0``."""
-        if self.stopping or self.paused:
+        if self.registry.stopping or self.registry.paused:
             return None
         try:
             if not self.baton.take():
@@ -344,7 +360,7 @@ class ReplyPump(CallRegistry):
             return got
         except BaseException:
             if self.baton.held():
-                self.repair()
+                self.registry.repair()
             raise
         finally:
             if self.baton.let_go():
@@ -380,11 +396,21 @@ class ReplyPump(CallRegistry):
 
     # ------------------------------------------------------------------ the background reader
 
+    def read_for_futures(self) -> None:
+        """A non-blocking call was sent: make sure its replies are read (by the background
+        reader, unless an event loop reads them for a lease)."""
+        # (first the cheap look at an event loop's lease: it reads for these futures, the
+        # common case)
+        if self._background is None or self._background_idle or \
+                not self.baton.locked() and time.monotonic() >= self.loops_until and \
+                self._background_may_read():
+            self._start_background()
+
     def _start_background(self) -> None:
         """Make sure the background reader runs while futures are outstanding."""
         if self._background is None:
-            with self.lock:
-                if self._background is None and not self.closed:
+            with self.registry.lock:
+                if self._background is None and not self.registry.closed:
                     self._background = threading.Thread(
                         target=_debug.counted_thread(self._read_in_background),
                         name="mpx-reply-reader", daemon=True)
@@ -400,15 +426,15 @@ class ReplyPump(CallRegistry):
                 self.turn.notify_all()
 
     def _background_may_read(self) -> bool:
-        return bool(self.ledger.outstanding and self.pending and not self.waiting and
-                    not self.stopping and not self.paused and
+        return bool(self.ledger.outstanding and self.pending and not self.registry.waiting and
+                    not self.registry.stopping and not self.registry.paused and
                     (not self.loops_until or time.monotonic() >= self.loops_until))
 
     def _read_in_background(self) -> None:
         while True:
             with self.turn_lock:
                 while not (self._background_may_read() and not self.baton.locked()):
-                    if self.closed:
+                    if self.registry.closed:
                         return
                     lease = self.loops_until - time.monotonic()
                     self._background_idle = lease <= 0
@@ -426,13 +452,13 @@ class ReplyPump(CallRegistry):
                 logger.exception("the background reply reader failed")
                 broken = e
             except BaseException:  # an interrupt: its call failed with it; read on
-                self.repair()
+                self.registry.repair()
             finally:
                 self._background_reads = False
                 if self.baton.let_go():
                     self._handed_over()
             if broken is not None:
-                self.fail(ExecutorFailed(f"reading replies failed: {broken!r}"))  # type: ignore
+                self._fail(ExecutorFailed(f"reading replies failed: {broken!r}"))
                 return
 
     def _read_some(self) -> None:
@@ -444,7 +470,7 @@ class ReplyPump(CallRegistry):
             return
         rank = oldest.first_missing()
         oldest = None  # a parked reader keeps no call (nor its future) alive
-        until = self._read_limit(None)
+        until = self.registry.read_limit(None)
         if self._outbox:
             until = self._queued_slice(until)
         self.reading_until = until
@@ -453,7 +479,7 @@ class ReplyPump(CallRegistry):
             self._read_available()  # those that came meanwhile, in one batch
         except QueueTimeout:  # (WaitNudged too: someone waits, or a new deadline)
             self._read_available()
-            self._expire_due()
+            self.registry.expire_due()
         except PeerDiedError as e:
             self._peer_gone(e)
         except Cancelled:

@@ -90,9 +90,12 @@ class CallRegistry:
         # the thread that re-forms it; calls still register, and wait for it to end
         self.paused = False
         self.closed = False
-        self._completed: collections.deque[Call] = self.ledger.completed  # futures to set
+        self.completed: collections.deque[Call] = self.ledger.completed  # futures to set
         self.completing = lockorder.lock("CallRegistry.completing", lockorder.COMPLETING)
-        self._answered: collections.deque[Call] = collections.deque()   # outcomes to make
+        self.answered: collections.deque[Call] = collections.deque()   # outcomes to make
+        # the seqs of the calls waiting in the driver, unsent (the sender's, under its
+        # `order`: mpx/_driver/sender.py)
+        self.queued: set[int] = set()
         self.callbacks = CallbackThread()
 
     # ------------------------------------------------------------------ registering
@@ -104,13 +107,13 @@ class CallRegistry:
         if self.closed or self.stopping:
             raise ExecutorFailed("the executor was shut down")
 
-    def _stop(self) -> None:
+    def stop(self) -> None:
         """(holding ``lock``) A failure or shutdown is under way: nobody takes the baton,
         and no call registers, from now on."""
         self.stopping = True
         self.ledger.open = False
 
-    def _forget(self, call: Call) -> None:
+    def forget(self, call: Call) -> None:
         """Unregister a call that was never sent."""
         self.ledger.forget(call)
 
@@ -124,18 +127,18 @@ class CallRegistry:
                     del self.pending[seq]
                 elif not call.missing():
                     del self.pending[seq]
-                    if call not in self._answered:
-                        self._answered.append(call)
+                    if call not in self.answered:
+                        self.answered.append(call)
             ledger = self.ledger
             ledger.with_deadline = sum(c.deadline is not None for c in self.pending.values()) + \
-                sum(c.deadline is not None for c in self._answered if not c.done)
+                sum(c.deadline is not None for c in self.answered if not c.done)
             ledger.outstanding = sum(c.future is not None for c in self.pending.values()) + \
-                sum(c.future is not None for c in self._answered if not c.done)
-        self._notify_waiters()
+                sum(c.future is not None for c in self.answered if not c.done)
+        self.notify_waiters()
 
     # ------------------------------------------------------------------ recording replies
 
-    def _record(self, rank: int, seq: int, status: int, payload: Any) -> None:
+    def record(self, rank: int, seq: int, status: int, payload: Any) -> None:
         """Record one reply of ``rank`` (the thread holding the baton)."""
         if status == STALL:
             self.stalls.report(rank, payload, self.next_reply[rank])
@@ -150,11 +153,11 @@ class CallRegistry:
             return  # the reply of a call that already timed out
         answered = call.add(rank, status == OK, payload)
         if answered == _ALL_OK:
-            self._settle(call, call.ok_value())
+            self.settle(call, call.ok_value())
         elif answered:
-            self._answer(call)
+            self.answer(call)
 
-    def _record_batch(self, rank: int, replies: list) -> None:
+    def record_batch(self, rank: int, replies: list) -> None:
         """_record each of ``rank``'s ``replies`` in order; the replies of calls, while no
         stall is reported, in compiled loops (record_each, settle_ok)."""
         start, n = 0, len(replies)
@@ -169,26 +172,26 @@ class CallRegistry:
                 stop = _record_each(replies, start, rank, self.next_reply, self.pending,
                                     answered)
                 if answered:
-                    self._settle_answered(answered)
+                    self.settle_answered(answered)
             if stop == n:
                 return
             reply = replies[stop]
             if type(reply) is tuple:
-                self._record(rank, *reply)
+                self.record(rank, *reply)
             else:
-                self._record(rank, self.next_reply[rank], ERR, reply)  # undecodable
+                self.record(rank, self.next_reply[rank], ERR, reply)  # undecodable
             start = stop + 1
 
-    def _settle_answered(self, calls: list[Call]) -> None:
+    def settle_answered(self, calls: list[Call]) -> None:
         """Settle, in order, calls that every rank answered (as _record would)."""
         i, n = 0, len(calls)
         while i < n:
             i = self.ledger.settle_ok(calls, i)
             if i < n:
-                self._answer(calls[i])
+                self.answer(calls[i])
                 i += 1
         if self.waiting:
-            self._notify_waiters()
+            self.notify_waiters()
 
     def _replies_lost(self, rank: int, seq: int) -> None:
         """``rank`` answered ``seq`` while older calls still miss its reply: every rank
@@ -197,17 +200,17 @@ class CallRegistry:
         for lost in range(self.next_reply[rank], seq):
             call = self.pending.get(lost)
             if call is not None and rank in call.missing():
-                self._settle(call, error=ReplyLostError(
+                self.settle(call, error=ReplyLostError(
                     f"collective_rpc {call.method!r}: the reply of rank {rank} was lost "
                     "(an interrupt came while the driver read it)", rank=rank))
 
-    def _answer(self, call: Call) -> None:
+    def answer(self, call: Call) -> None:
         """Every rank answered ``call``, but its outcome needs user code (an aggregator) or
         an error to build: it leaves ``pending`` for ``answered``, which ``finish_answered``
         ends outside the baton."""
         with self.lock:
             if self.pending.pop(call.seq, None) is not None:
-                self._answered.append(call)
+                self.answered.append(call)
 
     # ------------------------------------------------------------------ settling
 
@@ -216,7 +219,7 @@ class CallRegistry:
         outside every lock) and settle it. Whatever an aggregator raises, an interrupt
         (KeyboardInterrupt, SystemExit) too, is its own call's error: that call's caller
         gets it, and no other call is touched."""
-        answered = self._answered
+        answered = self.answered
         while answered:
             try:
                 call = answered.popleft()
@@ -228,24 +231,24 @@ class CallRegistry:
         if call.errors:
             ranks = sorted(call.errors)
             etype, msg, tb = call.errors[ranks[0]]
-            self._settle(call, error=RPCError(ranks, etype, msg, tb, method=call.method))
+            self.settle(call, error=RPCError(ranks, etype, msg, tb, method=call.method))
         elif call.reply_rank is not None:
-            self._settle(call, call.results[call.reply_rank])
+            self.settle(call, call.results[call.reply_rank])
         elif call.aggregator is None:
-            self._settle(call, [call.results[r] for r in range(call.n_ranks)])
+            self.settle(call, [call.results[r] for r in range(call.n_ranks)])
         else:
             try:
                 value = call.aggregator([call.results[r] for r in range(call.n_ranks)])
             except BaseException as e:  # (KeyboardInterrupt too: its caller gets it)
-                self._settle(call, error=e)
+                self.settle(call, error=e)
             else:
-                self._settle(call, value)
+                self.settle(call, value)
 
-    def _settle(self, call: Call, value: Any = None, error: BaseException | None = None) -> None:
+    def settle(self, call: Call, value: Any = None, error: BaseException | None = None) -> None:
         if self.ledger.settle(call, value, error) and self.waiting:
-            self._notify_waiters()
+            self.notify_waiters()
 
-    def _notify_waiters(self) -> None:
+    def notify_waiters(self) -> None:
         with self.turn_lock:
             self.turn.notify_all()
 
@@ -256,7 +259,7 @@ class CallRegistry:
         queued = True
         with self.completing:
             try:
-                complete_each(self._completed, due)  # (hands the callbacks to `due`)
+                complete_each(self.completed, due)  # (hands the callbacks to `due`)
             finally:
                 if due:
                     queued = self.callbacks.queue(due)
@@ -267,50 +270,50 @@ class CallRegistry:
         """What a thread does once it has let go of the baton: the outcomes of the calls it
         answered (aggregators), then their futures."""
         try:
-            if self._answered:
+            if self.answered:
                 self.finish_answered()
         finally:
-            if self._completed:
+            if self.completed:
                 self.complete_futures()
 
     # ------------------------------------------------------------------ expiring
 
-    def _expire_due(self) -> None:
+    def expire_due(self) -> None:
         if not self.ledger.with_deadline:
             return
         now = time.monotonic()
         for call in list(self.pending.values()):
             if call.deadline is not None and now >= call.deadline:
-                self._expire(call, now)
+                self.expire(call, now)
 
-    def _expire(self, call: Call, now: float) -> None:
+    def expire(self, call: Call, now: float) -> None:
         missing = call.missing()
-        if self._is_queued(call):
+        if self.is_queued(call):
             message = (f"collective_rpc {call.method!r} timed out before every worker could "
                        f"take the call (after {now - call.started:.1f} s, still queued in "
                        "the driver: the broadcast ring stayed full)")
-            self._settle(call, error=RPCTimeoutError(message, missing))
+            self.settle(call, error=RPCTimeoutError(message, missing))
             return
         text, stalled = self.stalls.describe_missing(missing, call.started)
         message = (f"collective_rpc {call.method!r} timed out after {now - call.started:.1f} s; "
                    f"ranks {missing} have not answered: {text}")
-        self._settle(call, error=WorkerStalledError(message, missing, stalled) if stalled else
+        self.settle(call, error=WorkerStalledError(message, missing, stalled) if stalled else
                      RPCTimeoutError(message, missing))
 
-    def _is_queued(self, call: Call) -> bool:
-        """Whether ``call`` waits in the driver, unsent (the sender's)."""
-        return False
+    def is_queued(self, call: Call) -> bool:
+        """Whether ``call`` waits in the driver, unsent (the sender's queue)."""
+        return call.seq in self.queued
 
-    def _read_limit(self, wait_until: float | None) -> float | None:
+    def read_limit(self, wait_until: float | None) -> float | None:
         """The earliest of ``wait_until`` and the pending deadlines."""
         if not self.ledger.with_deadline:
             return wait_until
         return _min(wait_until, *[c.deadline for c in list(self.pending.values())
                                   if c.deadline is not None])
 
-    def _settle_all(self, err: BaseException) -> None:
+    def settle_all(self, err: BaseException) -> None:
         with self.lock:
             calls = list(self.pending.values())
         for call in calls:
-            self._settle(call, error=err)
-        self._notify_waiters()
+            self.settle(call, error=err)
+        self.notify_waiters()

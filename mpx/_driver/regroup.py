@@ -189,7 +189,7 @@ def _lose(group: WorkerGroup, rank: int, died: WorkerDiedError) -> None:
     found too) and their futures complete now, and one of its restarts is used."""
     group.calls.drain_rank(rank)
     group.calls.fail_unanswered(rank, died)
-    group.calls.complete_futures()
+    group.calls.registry.complete_futures()
     _count_restart(group, rank, died)
 
 
@@ -324,6 +324,9 @@ def _start(group: WorkerGroup, new: MessageQueue, ranks: list[int], n: int,
                 if group.workers_stopped:
                     raise ExecutorFailed("the executor is shutting down")
                 started = [workers.add(_context(group, rank, n), handle) for rank in ranks]
+                for rank in ranks:
+                    if rank >= members.world_size:  # (a rank the group grows by)
+                        members.joining(rank)
             try:
                 handles = workers.handshake(deadline, started)
                 break

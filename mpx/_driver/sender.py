@@ -19,6 +19,7 @@ Rules (see mpx/_driver/calls.py for the whole model):
 
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 import time
@@ -42,10 +43,7 @@ from mpx.queue import MessageQueue
 
 if TYPE_CHECKING:
     from mpx._driver.pump import ReplyPump
-
-    _Base = ReplyPump
-else:
-    _Base = object
+    from mpx._driver.registry import CallRegistry
 
 
 class PendingCalls(NamedTuple):
@@ -64,19 +62,25 @@ def _size(parts: tuple) -> int:
     return n
 
 
-class Sending(_Base):
-    """The sending half of the call table (see the module docstring); a mixin of
-    CallTable over the reply pump."""
+class Sender:
+    """The sending part of the call table (see the module docstring): it numbers calls
+    into ``registry`` and writes them, or queues them in ``outbox``; ``pump`` is told of
+    what it sends (a deadline to wait for, futures to read replies for)."""
 
-    def attach_broadcast(self, broadcast: MessageQueue) -> None:
-        self.use_broadcast(broadcast)
+    def __init__(self, registry: CallRegistry, pump: ReplyPump) -> None:
+        self.registry, self.pump = registry, pump
+        self.ledger, self.pending = registry.ledger, registry.pending
+        # the calls waiting in the driver, in order (each entry: the call, its message's
+        # kind and parts, whether it fits the ring); their seqs in the registry's `queued`
+        self.outbox: collections.deque[tuple[Call, int, tuple, bool]] = collections.deque()
+        self._queued_seqs = registry.queued
         # while the group is re-formed (mpx/_driver/regroup.py), every call is queued
         self.held = False
         self.order = lockorder.lock("CallTable.order", lockorder.ORDER)
         self._queued_cv = threading.Condition(self.order)
-        self._queued_seqs: set[int] = set()
         self._sender: threading.Thread | None = None
         self._sender_writes = False  # the sender thread is writing the outbox's head
+        self._out: Any = None  # the broadcast queue's writing end (use_broadcast)
 
     def use_broadcast(self, broadcast: MessageQueue) -> None:
         """Send the calls on ``broadcast`` from now on (at attach, and when the group was
@@ -98,9 +102,9 @@ class Sending(_Base):
 
     def pending_calls(self) -> PendingCalls:
         """Calls in flight and calls queued in the driver (see PendingCalls)."""
-        with self.lock:
-            queued = len(self._outbox)
-            return PendingCalls(len(self.pending) + len(self._answered) - queued, queued)
+        with self.registry.lock:
+            queued = len(self.outbox)
+            return PendingCalls(len(self.pending) + len(self.registry.answered) - queued, queued)
 
     def send(self, method: Any, name: str, args: tuple, kwargs: dict | None,
              reply_rank: int | None, aggregator: Callable | None, timeout: float | None,
@@ -108,46 +112,43 @@ class Sending(_Base):
         """Number, register and send (or queue) one call; ``name`` is the method's for
         messages. Never waits for ring room."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        reg = self.registry
         with self.order:  # (`with`, not acquire(): an interrupt cannot come in between)
-            seq = self.next_seq
-            n_ranks = self.n_ranks  # (the membership this call is checked against and sent to)
+            seq = reg.next_seq
+            n_ranks = reg.n_ranks  # (the membership this call is checked against and sent to)
             if reply_rank is not None and reply_rank >= n_ranks:
                 raise ValueError(f"unique_reply_rank must be in [0, {n_ranks}), got "
                                  f"{reply_rank!r}: the group has {n_ranks} ranks now")
             call = Call(seq, name, n_ranks, reply_rank, aggregator, deadline)
             if non_block:
-                call.future = RPCFuture(self, call)
+                call.future = RPCFuture(self.pump, call)
             try:
                 self._out.wake_readers()  # (again: the workers that parked since)
                 kind, parts = serde.encode(wire.call(seq, method, args, kwargs, reply_rank, trace),
                                            self._local)
             except BaseException as e:
                 raise self._send_error(e, name) from e
-            self.next_seq = seq + 1
+            reg.next_seq = seq + 1
             if not self.ledger.register(call, parts):
-                self.check_usable()  # (raises: the table stopped)
+                reg.check_usable()  # (raises: the table stopped)
             first = parts[0] if len(parts) == 1 else None
-            if not self._outbox and not self.held and self._out.has_room(parts) and (
+            if not self.outbox and not self.held and self._out.has_room(parts) and (
                     type(first) is bytes and len(first) <= self._ring_fits or self._fits(parts)):
                 try:  # (room for all of it on the ring: it cannot wait there)
                     self._out.write(kind, parts, until_ns(deadline))
                 except BaseException as e:
-                    self._forget(call)
+                    reg.forget(call)
                     raise self._send_error(e, name) from e
             else:
                 self._queue(call, kind, parts)
-        if self._outbox and not self.baton.locked():
-            self.read_ready(0)  # the replies already there make room: it flushes after them
+        if self.outbox and not self.pump.baton.locked():
+            self.pump.read_ready(0)  # the replies already there make room: it flushes after them
         if deadline is not None:
-            self._deadline_added(deadline)
-        if self._completed or self._answered:
-            self.after_reading()
-        # (first the cheap look at an event loop's lease: it reads for these futures, the
-        # common case)
-        if non_block and (self._background is None or self._background_idle or
-                          not self.baton.locked() and time.monotonic() >= self.loops_until
-                          and self._background_may_read()):
-            self._start_background()
+            self.pump.deadline_added(deadline)
+        if reg.completed or reg.answered:
+            reg.after_reading()
+        if non_block:
+            self.pump.read_for_futures()
         return call
 
     def _fits(self, parts: tuple) -> bool:
@@ -162,12 +163,12 @@ class Sending(_Base):
     def _send_error(self, e: BaseException, name: str) -> BaseException:
         if isinstance(e, QueueTimeout):
             return RPCTimeoutError(f"collective_rpc {name!r} timed out before every worker "
-                                   f"could take the call: {e}", list(range(self.n_ranks)))
+                                   f"could take the call: {e}", list(range(self.registry.n_ranks)))
         if isinstance(e, PeerDiedError) and e.rank is not None:
-            self.on_peer_gone(e.rank, e)  # the monitor may not have seen it yet
+            self.registry.on_peer_gone(e.rank, e)  # the monitor may not have seen it yet
         if isinstance(e, (PeerDiedError, Cancelled)):
-            if self.failure is not None:
-                return self.failure
+            if self.registry.failure is not None:
+                return self.registry.failure
             if isinstance(e, PeerDiedError) and e.rank is not None:  # (restarted, or fails next)
                 return WorkerDiedError(f"collective_rpc {name!r} could not be sent: worker rank "
                                        f"{e.rank} is gone: {e}", rank=e.rank, pid=e.pid)
@@ -179,13 +180,10 @@ class Sending(_Base):
     def _queue(self, call: Call, kind: int, parts: tuple) -> None:
         """(order held) Queue ``call`` behind the others: a reader sends it once the ring
         has room (flush), or the sender thread, if it is larger than the ring."""
-        self._outbox.append((call, kind, parts, self._fits(parts)))
+        self.outbox.append((call, kind, parts, self._fits(parts)))
         self._queued_seqs.add(call.seq)
-        if len(self._outbox) == 1 and self.baton.locked():
-            self.nudge_reader()  # it reads every rank, and flushes, while calls are queued
-
-    def _is_queued(self, call: Call) -> bool:
-        return call.seq in self._queued_seqs
+        if len(self.outbox) == 1 and self.pump.baton.locked():
+            self.pump.nudge_reader()  # it reads every rank, and flushes, while calls are queued
 
     def flush(self) -> None:
         """Write the queued calls that the ring has room for now, in order (a reader calls
@@ -198,7 +196,7 @@ class Sending(_Base):
 
     def _flush_locked(self) -> list[tuple[Call, BaseException]]:
         """(order held) flush()'s writes; the calls that could not be written, with why."""
-        outbox, failed = self._outbox, []
+        outbox, failed = self.outbox, []
         while outbox and not self._sender_writes and not self.held:
             call, kind, parts, fits = outbox[0]
             if not call.done:  # (settled while queued: expired, failed; dropped unsent)
@@ -229,11 +227,11 @@ class Sending(_Base):
         the head, waiting for the readers part way (up to its deadline); then flush."""
         while True:
             with self.order:
-                while self.held or not (self._outbox and not self._outbox[0][3]):  # (too large)
-                    if self.closed or self.stopping:
+                while self.held or not (self.outbox and not self.outbox[0][3]):  # (too large)
+                    if self.registry.closed or self.registry.stopping:
                         return
                     self._queued_cv.wait()
-                call, kind, parts, _ = self._outbox[0]
+                call, kind, parts, _ = self.outbox[0]
                 self._sender_writes = True
             try:
                 if not call.done:
@@ -244,7 +242,7 @@ class Sending(_Base):
                 with self.order:
                     self._sender_writes = False
                     self._queued_cv.notify_all()  # (a regroup may wait for this write)
-                    self._outbox.popleft()
+                    self.outbox.popleft()
                     self._queued_seqs.discard(call.seq)
             self.flush()
 
@@ -253,10 +251,10 @@ class Sending(_Base):
         could not be sent), or with the table (shutdown, a dead worker)."""
         if isinstance(error, QueueTimeout):
             if not call.done:
-                self._expire(call, time.monotonic())
+                self.registry.expire(call, time.monotonic())
         else:
-            self._settle(call, error=self._send_error(error, call.method))
-        self.after_reading()
+            self.registry.settle(call, error=self._send_error(error, call.method))
+        self.registry.after_reading()
 
     def stop_sending(self) -> None:
         """Shutdown or failure (the queued calls were settled): the sender thread ends, its
