@@ -8,6 +8,24 @@ import signal
 import time
 
 
+def full_answer(ex, timeout=60.0):
+    """The first ``who`` every rank answers (a rank still being restarted fails the calls
+    before it with WorkerDiedError), once the executor has settled: it did not fail, one
+    answer per rank, nothing pending."""
+    import mpx
+    assert not ex.is_failed, "the executor failed"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            out = ex.collective_rpc("who", timeout=30)
+            break
+        except mpx.WorkerDiedError:
+            assert time.monotonic() < deadline, f"no full answer within {timeout} s"
+    assert len(out) == ex.world_size, out
+    assert ex.pending_calls() == (0, 0), ex.pending_calls()
+    return out
+
+
 class Member:
     """Says who it is; sleeps, dies or answers big on demand."""
 
