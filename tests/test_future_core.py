@@ -330,16 +330,31 @@ def test_record_each_records_a_batch_and_stops_at_what_is_not_a_call_reply(core)
     calls = {s: core.Call(s, "step", 2, None, None, None) for s in (3, 4, 5)}
     calls[3].add(0, True, "a3")
     calls[4].add(0, False, ("E", "m", ""))
-    pending, next_reply, answered = dict(calls), [6, 3], []
+    pending, next_reply, answered = dict(calls), [6, 2], []
     replies = [(2, wire.OK, "late"), (3, wire.OK, "b3"), (4, wire.OK, "b4"),
-               (5, wire.STALL, {}), (5, wire.OK, "b5")]
+               (5, wire.STALL, {}), (5, wire.OK, "b5"), (7, wire.OK, "after a gap")]
     # call 2 timed out (not pending): its reply is dropped; calls 3 and 4 are answered
     assert core.record_each(replies, 0, 1, next_reply, pending, answered) == 3
     assert answered == [calls[3], calls[4]] and next_reply == [6, 5]
     assert calls[3].results == {0: "a3", 1: "b3"} and calls[4].errors == {0: ("E", "m", "")}
+    # the stall report is the table's; then call 5's reply; then a gap (6 is owed): the table's
     assert core.record_each(replies, 4, 1, next_reply, pending, answered) == 5
     assert next_reply == [6, 6] and calls[5].results == {1: "b5"}  # rank 0 still missing
     assert answered == [calls[3], calls[4]]
+
+
+def test_in_turn_is_the_one_test_and_advance_of_every_recorded_reply(core):
+    next_reply = [4, 9]
+    assert core.in_turn((4, wire.OK, "r"), 0, next_reply) == 4 and next_reply == [5, 9]
+    for out_of_turn in [(6, wire.OK, "r"), (4, wire.OK, "r"), (5, wire.STALL, {}),
+                        (5, "no such status", None), ["not", "a", "tuple"], (5, wire.OK)]:
+        assert core.in_turn(out_of_turn, 0, next_reply) is None, out_of_turn
+        assert next_reply == [5, 9]  # nothing changed
+    call = core.Call(5, "m", 2, None, None, None)
+    assert call.take(0, (5, wire.ERR, ("E", "m", "")), next_reply) == core.MORE
+    assert next_reply == [6, 9]
+    assert call.take(1, (5, wire.OK, "x"), next_reply) == core.LEAVE  # (rank 1 owes 9)
+    assert next_reply == [6, 9] and call.missing() == [1]
 
 
 def test_settle_ok_settles_in_order_and_stops_where_the_table_must_finish(core):

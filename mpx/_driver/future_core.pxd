@@ -155,6 +155,8 @@ cdef class Ledger:
     cdef Py_ssize_t _settle_batch(self, list calls, Py_ssize_t start) except -1
 
 
+cpdef object in_turn(object reply, object rank, list next_reply)
+
 @cython.locals(n=Py_ssize_t, i=Py_ssize_t, call=Call)
 cpdef Py_ssize_t record_each(list replies, Py_ssize_t start, rank, list next_reply,
                              dict pending, list answered) except -1

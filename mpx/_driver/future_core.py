@@ -643,19 +643,15 @@ class Call:
         self.error: BaseException | None = None
 
     def take(self, rank: int, reply: Any, next_reply: list[int]) -> int:
-        """Record ``reply``, just read from ``rank``, if it is this call's next reply of that
-        rank: a ``(seq, OK or ERR, payload)`` tuple of this call with ``next_reply[rank] ==
-        seq``. Then ``next_reply[rank]`` is ``seq + 1`` and it returns MORE, ALL_OK or
-        ANSWERED, as ``add``. Anything else (a stall report, an older call's reply, one that
-        follows a gap in ``next_reply[rank]``, an undecodable one's stand-in) is left as it
-        is, to the call table: LEAVE."""
-        if type(reply) is not tuple or len(reply) != 3:
+        """Record ``reply``, just read from ``rank``, if it is this call's reply and the one
+        that rank owes next (``in_turn``): then it returns MORE, ALL_OK or ANSWERED, as
+        ``add``. Anything else (a stall report, an older call's reply, one that follows a
+        gap in ``next_reply[rank]``, an undecodable one's stand-in) is left as it is, to the
+        call table: LEAVE."""
+        if type(reply) is not tuple or len(reply) != 3 or reply[0] != self.seq or \
+                in_turn(reply, rank, next_reply) is None:
             return _LEAVE
-        seq, status, payload = reply
-        if seq != self.seq or next_reply[rank] != seq or not (status is _OK or status is _ERR):
-            return _LEAVE
-        next_reply[rank] = seq + 1
-        return self.add(rank, status is _OK, payload)
+        return self.add(rank, reply[1] is _OK, reply[2])
 
     def add(self, rank: int, ok: bool, payload: Any) -> int:
         """Record ``rank``'s reply (its result if ``ok``, else its error payload): MORE,
@@ -706,25 +702,40 @@ class Call:
         return self.value
 
 
+def in_turn(reply: Any, rank: Any, next_reply: list[int]) -> Any:
+    """The one test a reply passes to be recorded, and the one advance of its rank's
+    position: every reply is recorded through here (``Call.take``, ``record_each``, and
+    through the latter the call table's ``CallRegistry.record``). ``reply`` is a call's
+    reply, a ``(seq, OK or ERR, payload)`` tuple, and the one ``rank`` owes next
+    (``next_reply[rank] == seq``): ``next_reply[rank]`` becomes ``seq + 1`` and the seq is
+    returned. Else None, and nothing changes: a stall report, a reply after a gap or an
+    undecodable one's stand-in is the call table's to record first."""
+    if type(reply) is not tuple or len(reply) != 3:
+        return None
+    seq = reply[0]
+    status = reply[1]
+    if not (status is _OK or status is _ERR) or next_reply[rank] != seq:
+        return None
+    next_reply[rank] = seq + 1
+    return seq
+
+
 def record_each(replies: list, start: int, rank: int, next_reply: list[int],
                 pending: dict[int, Call], answered: list[Call]) -> int:
-    """Record ``rank``'s replies ``replies[start:]`` in order, as the call table's
-    ``_record`` does one by one: each ``(seq, OK or ERR, payload)`` tuple sets
-    ``next_reply[rank]`` and is added to its call in ``pending`` (by seq; a call no longer
-    pending, one that timed out, drops it), and every call that is then answered by every
-    rank is appended to ``answered``. Stops at the first reply of any other shape (a stall
-    report, an undecodable one's stand-in) and returns its index, or ``len(replies)``."""
+    """Record ``rank``'s replies ``replies[start:]`` in order: each one in turn
+    (``in_turn``) is added to its call in ``pending`` (by seq; a call no longer pending,
+    one that timed out, drops it), and every call that is then answered by every rank is
+    appended to ``answered``. Stops at the first reply not in turn (a stall report, one
+    after a gap, an undecodable one's stand-in: the call table's ``record`` takes it) and
+    returns its index, or ``len(replies)``."""
     n = len(replies)
     for i in range(start, n):
         reply = replies[i]
-        if type(reply) is not tuple or len(reply) != 3:
+        seq = in_turn(reply, rank, next_reply)
+        if seq is None:
             return i
-        seq, status, payload = reply
-        if not (status is _OK or status is _ERR):
-            return i
-        next_reply[rank] = seq + 1
         call = pending.get(seq)
-        if call is not None and call.add(rank, status is _OK, payload) != _MORE:
+        if call is not None and call.add(rank, reply[1] is _OK, reply[2]) != _MORE:
             answered.append(call)
     return n
 

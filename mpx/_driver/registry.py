@@ -18,6 +18,11 @@ Rules (see mpx/_driver/calls.py for the whole model):
   settled calls and queuing its callbacks one step, so that two threads completing at once
   (a caller after its send, the reader after its reads) cannot queue a later batch first.
   No user code runs under it.
+- One path records a reply: the compiled core's ``in_turn`` (a call's reply, the one its
+  rank owes next, advances that rank) then ``Call.add``, reached from ``Call.take`` (the
+  pump, for the call it waits for), ``record_each`` (a batch) and ``record`` (this
+  registry's one entry for what the core leaves: a stall report, a reply after a gap, an
+  undecodable one's stand-in; it accounts for those, then records as the core does).
 - The ledger's counters (``outstanding``, ``with_deadline``) are derived from ``pending``
   and can be rebuilt from it (``repair``), which an interrupt arriving mid-update relies on.
 """
@@ -53,7 +58,6 @@ else:
     # one call in flight: its replies so far and, once done, its outcome (C fields when
     # the extension is built)
     Call = _core.Call
-_ALL_OK = _core.ALL_OK
 _record_each = _core.record_each
 
 
@@ -139,7 +143,10 @@ class CallRegistry:
     # ------------------------------------------------------------------ recording replies
 
     def record(self, rank: int, seq: int, status: int, payload: Any) -> None:
-        """Record one reply of ``rank`` (the thread holding the baton)."""
+        """Record one reply of ``rank`` (the thread holding the baton): the one entry for
+        what the compiled core leaves to the table (a stall report, a reply after a gap, an
+        undecodable one's stand-in). Once the gap is accounted for, the reply of a call is
+        recorded as every one is (``record_each``, through ``in_turn``)."""
         if status == STALL:
             self.stalls.report(rank, payload, self.next_reply[rank])
             return
@@ -147,23 +154,18 @@ class CallRegistry:
             self.stalls.answered(rank, seq)
         if seq != self.next_reply[rank]:
             self._replies_lost(rank, seq)
-        self.next_reply[rank] = seq + 1
-        call = self.pending.get(seq)
-        if call is None:
-            return  # the reply of a call that already timed out
-        answered = call.add(rank, status == OK, payload)
-        if answered == _ALL_OK:
-            self.settle(call, call.ok_value())
-        elif answered:
-            self.answer(call)
+            self.next_reply[rank] = seq  # (the lost ones failed: this one is owed now)
+        answered: list[Call] = []
+        if not _record_each([(seq, status, payload)], 0, rank, self.next_reply,
+                            self.pending, answered):
+            self.next_reply[rank] = seq + 1  # (no status a worker sends: dropped)
+        if answered:
+            self.settle_answered(answered)
 
     def record_batch(self, rank: int, replies: list) -> None:
         """_record each of ``rank``'s ``replies`` in order; the replies of calls, while no
         stall is reported, in compiled loops (record_each, settle_ok)."""
         start, n = 0, len(replies)
-        first = replies[0]
-        if type(first) is tuple and first[1] != STALL and first[0] != self.next_reply[rank]:
-            self._replies_lost(rank, first[0])
         while start < n:
             if self.stalls.reports:  # (their bookkeeping is _record's, reply by reply)
                 stop = start
