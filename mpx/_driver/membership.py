@@ -38,13 +38,12 @@ if TYPE_CHECKING:
 
 class View(NamedTuple):
     """One membership, read whole: the size, and per rank its pid (None while unknown),
-    whether it runs, how often its process was found dead, its restarts."""
+    whether it runs, and how often its process was found dead."""
 
     world_size: int
     pids: tuple[int | None, ...]
     alive: tuple[bool, ...]
     deaths: tuple[int, ...]
-    restarts: tuple[int, ...]
 
 
 class Membership:
@@ -134,7 +133,7 @@ class Membership:
             pids = self.pids
             n = self._world_size
             return View(n, tuple(pids[r] if r < len(pids) else None for r in range(n)),
-                        tuple(self.alive()), tuple(self._deaths[:n]), tuple(self._restarts[:n]))
+                        tuple(self.alive()), tuple(self._deaths[:n]))
 
     # ------------------------------------------------------------------ writing
 
