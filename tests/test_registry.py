@@ -108,7 +108,7 @@ def _pump(n_ranks: int, seqs: list[int], inbox: dict[int, list]):
                 raise got
             return got
 
-    pump._ends = [End(r) for r in range(n_ranks)]
+    pump.ends = [End(r) for r in range(n_ranks)]
     return pump, calls, asked
 
 

@@ -158,7 +158,7 @@ class CallTable:
         finally:
             self.registry.settle_all(err)
             if not outer and self.pump.baton.let_go():
-                self.pump._handed_over()
+                self.pump.handed_over()
             self.sender.stop_sending()
             self.registry.after_reading()
         return True
@@ -166,12 +166,12 @@ class CallTable:
     def _read_rest(self, until: float) -> None:
         """Read what every rank wrote before its queue was shut down, waiting until
         ``until`` at most for what is still on its way (Reader.drain)."""
-        for end in self.pump._ends:
+        for end in self.pump.ends:
             end.drain(until_ns(until))
         for rank in range(len(self.pump.resp)):
             while True:
                 try:
-                    self.pump._read_one(rank, until)
+                    self.pump.read_one(rank, until)
                 except (QueueTimeout, Cancelled, PeerDiedError):
                     break
 
@@ -189,9 +189,9 @@ class CallTable:
             self.registry.paused = True
         with self.sender.order:
             self.sender.held = True
-            while self.sender._sender_writes and time.monotonic() < deadline:
-                self.sender._queued_cv.wait(max(0.0, deadline - time.monotonic()))
-            writing = self.sender._sender_writes
+            while self.sender.writing_large and time.monotonic() < deadline:
+                self.sender.queued_cv.wait(max(0.0, deadline - time.monotonic()))
+            writing = self.sender.writing_large
         self.pump.nudge_reader()
         if not writing and self.pump.baton.take(max(0.001, deadline - time.monotonic())):
             return True
@@ -234,7 +234,7 @@ class CallTable:
                     self.fail_unanswered(rank, err)
         finally:
             if self.pump.baton.let_go():
-                self.pump._handed_over()
+                self.pump.handed_over()
         reg.after_reading()
         return True
 
@@ -254,14 +254,14 @@ class CallTable:
         else would read them)."""
         try:
             if self.pump.baton.take():
-                self.pump._read_available()
+                self.pump.read_all_ready()
         except BaseException:
             if self.pump.baton.held():
                 self.registry.repair()
             raise
         finally:
             if self.pump.baton.let_go():
-                self.pump._handed_over()
+                self.pump.handed_over()
 
     def hold_sending(self) -> None:
         """Queue every call from now on, in the driver (a resize waits for the calls in
@@ -273,7 +273,7 @@ class CallTable:
         """Undo ``hold_sending``: the queued calls go out."""
         with self.sender.order:
             self.sender.held = False
-            self.sender._queued_cv.notify_all()
+            self.sender.queued_cv.notify_all()
         self.sender.flush()
 
     def first_unsent(self) -> int:
@@ -289,10 +289,10 @@ class CallTable:
         """(paused) Read what ``rank``, whose process died, wrote before it died: the calls
         it answered keep its replies."""
         until = time.monotonic() + FAIL_DRAIN_S
-        self.pump._ends[rank].drain(until_ns(until))
+        self.pump.ends[rank].drain(until_ns(until))
         while True:
             try:
-                self.pump._read_one(rank, until)
+                self.pump.read_one(rank, until)
             except (QueueTimeout, Cancelled, PeerDiedError):
                 return
 
@@ -301,7 +301,7 @@ class CallTable:
         (whose process is gone, its queue drained): a regroup waits on ranks that may be
         blocked writing replies into a full queue, which nobody else reads meanwhile. How
         many. (A rank found dead is reported: the monitor restarts it after this regroup.)"""
-        return self.pump._read_available(skip)
+        return self.pump.read_all_ready(skip)
 
     def fail_unanswered(self, rank: int, err: ExecutorFailed) -> None:
         """(paused) The calls that went out and that ``rank`` did not answer fail with
@@ -331,7 +331,7 @@ class CallTable:
                     else:
                         self.registry.next_reply.append(first)
             del self.registry.next_reply[n:]
-            self.pump.gone_bytes += sum(end.bytes_read for rank, end in enumerate(self.pump._ends)
+            self.pump.gone_bytes += sum(end.bytes_read for rank, end in enumerate(self.pump.ends)
                                    if rank >= n or resp[rank] is not self.pump.resp[rank])
             self.registry.n_ranks = n
             self.registry.meter.resize(n)
@@ -350,11 +350,11 @@ class CallTable:
         """End the pause: the queued calls go out, in order, and the readers read again."""
         with self.sender.order:
             self.sender.held = False
-            self.sender._queued_cv.notify_all()
+            self.sender.queued_cv.notify_all()
         with self.registry.lock:
             self.registry.paused = False
         self.pump.baton.let_go()
-        self.pump._handed_over()  # (flushes, and wakes whoever waits to read)
+        self.pump.handed_over()  # (flushes, and wakes whoever waits to read)
         with self.pump.turn_lock:
             self.pump.turn.notify_all()
 
@@ -364,7 +364,7 @@ class CallTable:
         with self.registry.lock:
             self.registry.closed = True
             self.registry.stop()
-            background, self.pump._background = self.pump._background, None
+            background, self.pump.background = self.pump.background, None
         self.registry.settle_all(ExecutorFailed("the executor was shut down"))
         if self.pump.resp:
             self.sender.stop_sending()

@@ -6,7 +6,7 @@ Rules (see mpx/_driver/calls.py for the whole model):
   records (mpx/_driver/registry.py); it runs no user code. The pump does the reading (the
   transport's read, serde's decode) and hands each reply to a record: the call's own
   (``Call.take``, mpx/_driver/future_core.py) or the registry's; the records never read.
-  Once it lets go (``Baton.let_go``, then ``_handed_over``) it makes the outcomes of what it answered and sets
+  Once it lets go (``Baton.let_go``, then ``handed_over``) it makes the outcomes of what it answered and sets
   their futures (``after_reading``).
 - A thread that waits for its call (a blocking ``collective_rpc``, ``future.result()``)
   takes the baton when it is free and reads its replies itself: the hot path has no
@@ -98,13 +98,13 @@ class ReplyPump:
         self.resp: list[MessageQueue] = []
         self.baton = _core.Baton()           # held by the one thread that reads replies
         self.reading_until: float | None = None  # the holder's read limit (see above)
-        self._background: threading.Thread | None = None
+        self.background: threading.Thread | None = None
         self._background_reads = False       # the background reader holds the baton
         self._background_idle = False        # it sleeps on `turn` with no time limit
         # until when the background reader leaves the reading to event loops, which read
         # in their own thread while their awaited futures' replies keep coming (futures.py)
         self.loops_until = 0.0
-        self._ends: list[Reader] = []  # each rank's reply channel (its queue's reading end)
+        self.ends: list[Reader] = []  # each rank's reply channel (its queue's reading end)
         self.gone_bytes = 0  # what the reply channels of processes that are gone read
         self.sender: Sender | None = None
         # the sender's queue (sender.py): while calls wait in it, waits are sliced and the
@@ -123,17 +123,17 @@ class ReplyPump:
 
     def attach_replies(self, resp: list[MessageQueue]) -> None:
         self.resp = resp
-        self._ends = [q.reading_end() for q in resp]
+        self.ends = [q.reading_end() for q in resp]
 
     def bytes_received(self) -> int:
         """The bytes of every reply read so far, all ranks together (those of processes
         that are gone too)."""
-        return self.gone_bytes + sum([end.bytes_read for end in self._ends])
+        return self.gone_bytes + sum([end.bytes_read for end in self.ends])
 
     def nudge_reader(self) -> None:
         """End the wait of the thread that reads replies now (or its next wait), so that it
         looks at the deadlines and at who waits again."""
-        for end in self._ends:
+        for end in self.ends:
             end.nudge()
 
     def deadline_added(self, deadline: float) -> None:
@@ -161,7 +161,7 @@ class ReplyPump:
                         self._read_until(call, wait_until)
                 finally:
                     if self.baton.let_go():
-                        self._handed_over()
+                        self.handed_over()
                 if read and (call.done or call.seq in self.pending):
                     continue
             # another thread reads, or makes the outcome of this answered call
@@ -189,7 +189,7 @@ class ReplyPump:
         if not call.done:
             self._check_time(call, wait_until)
 
-    def _handed_over(self) -> None:
+    def handed_over(self) -> None:
         """After letting go of the baton (``baton.let_go()``, called in the ``finally``
         itself, see Baton): wake the threads that wait for it (the background reader too),
         then do what reading left to do (after_reading). An interrupt may cut this short:
@@ -240,13 +240,13 @@ class ReplyPump:
                 self.reading_until = until
                 try:
                     if self.stalls.reports:  # (their bookkeeping is _record's, reply by reply)
-                        self._read_one(call.first_missing(), until)
+                        self.read_one(call.first_missing(), until)
                     else:
                         self._gather(call, until)
                     if self._outbox:
                         self.flush()
                 except QueueTimeout:  # (WaitNudged too: a new deadline, look again)
-                    self._read_available()  # the stall reports of the other ranks
+                    self.read_all_ready()  # the stall reports of the other ranks
                     if self._outbox:
                         self.flush()
                     self.registry.expire_due()
@@ -264,9 +264,9 @@ class ReplyPump:
 
     def _gather(self, call: Call, until: float | None) -> None:
         """Read ``call``'s replies in rank order, until it is answered or a reply needs
-        _record (a stall report, an older call's reply, one after a gap): what _read_one
+        _record (a stall report, an older call's reply, one after a gap): what read_one
         does reply by reply, with ``call.take`` recording each reply of this call."""
-        ends, next_reply = self._ends, self.next_reply
+        ends, next_reply = self.ends, self.next_reply
         deadline_ns = until_ns(until)
         rank = call.first_missing()
         while True:
@@ -291,10 +291,10 @@ class ReplyPump:
                 self.registry.record(rank, seq, status, payload)
             return
 
-    def _read_one(self, rank: int, until: float | None) -> None:
+    def read_one(self, rank: int, until: float | None) -> None:
         """Read and record rank's next reply, waiting until monotonic ``until`` at most."""
         try:
-            seq, status, payload = self._ends[rank].recv(until_ns(until))
+            seq, status, payload = self.ends[rank].recv(until_ns(until))
         except DeserializationError as e:
             seq, status, payload = self.next_reply[rank], wire.ERR, _undecodable(e)
         except PeerDiedError as e:
@@ -302,11 +302,11 @@ class ReplyPump:
             raise
         self.registry.record(rank, seq, status, payload)
 
-    def _read_available(self, skip: Collection[int] = ()) -> int:
+    def read_all_ready(self, skip: Collection[int] = ()) -> int:
         """Read every reply that is already there, a batch per rank (but the ranks in
         ``skip``); how many."""
         got = 0
-        for rank, end in enumerate(self._ends):
+        for rank, end in enumerate(self.ends):
             if skip and rank in skip:
                 continue
             try:
@@ -335,14 +335,14 @@ class ReplyPump:
         thread holds the baton for ``timeout`` seconds: it reads them then."""
         try:
             if self.baton.take(timeout):
-                self._read_available()
+                self.read_all_ready()
         except BaseException:
             if self.baton.held():
                 self.registry.repair()
             raise
         finally:
             if self.baton.let_go():
-                self._handed_over()
+                self.handed_over()
 
     def read_ready(self, wait_s: float = LOOP_READ_WAIT_S) -> int | None:
         """Read the replies already there (or, with none there, the next within
@@ -354,7 +354,7 @@ class ReplyPump:
         try:
             if not self.baton.take():
                 return None
-            got = self._read_available()
+            got = self.read_all_ready()
             if not got and wait_s and self.pending:
                 got = self._read_soon(wait_s)
             return got
@@ -364,7 +364,7 @@ class ReplyPump:
             raise
         finally:
             if self.baton.let_go():
-                self._handed_over()
+                self.handed_over()
 
     def _read_soon(self, wait_s: float) -> int:
         """(baton held) Wait ``wait_s`` at most for the oldest call's next reply, and take
@@ -373,13 +373,13 @@ class ReplyPump:
         if oldest is None:
             return 0
         try:
-            self._read_one(oldest.first_missing(), time.monotonic() + wait_s)
+            self.read_one(oldest.first_missing(), time.monotonic() + wait_s)
         except (QueueTimeout, Cancelled):
             return 0
         except PeerDiedError as e:
             self._peer_gone(e)
             return 0
-        return 1 + self._read_available()
+        return 1 + self.read_all_ready()
 
     def lease_to_loop(self) -> None:
         """An event loop reads the replies of its awaited futures (or will, at its next
@@ -401,20 +401,20 @@ class ReplyPump:
         reader, unless an event loop reads them for a lease)."""
         # (first the cheap look at an event loop's lease: it reads for these futures, the
         # common case)
-        if self._background is None or self._background_idle or \
+        if self.background is None or self._background_idle or \
                 not self.baton.locked() and time.monotonic() >= self.loops_until and \
                 self._background_may_read():
             self._start_background()
 
     def _start_background(self) -> None:
         """Make sure the background reader runs while futures are outstanding."""
-        if self._background is None:
+        if self.background is None:
             with self.registry.lock:
-                if self._background is None and not self.registry.closed:
-                    self._background = threading.Thread(
+                if self.background is None and not self.registry.closed:
+                    self.background = threading.Thread(
                         target=_debug.counted_thread(self._read_in_background),
                         name="mpx-reply-reader", daemon=True)
-                    self._background.start()
+                    self.background.start()
                     return
         self._wake_background_reader()
 
@@ -456,7 +456,7 @@ class ReplyPump:
             finally:
                 self._background_reads = False
                 if self.baton.let_go():
-                    self._handed_over()
+                    self.handed_over()
             if broken is not None:
                 self._fail(ExecutorFailed(f"reading replies failed: {broken!r}"))
                 return
@@ -475,10 +475,10 @@ class ReplyPump:
             until = self._queued_slice(until)
         self.reading_until = until
         try:
-            self._read_one(rank, until)
-            self._read_available()  # those that came meanwhile, in one batch
+            self.read_one(rank, until)
+            self.read_all_ready()  # those that came meanwhile, in one batch
         except QueueTimeout:  # (WaitNudged too: someone waits, or a new deadline)
-            self._read_available()
+            self.read_all_ready()
             self.registry.expire_due()
         except PeerDiedError as e:
             self._peer_gone(e)

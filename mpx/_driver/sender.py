@@ -77,9 +77,9 @@ class Sender:
         # while the group is re-formed (mpx/_driver/regroup.py), every call is queued
         self.held = False
         self.order = lockorder.lock("CallTable.order", lockorder.ORDER)
-        self._queued_cv = threading.Condition(self.order)
+        self.queued_cv = threading.Condition(self.order)
         self._sender: threading.Thread | None = None
-        self._sender_writes = False  # the sender thread is writing the outbox's head
+        self.writing_large = False  # the sender thread is writing the outbox's head
         self._out: Any = None  # the broadcast queue's writing end (use_broadcast)
 
     def use_broadcast(self, broadcast: MessageQueue) -> None:
@@ -197,7 +197,7 @@ class Sender:
     def _flush_locked(self) -> list[tuple[Call, BaseException]]:
         """(order held) flush()'s writes; the calls that could not be written, with why."""
         outbox, failed = self.outbox, []
-        while outbox and not self._sender_writes and not self.held:
+        while outbox and not self.writing_large and not self.held:
             call, kind, parts, fits = outbox[0]
             if not call.done:  # (settled while queued: expired, failed; dropped unsent)
                 if not fits:
@@ -220,7 +220,7 @@ class Sender:
                                             name="mpx-sender", daemon=True)
             self._sender.start()
         else:
-            self._queued_cv.notify()
+            self.queued_cv.notify()
 
     def _send_large(self) -> None:
         """The sender thread: write each queued call larger than the ring when it reaches
@@ -230,9 +230,9 @@ class Sender:
                 while self.held or not (self.outbox and not self.outbox[0][3]):  # (too large)
                     if self.registry.closed or self.registry.stopping:
                         return
-                    self._queued_cv.wait()
+                    self.queued_cv.wait()
                 call, kind, parts, _ = self.outbox[0]
-                self._sender_writes = True
+                self.writing_large = True
             try:
                 if not call.done:
                     self._out.write(kind, parts, until_ns(call.deadline))
@@ -240,8 +240,8 @@ class Sender:
                 self._unsent(call, e)  # (still queued: a timeout says so)
             finally:
                 with self.order:
-                    self._sender_writes = False
-                    self._queued_cv.notify_all()  # (a regroup may wait for this write)
+                    self.writing_large = False
+                    self.queued_cv.notify_all()  # (a regroup may wait for this write)
                     self.outbox.popleft()
                     self._queued_seqs.discard(call.seq)
             self.flush()
@@ -261,8 +261,8 @@ class Sender:
         write in progress cancelled (which shuts the broadcast writer down)."""
         with self.order:
             sender = self._sender
-            self._queued_cv.notify_all()
-            writing = self._sender_writes
+            self.queued_cv.notify_all()
+            writing = self.writing_large
         if sender is None:
             return
         if writing:
