@@ -248,21 +248,6 @@ class CallTable:
         with self.pump.turn_lock:
             self.pump.turn.notify_all()
 
-    def read_if_free(self) -> None:
-        """Read the replies already there, unless another thread reads (a resize waiting
-        for the calls in flight: while a restart is due the table is paused, and nobody
-        else would read them)."""
-        try:
-            if self.pump.baton.take():
-                self.pump.read_all_ready()
-        except BaseException:
-            if self.pump.baton.held():
-                self.registry.repair()
-            raise
-        finally:
-            if self.pump.baton.let_go():
-                self.pump.handed_over()
-
     def hold_sending(self) -> None:
         """Queue every call from now on, in the driver (a resize waits for the calls in
         flight meanwhile); ``release_sending`` or ``resume`` sends them."""

@@ -63,7 +63,6 @@ class WorkerGroup:
         self.lock = lockorder.lock("WorkerGroup.lock", lockorder.LEAF)
         self.callbacks: list[Callable[[], None]] = []
         self.callbacks_ran = False
-        self._workers_stopped = False
         self._stop_lock = lockorder.lock("WorkerGroup's stop lock", lockorder.STOP)
         self.closed = False
         self.stats_server: StatsServer | None = None  # Config.stats_socket's
@@ -273,7 +272,7 @@ class WorkerGroup:
 
     @property
     def workers_stopped(self) -> bool:
-        return self._workers_stopped
+        return self.members.workers_stopped
 
     def monitor_watch(self, rank: int, proc: Any) -> None:
         """Watch ``proc`` as ``rank``'s current process (its membership's number)."""
@@ -309,9 +308,8 @@ class WorkerGroup:
         """The stop message, then (LocalWorkers.stop) the grace, SIGTERM and SIGKILL for
         this node's workers; the follower nodes are told to stop theirs. Once only."""
         with self._stop_lock:
-            if self._workers_stopped:
+            if self.members.workers_stopped:
                 return
-            self._workers_stopped = True
             self.members.stopped()
             try:
                 if self.broadcast is not None:

@@ -90,6 +90,11 @@ class Membership:
         remote = self.leader.pids if self.leader is not None else {}
         return [p.pid for p in self.procs][:self._world_size] + [remote[r] for r in sorted(remote)]
 
+    @property
+    def workers_stopped(self) -> bool:
+        """Whether the workers are being stopped (``stopped``): none runs, none restarts."""
+        return self._stopped
+
     def is_local(self, rank: int) -> bool:
         """Whether ``rank`` runs on this node (else on a follower node)."""
         return rank < len(self.procs)

@@ -228,7 +228,7 @@ def _resize_locked(group: WorkerGroup, world_size: int, deadline: float, timeout
     try:
         while calls.in_flight():
             interrupt.raise_if_interrupted()
-            calls.read_if_free()  # (a restart may be due: nobody else reads meanwhile)
+            calls.read_available(0)  # (a restart may be due: nobody else reads meanwhile)
             if time.monotonic() >= deadline:
                 raise ResizeError(f"resize({world_size}): {calls.in_flight()} calls were "
                                   f"still in flight after {timeout:g} s; the executor "
