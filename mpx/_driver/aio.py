@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -79,8 +78,6 @@ async def shutdown(ex: Executor) -> None:
 async def check_health(ex: Executor, timeout: float) -> None:
     """See ``Executor.check_health_async``."""
     group = ex._group
-    if ex._pid != os.getpid():
-        raise ex._not_owner()
     group.calls.check_usable()
     group.stalls.raise_reported()
     ping = ex.collective_rpc(wire.PING, timeout=timeout, non_block=True)

@@ -27,24 +27,17 @@ from mpx._driver import aio, preflight, stats, tracing
 from mpx._driver.calls import PendingCalls
 from mpx._driver.group import WorkerGroup
 from mpx._driver.stats import Stats
+from mpx._impl import future_core_module
 from mpx._procinfo import describe_stall
 from mpx.config import Config
-from mpx.errors import ExecutorFailed, NotOwnerError, ResizeError, SerializationError
+from mpx.errors import ExecutorFailed, ResizeError, SerializationError
 
 logger = logging.getLogger("mpx")
 
-# This process's pid, kept current across os.fork() (multiprocessing's "fork" included) by
-# the hook below: the owner check of every call reads it instead of calling os.getpid(),
-# a system call each time (glibc caches no pid), ~3% of an event loop's time per call.
-_this_pid = os.getpid()
-
-
-def _after_fork_in_child() -> None:
-    global _this_pid
-    _this_pid = os.getpid()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+# This process's pid, kept current across forks by the futures' core (one system call
+# saved per call): every public entry point compares it with the executor's owner.
+_this_pid = future_core_module().this_pid
+_not_owner = future_core_module().not_owner
 
 
 def _shutdown_before_thread_join(finalizer: Callable[[], Any]) -> None:
@@ -164,12 +157,11 @@ class Executor:
         With ``Config.tracing`` the call runs inside an OpenTelemetry span that reaches into
         the workers (mpx/_driver/tracing.py; ``_trace`` is that module's).
         """
+        self._check_owner()
         if self._tracing and _trace is None:
             return self._traced(method, timeout, args, kwargs, non_block, unique_reply_rank,
                                 aggregator, kv_output_aggregator)
         calls = self._group.calls
-        if self._pid != _this_pid:
-            raise self._not_owner()
         calls.check_usable()
         if not calls.pending:  # (else they are awake: a call is under way)
             calls.wake_workers()  # their wake-up overlaps the Python up to the write
@@ -220,9 +212,8 @@ class Executor:
         WorkerStalledError at once for ranks whose watchdog reported a stall (naming the
         method, for how long, and the top frames), RPCTimeoutError or WorkerStalledError
         when the ping times out, ExecutorFailed when a worker is dead."""
+        self._check_owner()
         group = self._group
-        if self._pid != os.getpid():
-            raise self._not_owner()
         group.calls.check_usable()
         group.calls.read_available(timeout)
         group.stalls.raise_reported()
@@ -237,6 +228,7 @@ class Executor:
         """:meth:`check_health` for a coroutine, with the same errors, never blocking the
         event loop: the ping is a non-blocking call that the loop awaits (a stall report
         that comes in meanwhile raises WorkerStalledError within 0.1 s)."""
+        self._check_owner()
         await aio.check_health(self, timeout)
 
     async def shutdown_async(self) -> None:
@@ -244,6 +236,7 @@ class Executor:
         (``mpx-shutdown``) while the event loop goes on, and returns once it is over.
         Idempotent: concurrent callers await the same shutdown. Cancelling the awaiting
         task leaves the shutdown to finish in its thread."""
+        self._check_owner()
         await aio.shutdown(self)
 
     def failure_future(self) -> Any:
@@ -253,18 +246,21 @@ class Executor:
         failure (at once if that already happened). The same future for every caller; it
         cannot be cancelled; it never completes if the executor shuts down without
         failing. For threads: ``ex.failure_future().result()`` or a done callback."""
+        self._check_owner()
         return aio.failure_future(self)
 
     async def wait_for_failure(self) -> ExecutorFailed:
         """Return the executor's failure once it fails (see :meth:`failure_future`), never
         blocking the event loop; cancel the waiting task to stop waiting (an executor shut
         down without failing never fails)."""
+        self._check_owner()
         return await aio.wait_for_failure(self)
 
     def dump_stacks(self, timeout: float = 5.0) -> dict[int, str]:
         """Every worker's current stacks (all threads, faulthandler format) by rank, taken
         on demand even while workers are busy or stuck in C code. A worker that cannot
         dump within ``timeout`` seconds gets a line saying why (stopped, dead...)."""
+        self._check_owner()
         group = self._group
         deadline = time.monotonic() + timeout
         out = dumps.dump_all({r: (p.pid, group.stalls.dump_file(r))
@@ -278,6 +274,7 @@ class Executor:
         calls queued in the driver because the broadcast ring was full (they go out in
         order as the workers make room). For admission control: a server that sees
         ``queued`` grow is sending faster than the workers take calls."""
+        self._check_owner()
         return self._group.calls.pending_calls()
 
     def stats(self) -> Stats:
@@ -286,6 +283,7 @@ class Executor:
         it lives, its replies and their latency over a recent window, and the skew between
         a call's first and last reply. Cheap (no call to the workers); also after shutdown
         (the last figures, every rank not alive)."""
+        self._check_owner()
         return stats.snapshot(self._group)
 
     def register_restart_callback(self, callback: Callable[[int], None]) -> None:
@@ -297,6 +295,7 @@ class Executor:
         call that passes :attr:`distributed_init_method` (the ranks that stayed still hold
         the old one), made with ``non_block=True``: the next restart starts only once the
         callback returns (deaths are reported meanwhile; see docs/restart.md)."""
+        self._check_owner()
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
         self._group.add_restart_callback(callback)
@@ -320,9 +319,8 @@ class Executor:
         Ctrl-C is held back until the resize is undone or over. A size over a limit (a
         ring's reader limit, the host's process limit) is a ValueError naming it, before
         anything is allocated."""
+        self._check_owner()
         group = self._group
-        if self._pid != os.getpid():
-            raise self._not_owner()
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
         if timeout is None or timeout < 0:
@@ -341,11 +339,13 @@ class Executor:
         """The ``tcp://host:port`` the workers' ``torch.distributed`` group forms on now: the
         one the ranks got at start, and a fresh one after each restart or resize (the
         restarted or new ranks' ``ctx.distributed_init_method``)."""
+        self._check_owner()
         return self._group.dist_method
 
     @property
     def world_size(self) -> int:
         """How many ranks the group has now (``resize`` changes it)."""
+        self._check_owner()
         return self._group.world_size
 
     def register_failure_callback(self, callback: Callable[[], None]) -> None:
@@ -353,11 +353,13 @@ class Executor:
         were stopped (``Config.stop_on_failure``); at once if that already happened. It
         runs in the mpx monitor thread that found the failure (or, at once, in the caller's),
         outside every mpx lock."""
+        self._check_owner()
         self._group.add_failure_callback(callback)
 
     @property
     def is_failed(self) -> bool:
         """True once a worker died; every call then raises the failure."""
+        self._check_owner()
         return self._group.calls.failure is not None
 
     @property
@@ -365,21 +367,25 @@ class Executor:
         """Every worker's pid in rank order (those of follower nodes as they reported): a
         list, also callable (``ex.worker_pids()`` returns the same list), so that both the
         attribute and vLLM-style method spellings work."""
+        self._check_owner()
         return _Pids(self._group.pids)
 
-    def _not_owner(self) -> NotOwnerError:
-        return NotOwnerError(f"this executor belongs to process {self._pid}, and this is "
-                             f"process {os.getpid()} (a forked child?): an executor serves "
-                             "only the process that created it; create one here instead")
+    def _check_owner(self) -> None:
+        """NotOwnerError unless this is the process that created the executor (every
+        public entry point checks: a forked child's copy reaches workers it does not own)."""
+        if self._pid != _this_pid():
+            raise _not_owner(self._pid, "this executor")
 
     def shutdown(self) -> None:
         """Stop the workers (stop message, then SIGTERM, then SIGKILL after the grace
         periods), join every thread mpx started and close every queue. Idempotent; never
         raises because of a call's state; a Ctrl-C during it propagates once every worker
         was ended."""
+        self._check_owner()
         self._finalizer()
 
     def __enter__(self) -> Executor:
+        self._check_owner()
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -26,6 +26,8 @@ cdef int _W_PENDING, _W_DONE, _W_CANCELLED
 cdef int _F_HAND_OFF, _F_CALLBACKS, _F_FINISHED
 cdef double _Q1, _Q2, _Q3
 cdef object _OK, _ERR
+cdef long _pid
+cpdef long this_pid()
 
 cpdef bint runs_here(delivery) except -1
 cdef unsigned long _this_thread()
@@ -213,7 +215,9 @@ cdef class FutureCore:
     cdef public object _source
     cdef public object _target
     cdef public object _delivery
+    cdef readonly long _owner
 
+    cpdef _check_owner(self)
     @cython.locals(follow=int)
     cdef int _finish(self, result, exc) except -1
     cdef int _finish_locked(self, result, exc) except -1

@@ -37,10 +37,13 @@ import collections
 import concurrent.futures
 import contextvars
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
+
+from mpx.errors import NotOwnerError
 
 try:
     import cython
@@ -95,6 +98,31 @@ _delivery_of: Any = None
 # The delivery whose tasks LoopWakeups.run wakes now, in some thread: the likeliest loop
 # of an RPCFuture awaited meanwhile (a hint: __await__ checks it with runs_here).
 _waking: Any = None
+
+# This process's pid, kept current across os.fork() by the hook below: an executor and its
+# futures serve only the process that made them, and each of their public entry points
+# compares its owner with this, without a system call (glibc caches no pid).
+_pid: int = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def this_pid() -> int:
+    """This process's pid (kept current across forks)."""
+    return _pid
+
+
+def not_owner(owner: int, what: str) -> NotOwnerError:
+    """The error of a use of ``what`` (made by process ``owner``) in this process."""
+    return NotOwnerError(f"{what} belongs to process {owner}, and this is process {_pid} (a "
+                         f"forked child?): it serves only the process that created it; "
+                         "create an executor in this process instead")
 
 
 def _now() -> float:
@@ -1004,7 +1032,7 @@ class FutureCore:
     """
 
     __slots__ = ("_lock", "_state", "_result", "_exception", "_waiting", "_done_callbacks",
-                 "_loop_waits", "_cond", "_call", "_source", "_target", "_delivery")
+                 "_loop_waits", "_cond", "_call", "_source", "_target", "_delivery", "_owner")
 
     def __init__(self, source: Any, call: Any) -> None:
         self._lock: Any
@@ -1027,6 +1055,13 @@ class FutureCore:
         # the Waiter of the first task that awaits it, and its loop's delivery
         self._target: Waiter | None = None
         self._delivery: Any = None
+        self._owner = _pid  # the process it serves
+
+    def _check_owner(self) -> None:
+        """NotOwnerError unless this is the process that made it (a forked child's copy
+        would wait for replies its process never reads)."""
+        if self._owner != _pid:
+            raise not_owner(self._owner, "this executor's future")
 
     @property
     def _waiters(self) -> list:
@@ -1036,16 +1071,21 @@ class FutureCore:
         return self._waiting
 
     def done(self) -> bool:
+        if self._owner != _pid:
+            self._check_owner()
         return self._state is FINISHED
 
     def cancel(self) -> bool:
         """False: the call was sent, and a sent call runs to its end."""
+        self._check_owner()
         return False
 
     def cancelled(self) -> bool:
+        self._check_owner()
         return False
 
     def running(self) -> bool:
+        self._check_owner()
         return self._state is RUNNING
 
     def add_done_callback(self, fn: Callable[[Any], object], *, context: Any = None) -> None:
@@ -1054,6 +1094,7 @@ class FutureCore:
         here, if it is done already (as concurrent.futures does). A callback of asyncio's
         own, added in a running event loop (``asyncio.wait`` adds one), runs in that loop,
         as asyncio expects, and not at all if the loop has closed by then."""
+        self._check_owner()
         loop = _asyncio_loop(fn)
         entry: Any
         if loop is not None:
@@ -1084,6 +1125,7 @@ class FutureCore:
 
     def remove_done_callback(self, fn: Callable[[Any], object]) -> int:
         """Remove every ``fn`` added and not run yet; how many (asyncio's protocol)."""
+        self._check_owner()
         removed = 0
         with self._lock:
             if self._done_callbacks:
@@ -1249,12 +1291,15 @@ class FutureCore:
     def _set(self, result: Any, exc: BaseException | None) -> None:
         """``set_result``/``set_exception`` by hand: complete it, hand it to asyncio and run
         its callbacks, all here (InvalidStateError if it is done already)."""
+        self._check_owner()
         _complete_one(self, result, exc, None, True, _get_ident())
 
     def __await__(self) -> Iterator[Any]:
         # Not a generator: the task gets the Waiter, its own iterator, so every step of
         # the awaiting task runs no frame of ours but the Waiter's. The loop's count of
         # awaited futures drops when the outcome is handed over (or dropped), not here.
+        if self._owner != _pid:
+            self._check_owner()
         if self._state is FINISHED:
             return _finished(self)
         # a task woken by mpx (LoopWakeups.run) awaits again: its loop is known

@@ -220,6 +220,9 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
+        # (concurrent.futures.wait and as_completed sleep on it: in a forked child, never
+        # woken; NotOwnerError there instead)
+        self._check_owner()
         cond = self._cond
         if cond is None:  # (a thread inside ``with cond`` finds it: no re-entry of _lock)
             with self._lock:
@@ -230,7 +233,9 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
 
     def result(self, timeout: float | None = None) -> Any:
         """The call's result; ``TimeoutError`` after ``timeout`` seconds (the call goes on).
-        The waiting thread reads the replies itself when no other thread does."""
+        The waiting thread reads the replies itself when no other thread does.
+        NotOwnerError in any process but the one that made it (a forked child)."""
+        self._check_owner()
         if self._state != _FINISHED:
             call = self._call
             if call is not None:
@@ -247,6 +252,7 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The call's exception, or None; waits as :meth:`result` does."""
+        self._check_owner()
         if self._state != _FINISHED:
             call = self._call
             if call is not None:
@@ -265,6 +271,15 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
                 cond.wait(timeout)
         if self._state != _FINISHED:  # (raised here: the repr takes the lock)
             raise TimeoutError(f"{self!r} is not done after {timeout} s")
+
+    def __repr__(self) -> str:
+        # (the base class's takes _condition: a repr works in every process)
+        state = self._state
+        if state == _FINISHED:
+            outcome = (f"raised {type(self._exception).__name__}" if self._exception is not None
+                       else f"returned {type(self._result).__name__}")
+            return f"<{type(self).__name__} at {id(self):#x} state=finished {outcome}>"
+        return f"<{type(self).__name__} at {id(self):#x} state={state.lower()}>"
 
     def set_result(self, result: Any) -> None:
         """Complete it by hand: its awaiting tasks and done callbacks are told here."""
