@@ -32,8 +32,8 @@ Everything else is internal. The tree, bottom up (each layer imports only those 
     transport/                          one interface, the channel (send, recv): shm (local)
                                         and zmq (remote) ends
     queue.py                            MessageQueue over the transports
-    wire.py, config.py, errors.py,      shared by every process of a group
-    auth.py, dumps.py
+    wire.py, config.py, errors.py,      shared by every process of a group (_observe.py: what
+    auth.py, dumps.py, _observe.py      an observer hook raises is logged once, never raised)
     _driver/                            runs in the driver: Executor and what it owns;
                                         future_core.py (+ .pxd), the futures' hot part,
                                         compiled from its one source where it was built,
