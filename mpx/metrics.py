@@ -17,12 +17,13 @@ ending in ``_total``, labels of low cardinality):
 
 The histograms' buckets are powers of two seconds, from 2**-20 (~1 us) to 256 s. A
 collector whose executor was shut down reports its last values; one whose executor was
-garbage-collected reports nothing. A scrape never raises because of the executor.
+garbage-collected reports nothing. A scrape never raises because of the executor
+(``prometheus_client`` would end the whole scrape, every other collector's metrics too): a
+collector that cannot read it reports nothing, and why is logged once (mpx/_observe.py).
 """
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -37,13 +38,13 @@ from prometheus_client.registry import Collector as _CollectorBase
 
 from mpx._driver import stats as _stats
 from mpx._impl import future_core_module
+from mpx._observe import report
 
 if TYPE_CHECKING:
     from mpx._driver.executor import Executor
 
 __all__ = ["Collector"]
 
-logger = logging.getLogger("mpx")
 _core = future_core_module()
 # the exported buckets: every fourth of the meter's (the powers of two)
 _EXPORTED = tuple(range(0, len(_core.BOUNDS), 4))
@@ -82,8 +83,8 @@ class Collector(_CollectorBase):
             return iter(())
         try:
             return iter(self._read(ex))
-        except Exception:  # (a scrape must not fail: say why, report nothing)
-            logger.debug("mpx metrics: could not read the executor", exc_info=True)
+        except Exception as e:  # (prometheus_client lets it end the whole scrape)
+            report("metrics: reading the executor for a scrape", e)
             return iter(())
 
     @staticmethod
