@@ -265,16 +265,13 @@ def test_a_stale_stats_socket_is_replaced_and_a_live_one_refused(executor, tmp_p
 
 def _driver_spans():
     """The driver's spans, into memory (one SDK provider for the whole test process)."""
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
+    import _otel
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     global _EXPORTER
     if _EXPORTER is None:
         _EXPORTER = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        trace.set_tracer_provider(provider)
+        _otel.provider().add_span_processor(SimpleSpanProcessor(_EXPORTER))
     _EXPORTER.clear()
     return _EXPORTER
 
