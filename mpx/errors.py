@@ -149,8 +149,15 @@ class ExecutorFailed(MpxError, RuntimeError):
 
 
 class NotOwnerError(MpxError, RuntimeError):
-    """An executor was used in a process other than the one that created it (a forked
-    child): it serves only its creator; create another executor in this process."""
+    """An executor or its future was used in a process other than the one that created it
+    (a forked child): it serves only its creator; create another executor in this process."""
+
+    @classmethod
+    def of(cls, what: str, owner: int, here: int) -> NotOwnerError:
+        """The error of a use of ``what``, made by process ``owner``, in process ``here``."""
+        return cls(f"{what} belongs to process {owner}, and this is process {here} (a forked "
+                   "child?): it serves only the process that created it; create an executor "
+                   "in this process instead")
 
 
 class WorkerDiedError(ExecutorFailed):

@@ -30,14 +30,13 @@ from mpx._driver.stats import Stats
 from mpx._impl import future_core_module
 from mpx._procinfo import describe_stall
 from mpx.config import Config
-from mpx.errors import ExecutorFailed, ResizeError, SerializationError
+from mpx.errors import ExecutorFailed, NotOwnerError, ResizeError, SerializationError
 
 logger = logging.getLogger("mpx")
 
 # This process's pid, kept current across forks by the futures' core (one system call
 # saved per call): every public entry point compares it with the executor's owner.
 _this_pid = future_core_module().this_pid
-_not_owner = future_core_module().not_owner
 
 
 def _shutdown_before_thread_join(finalizer: Callable[[], Any]) -> None:
@@ -374,7 +373,7 @@ class Executor:
         """NotOwnerError unless this is the process that created the executor (every
         public entry point checks: a forked child's copy reaches workers it does not own)."""
         if self._pid != _this_pid():
-            raise _not_owner(self._pid, "this executor")
+            raise NotOwnerError.of("this executor", self._pid, _this_pid())
 
     def shutdown(self) -> None:
         """Stop the workers (stop message, then SIGTERM, then SIGKILL after the grace

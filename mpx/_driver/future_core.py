@@ -43,8 +43,6 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from mpx.errors import NotOwnerError
-
 try:
     import cython
 except ImportError:  # Cython is a build dependency only: plain Python needs cython.compiled
@@ -118,11 +116,14 @@ def this_pid() -> int:
     return _pid
 
 
-def not_owner(owner: int, what: str) -> NotOwnerError:
-    """The error of a use of ``what`` (made by process ``owner``) in this process."""
-    return NotOwnerError(f"{what} belongs to process {owner}, and this is process {_pid} (a "
-                         f"forked child?): it serves only the process that created it; "
-                         "create an executor in this process instead")
+# (configure_owner) the error of a future used outside its process: (what, owner, here)
+_not_owner: Any = None
+
+
+def configure_owner(error_of: Callable[[str, int, int], BaseException]) -> None:
+    """Set the error ``_check_owner`` raises: ``error_of(what, owner_pid, this_pid)``."""
+    global _not_owner
+    _not_owner = error_of
 
 
 def _now() -> float:
@@ -1061,7 +1062,7 @@ class FutureCore:
         """NotOwnerError unless this is the process that made it (a forked child's copy
         would wait for replies its process never reads)."""
         if self._owner != _pid:
-            raise not_owner(self._owner, "this executor's future")
+            raise _not_owner("this executor's future", self._owner, _pid)
 
     @property
     def _waiters(self) -> list:

@@ -9,6 +9,7 @@ import weakref
 from typing import Any, Protocol
 
 from mpx._impl import future_core_module
+from mpx.errors import NotOwnerError
 
 
 class ReplySource(Protocol):
@@ -162,6 +163,7 @@ def _delivery(loop: asyncio.AbstractEventLoop) -> _LoopDelivery:
 # the state, completion and asyncio hand-off, in C fields when the extension is built
 _core = future_core_module()
 _core.configure_loops(_delivery)
+_core.configure_owner(NotOwnerError.of)
 _runs_here = _core.runs_here
 _FINISHED = _core.FINISHED
 # The call table sets the futures of the calls it settled with this: complete_each(completed,
