@@ -3,9 +3,18 @@ in that order, and no caller ever waits for ring room.
 
 Rules (see mpx/_driver/calls.py for the whole model):
 
-- ``order`` (a lock) is held to number, encode and register a call and then either to
-  write it, when nothing is queued before it and the ring has room for all of it now (a
-  write that cannot wait), or to queue it. It is never held while waiting.
+- ``numbering`` (a lock only the threads that send calls take) is held to encode a call
+  with the next sequence number and then, inside it, ``order`` to register the call and
+  either write it, when nothing is queued before it and the ring has room for all of it
+  now (a write that cannot wait), or queue it. Encoding pickles the call's arguments, which
+  runs their ``__reduce__`` (user code): calls are numbered in the order they go out, so a
+  slow pickle delays the calls sent after it, which follow it anyway, and nothing else:
+  the readers, the death watch, a regroup and shutdown take ``order`` alone, never
+  ``numbering``. A ``__reduce__`` that sends a call on the same executor gets a
+  RuntimeError (it would wait for itself).
+- ``order`` is never held while waiting, nor while user code runs. A call is checked
+  against the membership (``unique_reply_rank``) and sized under it, so it goes to one
+  membership; the sequence number only ``send`` changes, under both locks.
 - Queued calls go out in order. The threads that read replies flush the queue as they
   read (each reply means its rank has taken a call, so the ring has room again): writes
   that cannot wait, under ``order``. A call larger than the whole ring, which streams
@@ -76,6 +85,8 @@ class Sender:
         self._queued_seqs = registry.queued
         # while the group is re-formed (mpx/_driver/regroup.py), every call is queued
         self.held = False
+        self.numbering = lockorder.rlock("Sender.numbering", lockorder.NUMBERING)
+        self._encoding = False  # a call is being encoded (numbering held)
         self.order = lockorder.lock("CallTable.order", lockorder.ORDER)
         self.queued_cv = threading.Condition(self.order)
         self._sender: threading.Thread | None = None
@@ -113,34 +124,23 @@ class Sender:
         messages. Never waits for ring room."""
         deadline = None if timeout is None else time.monotonic() + timeout
         reg = self.registry
-        with self.order:  # (`with`, not acquire(): an interrupt cannot come in between)
-            seq = reg.next_seq
-            n_ranks = reg.n_ranks  # (the membership this call is checked against and sent to)
-            if reply_rank is not None and reply_rank >= n_ranks:
-                raise ValueError(f"unique_reply_rank must be in [0, {n_ranks}), got "
-                                 f"{reply_rank!r}: the group has {n_ranks} ranks now")
-            call = Call(seq, name, n_ranks, reply_rank, aggregator, deadline)
-            if non_block:
-                call.future = RPCFuture(self.pump, call)
+        with self.numbering:  # (`with`, not acquire(): an interrupt cannot come in between)
+            if self._encoding:
+                raise RuntimeError(f"collective_rpc {name!r} was called while this thread "
+                                   "pickles another call's arguments (from a __reduce__?): "
+                                   "it would wait for itself")
+            seq = reg.next_seq  # (changed only here, under numbering)
+            self._encoding = True
             try:
-                self._out.wake_readers()  # (again: the workers that parked since)
                 kind, parts = serde.encode(wire.call(seq, method, args, kwargs, reply_rank, trace),
                                            self._local)
             except BaseException as e:
                 raise self._send_error(e, name) from e
-            reg.next_seq = seq + 1
-            if not self.ledger.register(call, parts):
-                reg.check_usable()  # (raises: the table stopped)
-            first = parts[0] if len(parts) == 1 else None
-            if not self.outbox and not self.held and self._out.has_room(parts) and (
-                    type(first) is bytes and len(first) <= self._ring_fits or self._fits(parts)):
-                try:  # (room for all of it on the ring: it cannot wait there)
-                    self._out.write(kind, parts, until_ns(deadline))
-                except BaseException as e:
-                    reg.forget(call)
-                    raise self._send_error(e, name) from e
-            else:
-                self._queue(call, kind, parts)
+            finally:
+                self._encoding = False
+            with self.order:
+                call = self._register(seq, name, reply_rank, aggregator, deadline, non_block,
+                                      kind, parts)
         if self.outbox and not self.pump.baton.locked():
             self.pump.read_ready(0)  # the replies already there make room: it flushes after them
         if deadline is not None:
@@ -149,6 +149,35 @@ class Sender:
             reg.after_reading()
         if non_block:
             self.pump.read_for_futures()
+        return call
+
+    def _register(self, seq: int, name: str, reply_rank: int | None,
+                  aggregator: Callable | None, deadline: float | None, non_block: bool,
+                  kind: int, parts: tuple) -> Call:
+        """(numbering and order held) Check, number and register the call encoded as
+        ``kind, parts``; write it, or queue it."""
+        reg = self.registry
+        n_ranks = reg.n_ranks  # (the membership this call is checked against and sent to)
+        if reply_rank is not None and reply_rank >= n_ranks:
+            raise ValueError(f"unique_reply_rank must be in [0, {n_ranks}), got "
+                             f"{reply_rank!r}: the group has {n_ranks} ranks now")
+        call = Call(seq, name, n_ranks, reply_rank, aggregator, deadline)
+        if non_block:
+            call.future = RPCFuture(self.pump, call)
+        reg.next_seq = seq + 1
+        if not self.ledger.register(call, parts):
+            reg.check_usable()  # (raises: the table stopped)
+        self._out.wake_readers()  # (again: the workers that parked since the first)
+        first = parts[0] if len(parts) == 1 else None
+        if not self.outbox and not self.held and self._out.has_room(parts) and (
+                type(first) is bytes and len(first) <= self._ring_fits or self._fits(parts)):
+            try:  # (room for all of it on the ring: it cannot wait there)
+                self._out.write(kind, parts, until_ns(deadline))
+            except BaseException as e:
+                reg.forget(call)
+                raise self._send_error(e, name) from e
+        else:
+            self._queue(call, kind, parts)
         return call
 
     def _fits(self, parts: tuple) -> bool:
