@@ -5,6 +5,11 @@ It joins the leader (:mod:`mpx._node.leader`), receives the group's spec, starts
 workers (which read calls over ZeroMQ, or through a :class:`~mpx._node.relay.Relay`, and
 answer over their own ZeroMQ queues), reports their handles, then beats and reports worker
 deaths until the leader stops it or goes away; its workers end with it.
+
+It says on stderr, once, that it joined and which ranks it runs. A leader that cannot
+authenticate its hello answers ``control.BAD_KEY``; that hint is not authenticated, so
+the follower goes on trying until its wait ends, and then says that the keys did not
+match rather than that no leader answered.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import dataclasses
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 
@@ -53,19 +59,26 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
     sock.connect(f"tcp://{master_addr}:{master_port}")
     wait_s = config.startup_timeout_s if leader_wait_s is None else leader_wait_s
     deadline = time.monotonic() + wait_s
+    at = f"{master_addr}:{master_port}"
     spec = None
     hello_at = 0.0
+    bad_key = False  # the leader answered with a frame this node's key does not verify
     try:
         while spec is None:
             now = time.monotonic()
             if now > deadline:
-                raise SystemExit(f"mpx node {node_rank}: no leader at {master_addr}:{master_port} "
-                                 f"within {wait_s:g} s")
+                raise SystemExit(_no_leader(node_rank, nnodes, master_addr, master_port, wait_s,
+                                            bad_key))
             if now >= hello_at:
                 hello_at = now + HELLO_EVERY_S
                 sock.send(control.pack(key, wire.Hello(node_rank, os.getpid())))
             if sock.poll(control.POLL_MS):
                 msg = control.unpack(key, sock.recv())
+                if msg is None and not bad_key:
+                    bad_key = True
+                    print(f"mpx node {node_rank}: the leader at {at} could not authenticate "
+                          "this node's hello: its MPX_AUTH_KEY does not match this node's; "
+                          "still trying", file=sys.stderr, flush=True)
                 if isinstance(msg, wire.Challenge):
                     sock.send(control.pack(key, wire.Join(node_rank, msg.nonce)))
                 elif isinstance(msg, wire.NodeSpec):
@@ -82,6 +95,9 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
     # the leader's settings, with this node's own address and key
     cfg = dataclasses.replace(spec.config, host=config.host, auth_key=config.auth_key)
     local = spec.world_size // nnodes
+    print(f"mpx node {node_rank}: joined the leader at {at} with "
+          f"{_ranks_text(node_rank * local, local)} of {spec.world_size}", file=sys.stderr,
+          flush=True)
     ctxs = [WorkerContext(rank=node_rank * local + i, local_rank=i, world_size=spec.world_size,
                           local_world_size=local, node_rank=node_rank,
                           distributed_init_method=spec.distributed_init_method, config=cfg,
@@ -110,6 +126,24 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
         if relay is not None:
             relay.close()
         sock.close(linger=100)
+
+
+def _no_leader(node_rank: int, nnodes: int, master_addr: str, master_port: int, wait_s: float,
+               bad_key: bool) -> str:
+    """Why node ``node_rank`` found no leader within ``wait_s``, and what to do."""
+    at = f"{master_addr}:{master_port}"
+    if bad_key:
+        return (f"mpx node {node_rank}: the leader at {at} could not authenticate this "
+                f"node's hello within {wait_s:g} s: this node's MPX_AUTH_KEY did not match "
+                "the leader's; give every node the same MPX_AUTH_KEY")
+    return (f"mpx node {node_rank}: no leader at {at} within {wait_s:g} s: start the driver "
+            f"(its mpx.Executor with nnodes={nnodes}, master_port={master_port}) "
+            "first or wait longer (--leader-wait-s), and check that this node reaches that "
+            "address")
+
+
+def _ranks_text(first: int, count: int) -> str:
+    return f"rank {first}" if count == 1 else f"ranks {first}-{first + count - 1}"
 
 
 def _count_mismatch(node_rank: int, nnodes: int, spec: wire.NodeSpec) -> wire.NodeStartupFailed:

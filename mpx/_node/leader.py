@@ -8,6 +8,11 @@ another) is refused and the node counted lost, and so is a node rank beyond nnod
 leader sends each follower the worker class, kwargs, config and the broadcast queue's
 handle, collects its workers' response-queue handles, then exchanges heartbeats with it
 and hears of its workers' deaths.
+
+A control frame sealed under another key (a node started with another ``MPX_AUTH_KEY``) is
+answered with ``control.BAD_KEY`` and nothing else, and its sender's address is kept for
+the startup error: the leader goes on waiting for a follower with the right key, and if
+none comes in time it says that a node with another key tried to join, and from where.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from mpx.errors import NodeLostError, WorkerDiedError, WorkerStartupError
 
 logger = logging.getLogger("mpx")
 
+# How many addresses of nodes with another key the startup error names (a stranger may try
+# from many).
+BAD_KEY_ADDRESSES = 4
 # How long a worker death reported by a follower waits for the launcher to say whether the
 # whole node is going (its Ray actor being killed takes its workers first).
 GONE_CHECK_WAIT_S = 1.0
@@ -52,6 +60,7 @@ class Leader:
         self._challenges: dict[bytes, tuple[int, bytes]] = {}  # routing id -> (node, nonce)
         self._refused: set[bytes] = set()   # routing ids that may not join (see _join)
         self._unsigned: set[bytes] = set()  # routing ids warned about a failed authentication
+        self._bad_key_from: list[str] = []  # addresses of nodes with another key (_unauthentic)
         self._rejoined: list[int] = []      # joined nodes that another follower joined for
         self._strays: list[int] = []        # node ranks outside [1, nnodes) that joined
         self._beat_at = 0.0
@@ -77,16 +86,13 @@ class Leader:
         gets a fresh nonce to sign back ("join"): a replayed hello or join joins nothing."""
         if not self.sock.poll(timeout_ms):
             return None, None
-        frames = self.sock.recv_multipart()
-        ident = frames[0]
+        frames = self.sock.recv_multipart(copy=False)
+        ident = frames[0].bytes
         if ident in self._refused:
             return None, None
-        msg = control.unpack(self.key, frames[-1]) if len(frames) == 2 else None
+        msg = control.unpack(self.key, frames[-1].bytes) if len(frames) == 2 else None
         if msg is None:
-            if ident not in self._unsigned:
-                self._unsigned.add(ident)
-                logger.warning("leader dropped a control message that failed "
-                               "authentication: is MPX_AUTH_KEY the same on every node?")
+            self._unauthentic(ident, frames[-1])
             return None, None
         node = next((n for n, i in self.nodes.items() if i == ident), None)
         if isinstance(msg, wire.Hello):
@@ -102,6 +108,43 @@ class Leader:
         if node is not None:
             self.last_seen[node] = time.monotonic()
         return node, msg
+
+    def _unauthentic(self, ident: bytes, frame: zmq.Frame) -> None:
+        """A frame from routing id ``ident`` failed authentication. One sealed by an mpx
+        node under another key is answered with ``control.BAD_KEY`` (which tells that
+        node nothing but that) and its address noted for the startup error; junk is
+        dropped. Either way nothing else changes: a follower with the right key still
+        joins."""
+        where = control.peer_address(frame)
+        if not control.sealed_by_mpx(frame.bytes):
+            if ident not in self._unsigned:
+                self._unsigned.add(ident)
+                logger.warning("leader dropped a message from %s that is no mpx control "
+                               "message", where)
+            return
+        self.sock.send_multipart([ident, control.BAD_KEY])
+        if ident in self._unsigned:
+            return
+        self._unsigned.add(ident)
+        if where not in self._bad_key_from and len(self._bad_key_from) < BAD_KEY_ADDRESSES:
+            self._bad_key_from.append(where)
+        logger.warning("leader: a node at %s tried to join with another MPX_AUTH_KEY (its "
+                       "message failed authentication): give every node the same key", where)
+
+    def _not_joined_error(self, missing: list[int]) -> WorkerStartupError:
+        """The startup error of follower nodes ``missing``, which did not join in time."""
+        within = f"within {self.config.startup_timeout_s:g} s (startup_timeout_s)"
+        at = f"{self.config.master_addr}:{self.config.master_port}"
+        if self._bad_key_from:
+            why = (f"; a node with another MPX_AUTH_KEY tried to join from "
+                   f"{', '.join(self._bad_key_from)}: give every node the same MPX_AUTH_KEY")
+        else:
+            why = (f"; none asked to join at {at}: start `python -m mpx node --master-addr "
+                   f"{self.config.master_addr} --master-port {self.config.master_port} "
+                   f"--node-rank N --nnodes {self.config.nnodes}` on each (with this "
+                   f"MPX_AUTH_KEY), and check that it reaches {at}")
+        return WorkerStartupError(f"follower nodes {missing} did not join {within}{why}",
+                                  [r for n in missing for r in self.node_ranks(n)])
 
     def _join(self, ident: bytes, msg: wire.Join) -> bool:
         """Whether ``msg`` (from routing id ``ident``, no joined node's) joins its node."""
@@ -159,10 +202,7 @@ class Leader:
             if left <= 0:
                 missing = sorted(set(range(1, self.config.nnodes)) - set(self.nodes))
                 if missing:
-                    raise WorkerStartupError(
-                        f"follower nodes {missing} did not join within "
-                        f"{self.config.startup_timeout_s} s",
-                        [r for n in missing for r in self.node_ranks(n)])
+                    raise self._not_joined_error(missing)
                 late = [r for r in range(self.local, self.local * self.config.nnodes)
                         if r not in self.handles]
                 raise WorkerStartupError(f"follower workers {late} did not become ready "
