@@ -37,6 +37,12 @@ The steps (``_reform``), each undone if a later one fails before the old queue i
    before it (so a restart waits for the survivors' calls in progress), and its segment's
    name is unlinked then;
 5. the ranks that left are reaped, and the monitor watches the new processes.
+
+The group can end while a regroup runs: ``shutdown`` from another thread, or its failure
+(a rank that stays died with no restart left), which stops every worker. Whatever a step
+then meets (a rank "exited with code 0", a closed queue or pipe) is what mpx did on
+purpose, never the account given: the regroup fails with what ended the group
+(``_cut_short``), the error the calls get.
 """
 
 from __future__ import annotations
@@ -172,7 +178,10 @@ def restart(group: WorkerGroup, rank: int, incarnation: int, died: WorkerDiedErr
             if isinstance(e, WorkerStartupError) and not isinstance(e, WorkerRestartError):
                 err = WorkerRestartError(f"restarting worker rank {rank} failed: {e}", e.ranks,
                                          e.remote_traceback, pid=e.pid, exitcode=e.exitcode)
-            failed = calls.fail(err)
+            cut = _cut_short(group, f"restarting worker rank {rank}")
+            if cut is not None:  # (what it met is a symptom: the group ended meanwhile)
+                logger.info("%s", cut)
+            failed = cut is None and calls.fail(err)
             calls.resume()
             if failed:
                 group.after_failure(err)
@@ -243,22 +252,51 @@ def _resize_locked(group: WorkerGroup, world_size: int, deadline: float, timeout
         calls.release_sending()
         raise
     queue = members.broadcast
+    what = f"resize({world_size})"
     try:
         old = members.world_size
         restarted = _reform(group, world_size, list(range(old, world_size)),
                             leaving=list(range(world_size, old)))
     except BaseException as e:
-        if members.broadcast is queue:  # (failed before the ranks were told: as it was)
+        cut = _cut_short(group, what)
+        if cut is None and members.broadcast is queue:  # (before the ranks were told: as it was)
             calls.resume()
             raise
-        err = ExecutorFailed(f"resize({world_size}) failed part way: {e!r}")
-        failed = calls.fail(err)
+        err: ExecutorFailed | None = None
+        if cut is None:  # the ranks were told: the group cannot go back, and fails
+            err = e if isinstance(e, ExecutorFailed) else ExecutorFailed(
+                f"the group did not re-form: {e}")
+            if not calls.fail(err):
+                err = None
+            cut = _cut_short(group, what)
         calls.resume()
-        if failed:
+        if err is not None:
             group.after_failure(err)
-        raise
+        if not isinstance(e, Exception) or cut is None:
+            raise
+        raise cut from cut.__cause__
     calls.resume()
     return restarted
+
+
+def _cut_short(group: WorkerGroup, what: str) -> ExecutorFailed | None:
+    """If the group ended while ``what`` (a resize, a restart) ran, the error that says
+    how: its failure (the death that failed it, named with its exit status), or its
+    shutdown; the error is what the calls get, with the failure as its cause. None while
+    the group runs."""
+    failure = group.calls.failure
+    if failure is not None:
+        again = "" if group.config.max_restarts else \
+            " (with Config.max_restarts a dead rank is started again in place instead)"
+        err = ExecutorFailed(f"{what} failed: {failure}. The executor has failed: shut it "
+                             f"down and create a new one{again}")
+        err.__cause__ = failure
+        return err
+    if group.closing.is_set() or group.calls.closed:
+        return ExecutorFailed(f"{what} did not finish: the executor was shut down while it "
+                              "ran (shutdown() in another thread, or at exit); create a new "
+                              "executor to go on")
+    return None
 
 
 def _reform(group: WorkerGroup, n: int, starting: list[int], dead: Sequence[int] = (),
@@ -406,6 +444,8 @@ def _await_attached(group: WorkerGroup, new: MessageQueue, n: int, deadline: flo
             return restarted
         except QueueTimeout:
             pass
+        if group.workers_stopped:  # (they exit because mpx stopped them: not deaths)
+            raise ExecutorFailed("the workers were stopped while the group re-formed")
         group.calls.read_paused()  # (a rank blocked writing a reply reads no message)
         missing = new.writing_end().missing_readers()
         for rank in workers.exited(0.0, missing):

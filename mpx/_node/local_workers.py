@@ -2,6 +2,11 @@
 
 All workers start concurrently; then a ready handshake over one pipe per worker collects
 each worker's response-queue handle, or the exception its ``__init__`` raised.
+
+``stop`` may run in another thread while a handshake waits (the driver's monitor fails the
+group, or ``shutdown`` runs, during a restart or resize): from then on the handshake and
+the startup checks say that the workers are being stopped, never that a worker mpx stopped
+"died during startup".
 """
 
 from __future__ import annotations
@@ -156,6 +161,7 @@ class LocalWorkers:
         self._cls_bytes, self._kw_bytes = cls_bytes, kw_bytes
         self._remote_driver, self._local_queue = remote_driver, local_queue
         self.keep_fds = keep_fds  # (the starter may change them for later workers)
+        self.stopping = False  # set first thing by stop(), from whichever thread
         self._mp: Any = multiprocessing.get_context(config.start_method)
         # (kept open until stop: a worker started later gets it too)
         self._death_r, self.death_w = self._mp.Pipe(duplex=False)
@@ -253,21 +259,35 @@ class LocalWorkers:
         sentinels = {self.procs[i].sentinel: i for i in which}
         while waiting:
             left = deadline - time.monotonic()
+            ranks = sorted(self.ranks[i] for i in waiting.values())
+            if self.stopping:
+                raise self._stopped_error(ranks)
             if left <= 0:
-                ranks = sorted(self.ranks[i] for i in waiting.values())
                 raise WorkerStartupError(
                     f"workers {ranks} did not become ready within "
                     f"{self.config.startup_timeout_s} s (startup_timeout_s)", ranks)
-            for obj in multiprocessing.connection.wait(list(waiting) + list(sentinels), left):
-                if obj in waiting:
-                    self._take_ready(waiting, obj, handles)
-                elif obj in sentinels:
-                    i = sentinels.pop(obj)
-                    conn = self.ready[i]
-                    if conn in waiting and conn.poll(0):  # its last word says more than its exit
-                        self._take_ready(waiting, conn, handles)
-                    raise self.startup_death(self.ranks[i])
+            try:
+                for obj in multiprocessing.connection.wait(list(waiting) + list(sentinels),
+                                                           left):
+                    if obj in waiting:
+                        self._take_ready(waiting, obj, handles)
+                    elif obj in sentinels:
+                        i = sentinels.pop(obj)
+                        conn = self.ready[i]
+                        if conn in waiting and conn.poll(0):  # its last word says more
+                            self._take_ready(waiting, conn, handles)
+                        raise self.startup_death(self.ranks[i])
+            except (OSError, ValueError):  # (stop closed the pipes under this wait)
+                if self.stopping:
+                    raise self._stopped_error(ranks) from None
+                raise
         return handles
+
+    def _stopped_error(self, ranks: list[int]) -> WorkerStartupError:
+        """The error of a startup step that ``stop`` cut short: no worker is at fault."""
+        return WorkerStartupError(
+            f"workers {ranks} were stopped by mpx before they were ready: this node's "
+            "workers are being stopped (shutdown, or the group failed)")
 
     def _take_ready(self, waiting: dict, conn: Any, handles: dict[int, Any]) -> None:
         """Read worker ``waiting[conn]``'s message: its handle into ``handles``, or the
@@ -305,7 +325,9 @@ class LocalWorkers:
 
     def startup_death(self, rank: int) -> WorkerStartupError:
         """The error of ``rank``, which died before the group was up, naming its pid and its
-        exit status."""
+        exit status; or, once ``stop`` began, the error that says mpx stopped it."""
+        if self.stopping:
+            return self._stopped_error([rank])
         pid = self.procs[self.ranks.index(rank)].pid
         code = self.exit_of(rank)
         return WorkerStartupError(f"worker rank {rank} (pid {pid}) died during startup: "
@@ -337,6 +359,7 @@ class LocalWorkers:
         The pipe closes first because that is how a worker tells this SIGTERM from a stray
         one: it ignores SIGTERM and SIGINT while the pipe is open and this process alive
         (mpx._worker.main), and dies of them once the pipe is closed."""
+        self.stopping = True
         if self.death_w is not None:
             _death_pipe_fds.discard(self.death_w.fileno())
             self.death_w.close()
@@ -386,8 +409,7 @@ class LocalWorkers:
         and unlink what the workers left in /dev/shm: the response queue of one that died
         before the driver attached to it."""
         self._kill(self.procs)
-        for c in self.ready:
+        for c in self.ready:  # (kept, closed: a regroup under way still retires by position)
             c.close()
-        self.ready = []
         self._death_r.close()
         self._reap_segments_of(self.procs)
