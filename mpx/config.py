@@ -12,6 +12,8 @@ import math
 import os
 from typing import Any
 
+from mpx import _addresses
+
 logger = logging.getLogger("mpx")
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -142,10 +144,27 @@ class Config:
         if relay not in ("auto", "on", "off"):
             raise _invalid("relay", self.relay, "must be auto, on or off")
         object.__setattr__(self, "relay", relay)
+        self._check_addresses()
         if self.launcher == "ray" and not self.ray_cpus_per_worker and not self.ray_gpus_per_worker:
             raise _invalid("ray_cpus_per_worker", self.ray_cpus_per_worker,
                            "and ray_gpus_per_worker cannot both be 0 (a Ray bundle must hold "
                            "something)")
+
+    def _check_addresses(self) -> None:
+        """Refuse a path or address that cannot serve, naming the field (mpx/_addresses.py)."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, str) and (why := _addresses.nul_byte(value)):
+                raise _invalid(f.name, "<hidden>" if f.name == "auth_key" else value, why)
+        checks = (("stats_socket", lambda v: _addresses.unix_socket_path(v) if v else None),
+                  ("shm_dir", lambda v: _addresses.directory(v, may_create=False)),
+                  ("dump_dir", lambda v: _addresses.directory(v, may_create=True) if v else None),
+                  ("host", _addresses.host),
+                  ("master_addr", _addresses.host))
+        for name, check in checks:
+            why = check(getattr(self, name))
+            if why:
+                raise _invalid(name, getattr(self, name), why)
 
     def relays(self, local_world_size: int) -> bool:
         """Whether follower nodes with ``local_world_size`` ranks relay calls."""

@@ -97,16 +97,17 @@ class WorkerGroup:
                               distributed_init_method=dist, config=cfg, node_id=node_id)
                 for rank in range(local)]
         dumps.reap_empty_dumps(dumps.dump_dir(cfg.dump_dir))
-        workers = LocalWorkers(cfg, ctxs, broadcast.export_handle(), cls_bytes, kw_bytes,
-                               keep_fds=(members.dist_port_fd(),))
-        members.started(workers)
         leader = None
-        if cfg.nnodes > 1:
+        if cfg.nnodes > 1:  # (its control socket bound before any worker starts)
             if cfg.max_restarts:
                 logger.warning("Config.max_restarts is for single-node executors: on %d nodes "
                                "a worker's death fails the executor", cfg.nnodes)
             leader = Leader(cfg, world)
             members.led(leader)
+        workers = LocalWorkers(cfg, ctxs, broadcast.export_handle(), cls_bytes, kw_bytes,
+                               keep_fds=(members.dist_port_fd(),))
+        members.started(workers)
+        if leader is not None:
             if self.placement is not None:
                 leader.startup_check = self.placement.check
                 leader.gone_check = self.placement.gone

@@ -27,7 +27,7 @@ from typing import Any
 
 import zmq
 
-from mpx import wire
+from mpx import _addresses, wire
 from mpx._node import control
 from mpx._procinfo import describe_exit
 from mpx.config import Config
@@ -51,7 +51,14 @@ class Leader:
         self.key = config.auth_key.encode()
         self.local = world_size // config.nnodes
         self.sock = control.control_socket(zmq.ROUTER)
-        self.sock.bind(f"tcp://{config.master_addr}:{config.master_port}")
+        at = f"{config.master_addr}:{config.master_port}"
+        try:
+            self.sock.bind(f"tcp://{at}")
+        except zmq.ZMQError as e:
+            self.sock.close(linger=0)
+            raise _addresses.bind_failed(
+                "Config.master_addr and master_port, MPX_MASTER_ADDR and MPX_MASTER_PORT",
+                at, e) from None
         self.nodes: dict[int, bytes] = {}       # node rank -> routing id
         self.last_seen: dict[int, float] = {}
         self.pids: dict[int, int] = {}          # global rank -> pid
@@ -220,10 +227,12 @@ class Leader:
                 continue
             if isinstance(msg, wire.Join):
                 assert self._spec is not None
-                # the key never travels: each follower has its own copy
+                # the key never travels: each follower has its own copy; the stats socket
+                # is the driver's alone (its directory may not exist on the follower)
                 self.send(node, dataclasses.replace(
                     self._spec, node_rank=node,
-                    config=dataclasses.replace(self._spec.config, auth_key="")))
+                    config=dataclasses.replace(self._spec.config, auth_key="",
+                                               stats_socket="")))
             elif isinstance(msg, wire.WorkerReady):
                 self.handles[msg.rank] = msg.handle
                 self.pids[msg.rank] = msg.pid

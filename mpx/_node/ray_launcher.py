@@ -153,7 +153,7 @@ class RayPlacement:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         remote = ray.remote(FollowerActor)
-        cfg = self.config
+        cfg = dataclasses.replace(self.config, stats_socket="")  # (the driver's alone)
         for node in range(1, self.nnodes):
             actor = remote.options(
                 name=None, max_restarts=0, num_cpus=self.bundle.get("CPU", 0),

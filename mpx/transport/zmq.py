@@ -54,7 +54,7 @@ from typing import Any
 import zmq
 import zmq.utils.monitor
 
-from mpx import layout
+from mpx import _addresses, layout
 from mpx._impl import codec_module
 from mpx._units import human_size
 from mpx.auth import Signer
@@ -285,7 +285,10 @@ class ZmqWriter(Writer):
             self._sock.curve_server = True
         self._sock.setsockopt(zmq.SNDHWM, config.max_chunks)
         self._sock.setsockopt(zmq.RCVHWM, _CONTROL_HWM)
-        port = self._sock.bind_to_random_port(f"tcp://{host}")
+        try:
+            port = self._sock.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError as e:
+            raise _addresses.bind_failed("Config.host, MPX_HOST", host, e) from None
         self.endpoint = f"tcp://{host}:{port}"
 
     def handle_info(self) -> dict[str, Any]:
