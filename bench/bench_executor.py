@@ -26,7 +26,8 @@ d. futures, 1 worker: from a reply landing (stamped by the worker) to the done c
    Done callbacks keeping 64 in flight, no event loop: informational.
    With --ab REV, against git revision REV (kit.ab_paired: one child a side taking turns in short
    blocks; the median of the blocks' paired ratios): the blocking no-op with 1 and 2 workers, a call
-   carrying 1 MiB of bytes, one carrying a 64 MiB tensor, 640 asyncio no-ops with 64 in flight.
+   carrying 1 MiB of bytes, one carrying a 64 MiB tensor, 640 asyncio no-ops with 64 in flight; then
+   the no-ops (1 and 2 workers, asyncio) again with metrics on (scraped every 0.1 s).
                                                                      target: <= 1.05x REV
 
 A benchmark, not a test: the exit code is 0 whatever the results.
@@ -308,24 +309,50 @@ def section_d(rows, raw, quick, ab):
                                target and ">= 1x blocking calls/s", statistics.median(pairs) >= 1.0,
                                note="baseline: blocking calls, same executor; "))
     raw["futures"] = {"callback_latency_us": m, "blocking_rtt_us": b, "asyncio": aio, "callbacks": cbs}
-    for kind, n, block in ((0, 1, 100), (0, 2, 100), (1, 1, 10), (2, 1, 1), (3, 1, 1)) if ab else ():
-        what, k = f"{AB_CALLS[kind]}, {n} worker{'s' if n > 1 else ''}", 100 if quick else 300
+    for kind, n, block, metrics in ((0, 1, 100, 0), (0, 2, 100, 0), (1, 1, 10, 0), (2, 1, 1, 0),
+                                    (3, 1, 1, 0), (0, 1, 100, 1), (0, 2, 100, 1),
+                                    (3, 1, 1, 1)) if ab else ():
+        what = f"{AB_CALLS[kind]}, {n} worker{'s' if n > 1 else ''}" + \
+            (", metrics on" if metrics else "")
+        k = 100 if quick else 300
         kit.progress(f"[d] A/B {what} vs {ab}, {k} blocks of {block} a side ...")
-        new, old, pairs = kit.ab_paired(ab, __file__, "--ab-child", f"{kind},{n},{block},30,0", k)
+        new, old, pairs = kit.ab_paired(ab, __file__, "--ab-child",
+                                        f"{kind},{n},{block},30,0,{metrics}", k)
         rows.append(paired_row(f"{what}, vs {ab}", "us", new, old, pairs, f"<= 1.05x {ab}",
                                statistics.median(pairs) <= 1.05, note="one child a side, taking turns; "))
         raw[f"ab {what}"] = {"rev": ab, "new": new, "old": old, "paired": pairs}
 
 
 # What an A/B child times: a blocking no-op; a call carrying 1 MiB of bytes; one carrying a 64 MiB
-# tensor; 640 no-ops from asyncio, 64 in flight (one block's us is theirs).
+# tensor; 640 no-ops from asyncio, 64 in flight (one block's us is theirs). Tracing is off; with
+# metrics on, a Prometheus registry holds the executor's collector and a thread scrapes it every
+# METRICS_SCRAPE_S, as a server's /metrics endpoint would be.
 AB_CALLS = ("blocking no-op", "1 MiB bytes in the args", "64MiB tensor argument",
             "640 asyncio no-ops, 64 in flight")
 
 
-def ab_child(kind, n, block, warm, idle_ms):
-    """--ab-child: this mpx's (or PYTHONPATH's) side of an A/B, timing AB_CALLS[kind]."""
+METRICS_SCRAPE_S = 0.1
+
+
+def _scrape(ex, stop):
+    """Scrape ``ex``'s metrics every METRICS_SCRAPE_S until ``stop`` is set."""
+    import prometheus_client
+
+    import mpx.metrics
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(mpx.metrics.Collector(ex))
+    while not stop.wait(METRICS_SCRAPE_S):
+        prometheus_client.generate_latest(registry)
+
+
+def ab_child(kind, n, block, warm, idle_ms, metrics=0):
+    """--ab-child: this mpx's (or PYTHONPATH's) side of an A/B, timing AB_CALLS[kind] (with
+    the metrics scraped meanwhile if ``metrics``)."""
     ex = kit.new_executor(n)
+    stop = threading.Event()
+    scraper = threading.Thread(target=_scrape, args=(ex, stop), daemon=True)
+    if metrics:
+        scraper.start()
     payload = os.urandom(1 << 20)
     if kind == 2:
         import torch
@@ -338,6 +365,9 @@ def ab_child(kind, n, block, warm, idle_ms):
     try:
         kit.serve_ab(calls[kind], block, warm, idle_ms / 1e3, pids=ex.worker_pids)
     finally:
+        stop.set()
+        if metrics:
+            scraper.join()
         loop.close()
         ex.shutdown()
 
