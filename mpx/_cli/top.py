@@ -1,6 +1,11 @@
 """``python -m mpx top SOCKET``: a live table of a running executor, read from its stats
 socket (``Config.stats_socket``), refreshed every second in the terminal; ``--once`` prints
-one table (CPU over half a second) for scripts."""
+one table (CPU over half a second) for scripts.
+
+Each read of the socket has one deadline for connecting and the whole answer
+(``stats_server.FETCH_S``) and a size cap (``stats_server.MAX_ANSWER``): a server that
+drips, never ends its line or sends without end makes ``top`` exit with status 1 and say
+so, never hang or grow."""
 
 from __future__ import annotations
 
@@ -72,6 +77,13 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(_CLEAR + table(snap, prev) + "\n")
             sys.stdout.flush()
             prev = snap
+    except RuntimeError as e:  # (the executor answered, with its snapshot's failure)
+        print(f"mpx top: {args.socket!r}: {e}", file=sys.stderr)
+        return 1
+    except (KeyError, TypeError) as e:
+        print(f"mpx top: {args.socket!r} answered JSON that is not an mpx stats snapshot "
+              f"({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
     except (OSError, ValueError) as e:
         print(f"mpx top: cannot read the stats socket {args.socket!r}: {e} (is the executor "
               "running with Config.stats_socket set to it?)", file=sys.stderr)

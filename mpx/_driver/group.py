@@ -85,6 +85,8 @@ class WorkerGroup:
             self.placement = RayPlacement(cfg, local, deadline)
             cfg = self.config = self.placement.config
         preflight.check(cfg, local)
+        if cfg.stats_socket:  # bound before anything starts (a failure: shutdown closes it)
+            self.stats_server = StatsServer(cfg.stats_socket, self._stats_json)
         # remote readers: one relay per follower node, or every remote rank directly
         remote = cfg.nnodes - 1 if cfg.relays(local) else world - local
         broadcast = MessageQueue(local + remote, local, local_reader_ranks=list(range(local)),
@@ -127,8 +129,8 @@ class WorkerGroup:
                 resp.append(MessageQueue.create_from_handle(handles[r], 0, config=cfg))
             broadcast.wait_until_ready(timeout=max(1.0, deadline - time.monotonic()))
         self.calls.attach(broadcast, resp)
-        if cfg.stats_socket:
-            self.stats_server = StatsServer(cfg.stats_socket, self._stats_json)
+        if self.stats_server is not None:
+            self.stats_server.serve()
         self.process_monitor = ProcessMonitor(workers.procs, members.incarnations(), self._died,
                                               self.fail)
         self.process_monitor.start()
