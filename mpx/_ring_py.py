@@ -64,8 +64,12 @@ def _pidfd_exited(fd: int) -> bool:
         return True
     if fd < 0:
         return False
-    r, _, _ = select.select([fd], [], [], 0)
-    return bool(r)
+    p = select.poll()  # (not select: a descriptor past FD_SETSIZE, 1024, is as good as any)
+    p.register(fd, select.POLLIN)
+    events = p.poll(0)
+    if events and events[0][1] & select.POLLNVAL:
+        raise OSError(errno.EBADF, f"pidfd {fd} is not open")
+    return bool(events)
 
 
 def _slice_end(slice_ns: int) -> int:

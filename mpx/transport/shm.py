@@ -8,6 +8,7 @@ the peer. Only the ring reads and writes the segment's words.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -77,7 +78,13 @@ class _PeerWatch:
             return True
         if self.fd == -1:
             return not pid_alive(self.pid)
-        return bool(select.select([self.fd], [], [], 0)[0])
+        # (poll, not select: a descriptor past FD_SETSIZE, 1024, is as good as any)
+        p = select.poll()
+        p.register(self.fd, select.POLLIN)
+        events = p.poll(0)
+        if events and events[0][1] & select.POLLNVAL:
+            raise OSError(errno.EBADF, f"the pidfd {self.fd} of pid {self.pid} is not open")
+        return bool(events)
 
     def close(self) -> None:
         if self.fd >= 0:

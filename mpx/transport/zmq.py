@@ -300,7 +300,10 @@ class ZmqWriter(Writer):
         anything else: _TAKE_MAX messages at most, so that a flood holds no wait up. Until
         the queue is ready, let the new connections in; once it is, refuse them."""
         if self._zap is not None:
-            zmq.select([self._sock, self._zap], [], [], timeout_ms / 1000)
+            poller = zmq.Poller()
+            poller.register(self._sock, zmq.POLLIN)
+            poller.register(self._zap, zmq.POLLIN)
+            poller.poll(timeout_ms)
             self._admit(self._zap)
         elif not self._sock.poll(timeout_ms, zmq.POLLIN):
             return
