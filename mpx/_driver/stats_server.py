@@ -84,13 +84,14 @@ class StatsServer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._logged: set[str] = set()  # the kinds of failure already logged
+        self._bound: tuple[int, int] | None = None  # (st_dev, st_ino) of the file bound
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._bind(path)
             self._sock.listen(_BACKLOG)
             self._sock.settimeout(_POLL_S)
         except BaseException:
-            self._sock.close()
+            self._close()
             raise
 
     def _bind(self, path: str) -> None:
@@ -185,7 +186,12 @@ class StatsServer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(_POLL_S + _ANSWER_S + 1.0)
+        self._close()
+
+    def _close(self) -> None:
         self._sock.close()
+        if self._bound is None:
+            return
         try:
             st = os.lstat(self.path)
             if (st.st_dev, st.st_ino) == self._bound and stat.S_ISSOCK(st.st_mode):
