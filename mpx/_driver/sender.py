@@ -130,8 +130,8 @@ class Sender:
                                    "pickles another call's arguments (from a __reduce__?): "
                                    "it would wait for itself")
             seq = reg.next_seq  # (changed only here, under numbering)
-            self._encoding = True
             try:
+                self._encoding = True
                 kind, parts = serde.encode(wire.call(seq, method, args, kwargs, reply_rank, trace),
                                            self._local)
             except BaseException as e:
