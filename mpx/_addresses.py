@@ -37,22 +37,6 @@ def unix_socket_path(path: str) -> str | None:
     return None
 
 
-def directory(path: str, may_create: bool) -> str | None:
-    """Refuses a path that names something other than a directory, or (unless the
-    directory ``may_create``) one that does not exist."""
-    if os.path.isdir(path):
-        return None
-    if os.path.lexists(path):
-        return "names something that is not a directory"
-    if may_create:
-        head = os.path.abspath(path)
-        while not os.path.lexists(head):
-            head = os.path.dirname(head)
-        return None if os.path.isdir(head) else (
-            f"cannot be created: {head!r} is not a directory")
-    return "is not an existing directory"
-
-
 def host(value: str) -> str | None:
     """Refuses what is not one IP address or host name: empty, several words (``hostname
     -i`` prints every address of a host), a dotted quad out of range (``256.1.1.1``), or

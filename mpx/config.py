@@ -156,9 +156,9 @@ class Config:
             value = getattr(self, f.name)
             if isinstance(value, str) and (why := _addresses.nul_byte(value)):
                 raise _invalid(f.name, "<hidden>" if f.name == "auth_key" else value, why)
+        # (shm_dir and dump_dir are checked where they are used, before any worker starts:
+        # mpx/_driver/preflight.py)
         checks = (("stats_socket", lambda v: _addresses.unix_socket_path(v) if v else None),
-                  ("shm_dir", lambda v: _addresses.directory(v, may_create=False)),
-                  ("dump_dir", lambda v: _addresses.directory(v, may_create=True) if v else None),
                   ("host", _addresses.host),
                   ("master_addr", _addresses.host))
         for name, check in checks:

@@ -18,10 +18,7 @@ BAD = [
     ("stats_socket", LONG, "at most 107"),
     ("stats_socket", "/nonexistent-dir-of-mpx/stats.sock", "not an existing directory"),
     ("stats_socket", "/tmp/a\0b.sock", "NUL byte"),
-    ("shm_dir", "/nonexistent-dir-of-mpx", "not an existing directory"),
-    ("shm_dir", "/etc/hostname", "not a directory"),
     ("shm_dir", "/dev/\0shm", "NUL byte"),
-    ("dump_dir", "/etc/hostname/dumps", "cannot be created"),
     ("dump_dir", "/tmp/\0dumps", "NUL byte"),
     ("host", "256.1.1.1", "not a valid IP address"),
     ("host", "10.0.0.1 172.17.0.1", "several words"),
@@ -66,7 +63,7 @@ def _no_worker_started(marks) -> bool:
     return list(marks.iterdir()) == []
 
 
-@pytest.mark.parametrize("field,value,why", [BAD[0], BAD[1], BAD[3], BAD[8]])
+@pytest.mark.parametrize("field,value,why", [BAD[0], BAD[1], BAD[5]])
 def test_an_executor_with_a_bad_value_starts_no_worker(executor, tmp_path, field, value, why):
     marks = tmp_path / "marks"
     marks.mkdir()

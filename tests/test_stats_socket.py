@@ -93,7 +93,7 @@ def test_a_socket_of_another_user_is_not_replaced(tmp_path):
 
 @pytest.mark.parametrize("path, why", [
     ("/" + "x" * 200, "most 107"),
-    ("/nonexistent-dir-of-mpx-tests/stats.sock", "No such file or directory"),
+    ("/nonexistent-dir-of-mpx-tests/stats.sock", "not an existing directory"),
     ("/tmp/mpx-stats\0.sock", "NUL byte"),
 ])
 def test_bind_errors_name_the_setting_and_the_path(path, why):

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mpx import _addresses
 from mpx._driver.stats import Stats
 
 logger = logging.getLogger("mpx")
@@ -95,9 +96,11 @@ class StatsServer:
             raise
 
     def _bind(self, path: str) -> None:
-        if "\0" in path:  # (the kernel would bind the path up to it, another file)
-            raise ValueError(f"Config.stats_socket {path!r} holds a NUL byte: a file path "
-                             "cannot")
+        # (as Config checks it; here too for a server made from any path: with a NUL byte,
+        # the kernel would bind the path up to it, another file)
+        why = _addresses.nul_byte(path) or _addresses.unix_socket_path(path)
+        if why:
+            raise ValueError(f"Config.stats_socket {path!r} {why}")
         try:
             self._sock.bind(path)
         except OSError as e:
@@ -202,10 +205,6 @@ class StatsServer:
 
 def _bind_error(path: str, e: OSError) -> OSError:
     """``e`` of bind() as an error that names Config.stats_socket and the path."""
-    if e.errno is None:  # (the path too long for a Unix socket: no errno)
-        return OSError(errno.ENAMETOOLONG, f"Config.stats_socket {path!r} cannot be bound: "
-                       f"{e} ({len(os.fsencode(path))} bytes; a Unix socket path holds at "
-                       "most 107): choose a shorter path")
     return OSError(e.errno, f"Config.stats_socket {path!r} cannot be bound: "
                    f"{e.strerror or e}")
 
