@@ -27,7 +27,6 @@ cdef int _F_HAND_OFF, _F_CALLBACKS, _F_FINISHED
 cdef double _Q1, _Q2, _Q3
 cdef object _OK, _ERR
 cdef long _pid
-cpdef long this_pid()
 
 cpdef bint runs_here(delivery) except -1
 cdef unsigned long _this_thread()

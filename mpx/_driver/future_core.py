@@ -97,9 +97,9 @@ _delivery_of: Any = None
 # of an RPCFuture awaited meanwhile (a hint: __await__ checks it with runs_here).
 _waking: Any = None
 
-# This process's pid, kept current across os.fork() by the hook below: an executor and its
-# futures serve only the process that made them, and each of their public entry points
-# compares its owner with this, without a system call (glibc caches no pid).
+# This process's pid, kept current across os.fork() by the hook below: a future serves only
+# the process that made it, and each of its public entry points compares its owner with
+# this, without a system call (glibc caches no pid).
 _pid: int = os.getpid()
 
 
@@ -109,11 +109,6 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
-
-
-def this_pid() -> int:
-    """This process's pid (kept current across forks)."""
-    return _pid
 
 
 # (configure_owner) the error of a future used outside its process: (what, owner, here)
