@@ -278,7 +278,7 @@ def paired_row(name, unit, new, old, pairs, target=None, ok=None, note=""):
     return r
 
 
-def section_d(rows, raw, quick, ab):
+def section_d(rows, raw, quick, ab, ab_only=None):
     iters = 2000 if quick else 8000
     # blocks of ~0.1-0.2 s, so that a loop's start and the pipeline's ramp are a small share
     calls, blocks = (6400, 5) if quick else (12800, 9)
@@ -314,6 +314,8 @@ def section_d(rows, raw, quick, ab):
                                     (3, 1, 1, 1)) if ab else ():
         what = f"{AB_CALLS[kind]}, {n} worker{'s' if n > 1 else ''}" + \
             (", metrics on" if metrics else "")
+        if ab_only and not any(word in what for word in ab_only.split("|")):
+            continue
         k = 100 if quick else 300
         kit.progress(f"[d] A/B {what} vs {ab}, {k} blocks of {block} a side ...")
         new, old, pairs = kit.ab_paired(ab, __file__, "--ab-child",
@@ -373,8 +375,12 @@ def ab_child(kind, n, block, warm, idle_ms, metrics=0):
 
 
 def main():
-    args = kit.parse_args(__doc__, "fewer repetitions (~1 min instead of ~1.5)", lambda ap: ap.add_argument(
-        "--sections", default="abd", help="which sections (default abd)"),
+    def more(ap):
+        ap.add_argument("--sections", default="abd", help="which sections (default abd)")
+        ap.add_argument("--ab-only", metavar="TEXT", help="section d's A/B rows whose name holds "
+                        "one of these |-separated words only (e.g. 'no-op')")
+
+    args = kit.parse_args(__doc__, "fewer repetitions (~1 min instead of ~1.5)", more,
         ab=("also A/B against git revision REV", "--ab-child", ab_child))
     header = kit.print_header(args.quick, "executor benchmark", "the driver and the workers share them; "
                               "with 2 workers three processes compete for the cores")
@@ -382,7 +388,8 @@ def main():
     try:
         for s, run in (("a", section_a), ("b", section_b), ("d", section_d)):
             if s in args.sections:
-                run(rows, raw, args.quick, *([args.ab] if s != "a" else []))
+                run(rows, raw, args.quick, *([args.ab] if s != "a" else []),
+                    *([args.ab_only] if s == "d" else []))
     finally:
         kit.cleanup_procs()
     kit.finish(args, header, rows, raw, "mpx.Executor vs baselines")
