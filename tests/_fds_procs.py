@@ -67,7 +67,17 @@ class FdWorker(_workers.Echo):
         super().__init__(ctx, scale)
 
     def next_fd(self) -> int:
-        return next_fd()
+        """The number the next descriptor opened here gets, once the holes below
+        FD_SETSIZE are held too: with forkserver (unlike spawn) the worker opened low
+        descriptors before its ``__init__`` and closes some after it, and what mpx opens
+        from then on would take those numbers."""
+        while (fd := next_fd()) < FD_SETSIZE:
+            self._held.append(os.open(os.devnull, os.O_RDONLY))
+        return fd
+
+    def descriptors(self) -> int:
+        """How many descriptors this worker holds."""
+        return len(os.listdir("/proc/self/fd"))
 
 
 # ---------------------------------------------------------------------------- checks
@@ -88,6 +98,7 @@ def driver(transport: str, stats_path: str) -> None:
     with mpx.Executor(FdWorker, 2, transport=transport, stats_socket=stats_path,
                       start_method=_env.START_METHOD, heartbeat_s=1.0, max_chunks=4,
                       liveness_poll_ms=20, startup_timeout_s=60) as ex:
+        assert min(ex.collective_rpc("descriptors")) > FD_SETSIZE
         assert min(ex.collective_rpc("next_fd")) > FD_SETSIZE
         for i in range(3):  # idle spells: the readers park, waking every liveness poll
             time.sleep(0.3)
@@ -165,6 +176,7 @@ def leader(port: int) -> None:
     with mpx.Executor(FdWorker, 4, nnodes=2, master_port=port, auth_key=KEY,
                       heartbeat_s=1.0, startup_timeout_s=60, liveness_poll_ms=20,
                       start_method=_env.START_METHOD) as ex:
+        assert min(ex.collective_rpc("descriptors")) > FD_SETSIZE
         assert min(ex.collective_rpc("next_fd")) > FD_SETSIZE
         for _ in range(3):
             time.sleep(0.3)
