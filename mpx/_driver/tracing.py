@@ -22,7 +22,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from mpx._observe import report
+from mpx._observe import report, run
 
 _START = "tracing: starting a call's span (the tracer provider, a sampler, on_start)"
 _ENTER = "tracing: making a call's span current (its context, the propagator)"
@@ -94,14 +94,10 @@ def _enter(span: Any, headers: dict[str, str]) -> Any:
 
 
 def _leave(token: Any) -> None:
-    if token is None:
-        return
-    try:
+    if token is not None:
         from opentelemetry import context
 
-        context.detach(token)
-    except Exception as e:
-        report(_LEAVE, e)
+        run(_LEAVE, context.detach, token)
 
 
 def _end(span: Any, error: BaseException | None) -> None:
@@ -113,7 +109,4 @@ def _end(span: Any, error: BaseException | None) -> None:
             span.set_attribute("error.type", type(error).__qualname__)
         except Exception as e:
             report(_FAILED, e)
-    try:
-        span.end()
-    except Exception as e:
-        report(_END, e)
+    run(_END, span.end)

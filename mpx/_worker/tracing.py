@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mpx._observe import report
+from mpx._observe import report, run
 
 try:
     from opentelemetry import context, trace
@@ -63,14 +63,8 @@ def run_traced(headers: dict[str, str], name: str, rank: int, fn: Callable[..., 
         raise
     finally:
         if token is not None:
-            try:
-                context.detach(token)
-            except Exception as e:
-                report(_LEAVE, e)
-        try:
-            span.end()
-        except Exception as e:
-            report(_END, e)
+            run(_LEAVE, context.detach, token)
+        run(_END, span.end)
 
 
 def _failed(span: Any, error: BaseException) -> None:
