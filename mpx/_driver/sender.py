@@ -121,7 +121,8 @@ class Sender:
              reply_rank: int | None, aggregator: Callable | None, timeout: float | None,
              non_block: bool, trace: dict[str, str] | None = None) -> Call:
         """Number, register and send (or queue) one call; ``name`` is the method's for
-        messages. Never waits for ring room."""
+        messages. Never waits for ring room; waits while another thread's call is being
+        encoded (``numbering``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         reg = self.registry
         with self.numbering:  # (`with`, not acquire(): an interrupt cannot come in between)
