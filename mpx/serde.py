@@ -264,6 +264,16 @@ def encode(obj: Any, local_only: bool = False) -> tuple[int, tuple]:
         return _cloud_encode(enc, obj, local_only, e)
 
 
+def encode_small(obj: Any) -> tuple[int, tuple] | None:
+    """``(kind, parts)`` of ``obj`` when it travels as a small message (see ``SMALL_TUPLES``:
+    a tuple of scalars), else None: what ``encode`` would make of it, with no pickler, so
+    that no user code (a ``__reduce__``) runs."""
+    if not SMALL_TUPLES:
+        return None
+    small = _codec.small_encode(obj)
+    return None if small is None else (K_SMALL, (small,))
+
+
 def configure(*, oob_min_bytes: int | None = None, small_tuples: bool | None = None) -> None:
     """Rebuild the encoder with ``oob_min_bytes`` as the size from which bytes, bytearrays
     and memoryviews travel out of band (``OOB_MIN_BYTES``) and ``small_tuples``: whether a

@@ -72,6 +72,22 @@ def test_shutdown_while_a_call_is_pickled(executor, impl):
     assert _shut_down_error(follower.error), follower.error
 
 
+def test_a_call_sent_while_another_pickles_goes_out_after_it(executor, impl):
+    """Calls go out in the order they were numbered: a small call (no pickler) made while
+    another thread's call pickles waits for it, and reaches the workers after it."""
+    e = executor()
+    slow = SlowPickle()
+    first = _Caller(lambda: e.collective_rpc("mul", args=(slow,)))  # counts its calls
+    assert slow.started.wait(10)
+    second = _Caller(lambda: e.collective_rpc("count"))
+    time.sleep(0.2)
+    assert second.is_alive()  # waiting for the first call's number to be used
+    first.join(SLOW_S + 10)
+    second.join(10)
+    assert first.error is None and first.result == [1, 2]
+    assert second.error is None and second.result == [1, 1]  # mul ran first, on each rank
+
+
 def test_a_pickling_call_holds_up_neither_the_readers_nor_the_death_watch(executor, impl):
     e = executor()
     in_flight = e.collective_rpc("sleep", args=(0.5,), non_block=True)

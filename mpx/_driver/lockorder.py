@@ -11,9 +11,9 @@ rank  lock                          guards
 10    Membership.regroup_lock       one restart or resize at a time, for the whole of it
 20    WorkerGroup's stop lock       starting workers vs. stopping them (start_lock)
 30    Membership.lock               the membership's fields; its one-step swap; snapshots
-35    Sender.numbering              a call's encoding with the next number (senders only;
-                                    a call's pickling, user code, runs under it: see
-                                    mpx/_driver/sender.py)
+35    Sender.numbering              a call that needs the pickler, from its number to its
+                                    registration (senders only; its pickling, user code,
+                                    runs under it: see mpx/_driver/sender.py)
 40    CallTable.order               registering, sending and queuing calls; the outbox
 50    CallTable.turn_lock           the waiters' Condition (a call done, the baton free)
 60    CallRegistry.completing       taking a batch of settled calls and queuing callbacks

@@ -3,18 +3,24 @@ in that order, and no caller ever waits for ring room.
 
 Rules (see mpx/_driver/calls.py for the whole model):
 
-- ``numbering`` (a lock only the threads that send calls take) is held to encode a call
-  with the next sequence number and then, inside it, ``order`` to register the call and
-  either write it, when nothing is queued before it and the ring has room for all of it
-  now (a write that cannot wait), or queue it. Encoding pickles the call's arguments, which
-  runs their ``__reduce__`` (user code): calls are numbered in the order they go out, so a
-  slow pickle delays the calls sent after it, which follow it anyway, and nothing else:
-  the readers, the death watch, a regroup and shutdown take ``order`` alone, never
-  ``numbering``. A ``__reduce__`` that sends a call on the same executor gets a
-  RuntimeError (it would wait for itself).
-- ``order`` is never held while waiting, nor while user code runs. A call is checked
-  against the membership (``unique_reply_rank``) and sized under it, so it goes to one
-  membership; the sequence number only ``send`` changes, under both locks.
+- ``order`` (a lock) is held to number, encode and register a call and then either to
+  write it, when nothing is queued before it and the ring has room for all of it now (a
+  write that cannot wait), or to queue it; when the call is a small message (a tuple of
+  scalars: ``serde.encode_small``, no pickler). It is never held while waiting, nor while
+  user code runs.
+- A call that needs the pickler, which runs its arguments' ``__reduce__`` (user code), is
+  encoded outside ``order``, holding ``numbering`` (a lock only the threads that send
+  such calls take): under ``order`` it takes the next sequence number and sets
+  ``encoding``, pickles with neither lock but ``numbering`` held, then under ``order``
+  registers the call and clears ``encoding``. While ``encoding`` is set, every other call
+  goes this way too, so waits on ``numbering``: calls are numbered in the order they go
+  out, so a slow pickle delays the calls sent after it, which follow it anyway, and
+  nothing else: the readers, the death watch, a regroup and shutdown take ``order``
+  alone. A ``__reduce__`` that sends a call on the same executor gets a RuntimeError (it
+  would wait for itself).
+- A call is checked against the membership (``unique_reply_rank``) and sized under
+  ``order``, so it goes to one membership; only ``send`` changes the sequence number,
+  under ``order``.
 - Queued calls go out in order. The threads that read replies flush the queue as they
   read (each reply means its rank has taken a call, so the ring has room again): writes
   that cannot wait, under ``order``. A call larger than the whole ring, which streams
@@ -86,7 +92,7 @@ class Sender:
         # while the group is re-formed (mpx/_driver/regroup.py), every call is queued
         self.held = False
         self.numbering = lockorder.rlock("Sender.numbering", lockorder.NUMBERING)
-        self._encoding = False  # a call is being encoded (numbering held)
+        self.encoding = False  # a call is being pickled (numbering held; set under order)
         self.order = lockorder.lock("CallTable.order", lockorder.ORDER)
         self.queued_cv = threading.Condition(self.order)
         self._sender: threading.Thread | None = None
@@ -125,23 +131,18 @@ class Sender:
         encoded (``numbering``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         reg = self.registry
-        with self.numbering:  # (`with`, not acquire(): an interrupt cannot come in between)
-            if self._encoding:
-                raise RuntimeError(f"collective_rpc {name!r} was called while this thread "
-                                   "pickles another call's arguments (from a __reduce__?): "
-                                   "it would wait for itself")
-            seq = reg.next_seq  # (changed only here, under numbering)
-            try:
-                self._encoding = True
-                kind, parts = serde.encode(wire.call(seq, method, args, kwargs, reply_rank, trace),
-                                           self._local)
-            except BaseException as e:
-                raise self._send_error(e, name) from e
-            finally:
-                self._encoding = False
-            with self.order:
-                call = self._register(seq, name, reply_rank, aggregator, deadline, non_block,
-                                      kind, parts)
+        msg = None
+        with self.order:  # (`with`, not acquire(): an interrupt cannot come in between)
+            if not self.encoding:
+                seq = reg.next_seq
+                msg = serde.encode_small(wire.call(seq, method, args, kwargs, reply_rank,
+                                                   trace))
+                if msg is not None:
+                    call = self._register(seq, name, reply_rank, aggregator, deadline,
+                                          non_block, *msg)
+        if msg is None:
+            call = self._send_pickled(method, name, args, kwargs, reply_rank, aggregator,
+                                      deadline, non_block, trace)
         if self.outbox and not self.pump.baton.locked():
             self.pump.read_ready(0)  # the replies already there make room: it flushes after them
         if deadline is not None:
@@ -152,10 +153,37 @@ class Sender:
             self.pump.read_for_futures()
         return call
 
+    def _send_pickled(self, method: Any, name: str, args: tuple, kwargs: dict | None,
+                      reply_rank: int | None, aggregator: Callable | None,
+                      deadline: float | None, non_block: bool,
+                      trace: dict[str, str] | None) -> Call:
+        """send() of a call that needs the pickler (see the module docstring): numbered
+        under ``order``, pickled with ``numbering`` alone held, registered under ``order``."""
+        reg = self.registry
+        with self.numbering:
+            with self.order:
+                if self.encoding:  # (set by this thread: the others wait on numbering)
+                    raise RuntimeError(f"collective_rpc {name!r} was called while this "
+                                       "thread pickles another call's arguments (from a "
+                                       "__reduce__?): it would wait for itself")
+                seq = reg.next_seq
+                self.encoding = True
+            try:
+                kind, parts = serde.encode(wire.call(seq, method, args, kwargs, reply_rank,
+                                                     trace), self._local)
+            except BaseException as e:
+                with self.order:
+                    self.encoding = False
+                raise self._send_error(e, name) from e
+            with self.order:
+                self.encoding = False
+                return self._register(seq, name, reply_rank, aggregator, deadline,
+                                      non_block, kind, parts)
+
     def _register(self, seq: int, name: str, reply_rank: int | None,
                   aggregator: Callable | None, deadline: float | None, non_block: bool,
                   kind: int, parts: tuple) -> Call:
-        """(numbering and order held) Check, number and register the call encoded as
+        """(order held) Check, number and register the call encoded as
         ``kind, parts``; write it, or queue it."""
         reg = self.registry
         n_ranks = reg.n_ranks  # (the membership this call is checked against and sent to)
