@@ -1,5 +1,5 @@
 """Builds mpx/_ring.pyx and, in Cython's pure-Python mode (the .py, with the C types of its
-.pxd, runs as plain Python where it is not compiled), mpx/_codec.py and
+.pxd, runs as plain Python where it is not compiled), mpx/mechanism/codec.py and
 mpx/_driver/future_core.py.
 
 Without a C compiler or the Python headers the build warns and installs mpx without the
@@ -55,9 +55,9 @@ def _extension(name: str, source: str) -> Extension:
     )
 
 
-# _ring cimports _codec: both are built, or (without a compiler) neither is used (mpx/_codec.py
+# _ring cimports _codec: both are built, or (without a compiler) neither is used (mpx/mechanism/codec.py
 # then runs as plain Python).
-extensions = [_extension("mpx._codec", "mpx/_codec.py"), _extension("mpx._ring", "mpx/_ring.pyx"),
+extensions = [_extension("mpx.mechanism.codec", "mpx/mechanism/codec.py"), _extension("mpx._ring", "mpx/_ring.pyx"),
               _extension("mpx._driver.future_core", "mpx/_driver/future_core.py")]
 
 setup(

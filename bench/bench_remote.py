@@ -50,7 +50,7 @@ import kit
 import zmq
 
 import mpx
-from mpx import wire
+from mpx.protocol import wire
 
 KEY = secrets.token_hex(32)
 # Where a transport="zmq" no-op's time goes: the CPU per call of each process's threads, measured in

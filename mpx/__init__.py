@@ -9,7 +9,7 @@ The public API::
     mpx.Config            every tunable, defaults from MPX_* environment variables
     mpx.ring_implementation()   "cython" or "python"
     mpx.watchdog          feed() and paused() for long calls inside a worker
-    mpx.share(tensor)     a CPU tensor in shared memory, sent by reference (mpx/sharing.py)
+    mpx.share(tensor)     a CPU tensor in shared memory, sent by reference (mpx/protocol/sharing.py)
     mpx.Stats, RankStats, Latency   Executor.stats()'s snapshot (mpx/_driver/stats.py)
     mpx.metrics.Collector           Prometheus metrics of an executor (imported on demand:
                                     needs prometheus_client, the mpx[metrics] extra)
@@ -20,31 +20,67 @@ The public API::
             WorkerStalledError, ExecutorFailed, WorkerDiedError, NodeLostError,
             WorkerStartupError, WorkerRestartError, ResizeError, NotOwnerError
 
-Everything else is internal. The tree, bottom up (each layer imports only those below it):
+Everything else is internal.
 
-    _ring.pyx, _ring_py.py, layout.py   the shared-memory ring (compiled, and its Python twin),
-                                        with the compiled halves of its transport ends
-    waiting.py                          the wait policy's choices in Python (yield budget, a
-                                        crowded host), for the Python ring and the ZeroMQ reader
-    _codec.py (+ .pxd)                  serde's mechanism, compiled from Python (Cython pure mode):
-                                        owned message memory, the pickler's sink, the small codec
-    segments.py, serde.py, sharing.py   named POSIX segments; objects <-> bytes; tensors by reference
-    transport/                          one interface, the channel (send, recv): shm (local)
-                                        and zmq (remote) ends
-    queue.py                            MessageQueue over the transports
-    wire.py, config.py, errors.py,      shared by every process of a group (_observe.py: what
-    auth.py, dumps.py, _observe.py      an observer hook raises is logged once, never raised)
-    _driver/                            runs in the driver: Executor and what it owns;
-                                        future_core.py (+ .pxd), the futures' hot part,
-                                        compiled from its one source where it was built,
-                                        with the meter that Executor.stats() reads
-    metrics.py                          the Prometheus collector (above the driver)
-    _worker/                            runs in each worker process
-    _node/                              starts a node's workers; multi-node leader/follower
-    _cli/                               python -m mpx
+One call, end to end (``ex.collective_rpc("execute_model", args=(batch,))``)::
+
+    driver, the caller's thread                 each worker process (mpx/_worker/main.py)
+    ---------------------------                 -----------------------------------------
+    Executor.collective_rpc (_driver/executor)
+      Sender.send (_driver/sender): number it,
+        encode (protocol/serde: the small codec
+        or pickle 5 + out-of-band buffers),
+        register its Call (_driver/registry)
+      MessageQueue.enqueue (queue.py)
+        shm end: write the slots (transport/shm,
+        _ring.pyx), wake parked readers  ------>  ring read (park, then woken) -> decode
+                                                  -> the method, in the main thread
+                                                  -> encode the reply -> the rank's
+      ReplyPump.wait (_driver/pump): read the  <------ reply ring (inline, or from the
+        reply rings while no other thread does       output thread, _worker/output.py)
+        -> decode -> Call.take (future_core):
+        the reply goes to its call by number
+      the last reply completes the future
+      (future_core), outside every mpx lock
+    <- the results (or aggregator(results))
+
+With ``non_block=True`` the caller returns an ``RPCFuture`` at once; whichever thread reads
+next (another caller, the ``mpx-reply-reader`` thread) completes it. Awaited in an event
+loop, the loop's own thread reads the replies while it holds the read lease, and the future
+wakes its task through ``call_soon_threadsafe`` only when another thread completed it
+(mpx/_driver/futures.py, future_core's waiters). Remote workers are the same path with the
+zmq end (transport/zmq.py) in place of the shm end.
+
+Layers, bottom up (each imports only from its own layer and those below; this list holds
+every file and package of mpx/, and tests/test_layers.py holds the tree and every import,
+``cimport`` included, to it):
+
+    base:       errors.py config.py auth.py dumps.py watchdog.py _addresses.py _units.py
+                _procinfo.py _observe.py _debug.py _impl.py _pg.py
+    mechanism:  _ring.pyx _ring.pxd _ring.pyi _ring_layout.pxi _ring_sync.h _ring_py.py
+                mechanism/
+    protocol:   protocol/
+    transport:  transport/
+    queue:      queue.py
+    processes:  _driver/ _worker/ _node/
+    surface:    metrics.py _cli/ __main__.py
+
+- base: shared by every process: errors, ``Config``, HMAC keys, stack dumps, the
+  watchdog's worker-side API, small helpers; ``_impl`` is the one loader of the two builds.
+- mechanism: the shared-memory ring (compiled, ``_ring.pyx``, and its one deliberate twin
+  ``_ring_py.py``, behind one contract); ``mechanism/``: its layout, the wait policy,
+  named segments, and serde's compiled codec.
+- protocol: every message of a group (``wire``), objects <-> messages (``serde``), tensors
+  by reference (``sharing``).
+- transport: one Writer/Reader interface; shm (local) and zmq (remote, HMAC-signed) ends.
+- queue: ``MessageQueue``, one writer and n readers over the transports.
+- processes: the code each kind of process runs: the driver (``Executor`` and what it
+  owns), a worker, a node's launcher and the multi-node leader and follower.
+- surface: the Prometheus collector and ``python -m mpx``.
 """
 
-from mpx import watchdog
+# (_impl first: it installs the pure build's finder where MPX_PURE_PYTHON=1)
+from mpx import _impl, watchdog  # noqa: F401
 from mpx._driver.calls import PendingCalls
 from mpx._driver.executor import Executor
 from mpx._driver.futures import RPCFuture
@@ -78,10 +114,10 @@ from mpx.errors import (
     WorkerStalledError,
     WorkerStartupError,
 )
+from mpx.protocol.sharing import share
+from mpx.protocol.wire import WorkerContext
 from mpx.queue import MessageQueue
-from mpx.sharing import share
 from mpx.transport.base import Handle
-from mpx.wire import WorkerContext
 
 __version__ = "0.1.0"
 

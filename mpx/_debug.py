@@ -18,8 +18,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from mpx import _impl
+
 
 def _compiled_debug() -> bool:
+    if _impl.pure_requested():  # (the pure build's process never loads the compiled ring)
+        return False
     try:
         from mpx import _ring
     except ImportError:

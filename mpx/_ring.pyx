@@ -2,8 +2,8 @@
 """The shared-memory ring: slots, sequence numbers, atomics and waiting.
 
 Mechanism only: no pickling, logging or policy. ``mpx/_ring_py.py`` is its pure-Python twin
-with the same layout (``mpx/_ring_layout.pxi``, mirrored by ``mpx/layout.py``) and
-behaviour. Wait results are the status codes of ``mpx.layout`` (OK, TIMEOUT, INTERRUPTED,
+with the same layout (``mpx/_ring_layout.pxi``, mirrored by ``mpx/mechanism/layout.py``) and
+behaviour. Wait results are the status codes of ``mpx.mechanism.layout`` (OK, TIMEOUT, INTERRUPTED,
 PEER_GONE, SHUTDOWN, SLICE, NUDGED, NO_MEMORY). A reader's read that stops before a message
 is whole (any status but OK, or a signal handler's exception) keeps what it took of it: the
 next read goes on with it. A message the reader cannot allocate memory for is skipped whole
@@ -21,7 +21,7 @@ from libc.stdlib cimport malloc, free
 from libc.stdint cimport uint32_t, uint64_t, int64_t
 from posix.unistd cimport getpid
 
-from mpx._codec cimport owned_buffer
+from mpx.mechanism.codec cimport owned_buffer
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals()

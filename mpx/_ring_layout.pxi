@@ -1,5 +1,5 @@
 # The ring segment's layout: the one source of these numbers for mpx/_ring.pyx.
-# mpx/layout.py documents the layout and carries the same names and values for Python;
+# mpx/mechanism/layout.py documents the layout and carries the same names and values for Python;
 # tests/test_ring.py parses this file and checks that the two agree.
 
 cdef enum:

@@ -1,4 +1,4 @@
-"""Pure-Python twin of ``mpx/_ring.pyx``: the same layout (``mpx.layout``), API and
+"""Pure-Python twin of ``mpx/_ring.pyx``: the same layout (``mpx.mechanism.layout``), API and
 behaviour (``RingWriter`` and ``RingReader`` over a shared ``_RingEnd``), for machines
 without the compiled extension or with ``MPX_PURE_PYTHON=1``.
 
@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mpx import layout
-from mpx.waiting import COST_WEIGHT, AdaptiveWait
+from mpx.mechanism import layout
+from mpx.mechanism.waiting import COST_WEIGHT, AdaptiveWait
 
 IMPLEMENTATION = "python"
 

@@ -36,7 +36,7 @@ class Config:
     max_chunk_bytes: int = _env_field(1 << 20, "bytes of payload per ring slot")
     max_chunks: int = _env_field(16, "slots per ring")
     # A waiter polls with sched_yield, then parks on a futex (a ZeroMQ reader: blocks in
-    # libzmq's receive; mpx/waiting.py, docs/tuning.md). sched_yield returns at once
+    # libzmq's receive; mpx/mechanism/waiting.py, docs/tuning.md). sched_yield returns at once
     # when nothing else wants the core, so polling with it is as fast as a pause spin on an
     # idle machine (4 us round trip here), and it hands the core over when processes
     # outnumber cores: a 50 us pause spin made round trips 110 us with one busy process on

@@ -36,8 +36,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector as _CollectorBase
 
+from mpx._driver import future_core as _core
 from mpx._driver import stats as _stats
-from mpx._impl import future_core_module
 from mpx._observe import report
 
 if TYPE_CHECKING:
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Collector"]
 
-_core = future_core_module()
 # the exported buckets: every fourth of the meter's (the powers of two)
 _EXPORTED = tuple(range(0, len(_core.BOUNDS), 4))
 

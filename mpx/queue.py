@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from mpx import _debug, layout, serde
+from mpx import _debug
 from mpx._impl import ring_implementation
 from mpx.config import Config
 from mpx.errors import (
@@ -40,6 +40,8 @@ from mpx.errors import (
     RoleError,
     ShmError,
 )
+from mpx.mechanism import layout
+from mpx.protocol import serde
 from mpx.transport import shm as shm_transport
 from mpx.transport.base import Handle, Reader, Writer
 from mpx.transport.shm import ShmWriter

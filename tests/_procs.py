@@ -199,7 +199,7 @@ def start(ctx, target, *args):
 
 def reader_parked(mm, index=0) -> bool:
     """Whether reader ``index`` of the ring segment mapped at ``mm`` is parked."""
-    from mpx import layout
+    from mpx.mechanism import layout
     return bool(struct.unpack_from("<I", mm, layout.reader_block(index) + layout.RB_PARKED)[0])
 
 

@@ -11,7 +11,7 @@ import threading
 import time
 
 import mpx
-from mpx.wire import Ready
+from mpx.protocol.wire import Ready
 
 
 def end(how: str, code: int) -> None:

@@ -190,7 +190,7 @@ class StepWorker:
         torch.storage._load_from_bytes = counting
 
     def inspect(self, step):
-        from mpx import serde
+        from mpx.protocol import serde
         a, b = step["positions"], step["slot_mapping"]
         return {"torch_loads": self.torch_loads, "codec": serde._codec.IMPLEMENTATION,
                 "requests": len(step["req_ids"]), "tensors": (a.tolist(), b.tolist()),

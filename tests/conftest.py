@@ -23,8 +23,9 @@ import psutil
 import pytest
 from _env import IMPLS, START_METHOD
 
-from mpx import _debug, segments
+from mpx import _debug
 from mpx._procinfo import pid_alive
+from mpx.mechanism import segments
 
 # Predicates over psutil.Process for long-lived children a module-scoped fixture started on
 # purpose (test_ray_launcher.py's Ray cluster: its GCS, raylets and idle Ray workers). The

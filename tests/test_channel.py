@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mpx
-from mpx import serde
+from mpx.protocol import serde
 from mpx.queue import deadline_of
 
 pytestmark = pytest.mark.usefixtures("impl")

@@ -19,7 +19,8 @@ import textwrap
 import pytest
 from _env import START_METHOD
 
-from mpx import _debug, segments
+from mpx import _debug
+from mpx.mechanism import segments
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)

@@ -289,7 +289,7 @@ def test_small_messages_and_their_near_misses_arrive_exactly(ex, impl, args):
     encode and decode each other's messages (small tuples as small messages where the codec
     is compiled, else as pickles); values keep their types, bools, signed zeros and all;
     what is not small is pickled."""
-    from mpx import serde
+    from mpx.protocol import serde
     small = serde._codec.small_encode((0, 1, "ident", (args,), None, None))
     assert (small is not None) == (args in SMALL_CALLS)
     e = ex(n=2)

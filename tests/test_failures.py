@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import mpx
-from mpx import segments
+from mpx.mechanism import segments
 
 pytestmark = pytest.mark.usefixtures("impl")
 

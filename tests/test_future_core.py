@@ -14,11 +14,12 @@ import sys
 import threading
 import time
 
+import _builds
 import pytest
 from _env import IMPLS
 
-from mpx import _impl, wire
 from mpx._driver import futures as F
+from mpx.protocol import wire
 
 
 def load_core(impl: str):
@@ -29,7 +30,7 @@ def load_core(impl: str):
         if core.IMPLEMENTATION != "cython":
             pytest.skip("extension not built")
     else:
-        core = _impl._plain("mpx._driver.future_core")
+        core = _builds.plain("mpx._driver.future_core")
     assert core.IMPLEMENTATION == impl
     core.configure_loops(F._delivery)
     core.configure_replies(wire.OK, wire.ERR)
@@ -297,7 +298,7 @@ def test_the_plain_core_runs_from_its_source_without_cython(tmp_path):
         "import sys\n"
         "sys.modules['cython'] = None  # (import cython fails)\n"
         "import mpx, mpx._impl\n"
-        "core = mpx._impl.future_core_module()\n"
+        "from mpx._driver import future_core as core\n"
         "assert core.IMPLEMENTATION == 'python' and core.__file__.endswith('future_core.py')\n"
         "from _workers import Echo\n"
         "ex = mpx.Executor(Echo, world_size=2, start_method='spawn')\n"

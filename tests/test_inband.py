@@ -12,8 +12,8 @@ import _procs
 import pytest
 
 import mpx
-from mpx import serde
-from mpx.serde import K_PICKLE, K_PICKLE_OOB
+from mpx.protocol import serde
+from mpx.protocol.serde import K_PICKLE, K_PICKLE_OOB
 
 pytestmark = pytest.mark.usefixtures("impl")
 

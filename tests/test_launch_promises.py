@@ -25,9 +25,9 @@ from _procs import wait_gone
 from test_launch import ROOT, _finish, _node, _slurm_env, _torchrun_env
 
 import mpx
-from mpx import wire
 from mpx._node import control
 from mpx._node.leader import Leader
+from mpx.protocol import wire
 
 
 def _wait_line(proc: subprocess.Popen, prefix: str, timeout: float) -> tuple[str, float]:

@@ -39,7 +39,7 @@ import pytest
 from _env import START_METHOD
 
 import mpx
-from mpx import segments
+from mpx.mechanism import segments
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # A worker's death is reported within a second (the monitor's sentinel wait answers at
@@ -515,7 +515,7 @@ REAP_SCENARIO = textwrap.dedent("""
     import json, os, subprocess, sys, time
     sys.path.insert(0, {tests!r})
     import mpx, _matrix_workers
-    from mpx import segments
+    from mpx.mechanism import segments
     crashed = subprocess.run([sys.executable, "-c", {driver!r}], capture_output=True,
                              text=True, timeout=60)
     pid = int(crashed.stdout.split()[0])

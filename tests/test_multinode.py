@@ -21,7 +21,7 @@ from _nodes import KEY, TESTS, free_port, start_follower, stop_follower
 from _procs import wait_gone
 
 import mpx
-from mpx import wire
+from mpx.protocol import wire
 
 
 @pytest.fixture

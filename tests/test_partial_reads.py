@@ -19,8 +19,8 @@ import _procs
 import pytest
 
 import mpx
-from mpx import serde
 from mpx.errors import WaitNudged
+from mpx.protocol import serde
 
 KEY = "test-key-" + "p" * 20
 CHUNK = 64 << 10   # ring slots (and ZeroMQ chunks) of 64 KiB ...

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import mpx
-from mpx import segments
+from mpx.mechanism import segments
 
 
 def _too_big(free):

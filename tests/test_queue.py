@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import mpx
-from mpx import segments, serde
+from mpx.mechanism import segments
+from mpx.protocol import serde
 
 pytestmark = pytest.mark.usefixtures("impl")
 
@@ -435,14 +436,15 @@ def test_missing_extension_falls_back_with_one_warning(tmp_path):
         "sys.modules['mpx._ring'] = None\n"
         "class SourceOnly:  # the modules of one source as their .py alone\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name in ('mpx._codec', 'mpx._driver.future_core'):\n"
+        "        if name in ('mpx.mechanism.codec', 'mpx._driver.future_core'):\n"
         "            return m.FileFinder(path[0], (m.SourceFileLoader, ['.py'])).find_spec(name)\n"
         "sys.meta_path.insert(0, SourceOnly())\n"
         "with warnings.catch_warnings(record=True) as w:\n"
         "    warnings.simplefilter('always')\n"
         "    import mpx, mpx._impl\n"
         "    a = mpx.ring_implementation(); b = mpx.ring_implementation()\n"
-        "    c = mpx._impl.future_core_module().IMPLEMENTATION\n"
+        "    from mpx._driver import future_core\n"
+        "    c = future_core.IMPLEMENTATION\n"
         "    q = mpx.MessageQueue(1, 1); r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)\n"
         "    q.enqueue('x'); assert r.dequeue(timeout=5) == 'x'; r.close(); q.close()\n"
         "print(a, b, c, len(w), w[0].message if w else '')\n")

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 import mpx
-from mpx import wire
 from mpx._driver.pump import _undecodable
 from mpx._driver.registry import Call, CallRegistry
 from mpx._driver.stalls import StallDiagnosis
+from mpx.protocol import wire
 
 
 def _registry(n_ranks: int, n_calls: int) -> tuple[CallRegistry, list]:

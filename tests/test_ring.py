@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import mmap
 import os
 import pickle
@@ -13,7 +14,8 @@ from pathlib import Path
 import _procs
 import pytest
 
-from mpx import _impl, layout
+from mpx import _impl
+from mpx.mechanism import layout
 
 # Kinds are the caller's; the ring looks only at KIND_AS_BYTES.
 BYTES = 7 | layout.KIND_AS_BYTES  # delivered as bytes
@@ -368,7 +370,7 @@ def test_writer_park_interrupted_by_a_signal_waits_on(ring):
 
 
 def _pxi_constants() -> dict[str, int]:
-    text = (Path(layout.__file__).parent / "_ring_layout.pxi").read_text()
+    text = (Path(layout.__file__).parent.parent / "_ring_layout.pxi").read_text()
     body = text.split("cdef enum:", 1)[1]
     out = {}
     for line in body.splitlines():
@@ -420,7 +422,7 @@ def test_streamed_write_takes_pieces_as_they_come(ring):
 
 @pytest.mark.parametrize("as_bytes", [True, False])
 def test_assembler_builds_an_owned_message(impl, as_bytes):
-    out = _impl.codec_module().Assembler(10, as_bytes)
+    out = importlib.import_module("mpx.mechanism.codec").Assembler(10, as_bytes)
     out.add(b"abc")
     assert not out.complete
     with pytest.raises(ValueError, match="incomplete"):

@@ -15,8 +15,9 @@ import pytest
 from _env import START_METHOD
 
 import mpx
-from mpx import _impl, layout
+from mpx import _impl
 from mpx.errors import MessageTooLargeError
+from mpx.mechanism import layout
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # a helper process: python -c this driver|reader (it imports mpx from where the tests do)

@@ -13,12 +13,13 @@ import sys
 import threading
 import tracemalloc
 
+import _builds
 import numpy as np
 import pytest
 
-from mpx import _impl, serde
 from mpx.errors import DeserializationError, SerializationError
-from mpx.serde import K_BYTES, K_PICKLE, K_PICKLE_OOB
+from mpx.protocol import serde
+from mpx.protocol.serde import K_BYTES, K_PICKLE, K_PICKLE_OOB
 
 
 def _joined(parts) -> bytearray:
@@ -105,7 +106,7 @@ def test_a_changed_out_of_band_threshold_takes_effect():
 
 
 def _compiled():
-    mod = importlib.import_module("mpx._codec")
+    mod = importlib.import_module("mpx.mechanism.codec")
     if mod.IMPLEMENTATION != "cython":
         pytest.skip("extension not built")
     return mod
@@ -114,7 +115,7 @@ def _compiled():
 @pytest.fixture(params=["compiled", "plain"])
 def codec(request):
     """The codec compiled, or its source run as plain Python: the same cases, no branches."""
-    return _compiled() if request.param == "compiled" else _impl._plain("mpx._codec")
+    return _compiled() if request.param == "compiled" else _builds.plain("mpx.mechanism.codec")
 
 
 KINDS = dict(bytes_kind=1, small_kind=4, pickle_kind=2, oob_kind=3)
@@ -168,7 +169,7 @@ def test_an_encoder_without_small_tuples_pickles_them_and_either_decodes_both(co
     kind, parts = _encode(enc, call)
     assert kind == 2 and pickle.loads(b"".join(parts)) == call
     assert enc.encode(b"raw") == (1, (b"raw",))  # (bytes still as they are)
-    for m in (codec, _impl._plain("mpx._codec")):
+    for m in (codec, _builds.plain("mpx.mechanism.codec")):
         decode = m.Decoder(1, 4, 2, 3, ValueError, (_Refused,))
         assert decode(2, b"".join(parts)) == call
         assert decode(4, codec.small_encode(call)) == call
@@ -196,7 +197,7 @@ def test_small_tuples_are_the_default_exactly_where_the_codec_is_compiled():
 
 
 def test_compiled_and_plain_encoders_make_the_same_messages():
-    plain, compiled = _impl._plain("mpx._codec"), _compiled()
+    plain, compiled = _builds.plain("mpx.mechanism.codec"), _compiled()
     arrays = [np.arange(n, dtype=np.float64) for n in (3, 1000)]
     for obj in [b"raw", (0, 5, "noop", (), None, None), (5, 0, None), {"a": [1, 2.5]},
                 [arrays, "t"], [bytes(100 << 10), bytearray(70 << 10)], (1 << 63, "x"),
@@ -272,7 +273,7 @@ class _MyTuple(tuple):
 
 @pytest.mark.parametrize("obj", SMALL)
 def test_small_tuples_round_trip_exactly_compiled_and_plain(codec, obj):
-    other = _impl._plain("mpx._codec")
+    other = _builds.plain("mpx.mechanism.codec")
     data = codec.small_encode(obj)
     assert data is not None and data == other.small_encode(obj)  # one layout
     for decode in (codec.small_decode, other.small_decode):
@@ -367,15 +368,15 @@ def test_a_kept_pickler_does_not_keep_a_large_message_s_memo_table(codec):
 
 
 def test_pure_python_is_the_codec_s_source_run_plain_without_cython():
-    """MPX_PURE_PYTHON=1 runs mpx/_codec.py itself, uncompiled, though the extension sits
+    """MPX_PURE_PYTHON=1 runs mpx/mechanism/codec.py itself, uncompiled, though the extension sits
     beside it; and it needs no Cython (a build dependency only)."""
     code = (
         "import sys\n"
         "sys.modules['cython'] = None  # (import cython raises ImportError)\n"
-        "from mpx import serde\n"
+        "from mpx.protocol import serde\n"
         "c = serde._codec\n"
-        "assert c.IMPLEMENTATION == 'python' and c.__file__.endswith('_codec.py'), c\n"
-        "assert c.cython.__name__ == 'mpx._cython_shim', c.cython\n"
+        "assert c.IMPLEMENTATION == 'python' and c.__file__.endswith('codec.py'), c\n"
+        "assert c.cython.__name__ == 'mpx.mechanism._cython_shim', c.cython\n"
         "for obj in [(0, 5, 'noop', (), None, None), {'a': 1}, [bytes(2 << 20)], b'x']:\n"
         "    kind, parts = serde.encode(obj)\n"
         "    data = b''.join(bytes(memoryview(p).cast('B')) for p in parts)\n"

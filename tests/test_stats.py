@@ -10,12 +10,12 @@ import os
 import signal
 import time
 
+import _builds
 import pytest
 
 import mpx
-from mpx import _impl
+from mpx._driver import future_core
 from mpx._driver import stats as stats_mod
-from mpx._impl import future_core_module
 
 
 def _counts(ex):
@@ -101,7 +101,7 @@ def test_stats_after_shutdown_keep_the_last_figures(executor):
 
 
 def test_quantiles_from_buckets():
-    core = future_core_module()
+    core = future_core
     h = core.Histogram()
     for v in [1e-6 * (i + 1) for i in range(100)]:  # 1..100 us
         h.observe(v)
@@ -119,8 +119,8 @@ def test_quantiles_from_buckets():
 
 def test_compiled_and_plain_histograms_count_each_value_in_the_same_bucket():
     # (compiled: from the value's binary exponent; plain: bisect over the bounds)
-    cores = {future_core_module(), _impl._plain("mpx._driver.future_core")}
-    bounds = future_core_module().BOUNDS
+    cores = {future_core, _builds.plain("mpx._driver.future_core")}
+    bounds = future_core.BOUNDS
     values = [-1.0, 0.0, 5e-324, 1e-9, 1e6, 1e300, float("inf")] + [
         v for b in bounds
         for v in (math.nextafter(b, 0), b, math.nextafter(b, math.inf), b * 1.1)]
@@ -138,7 +138,7 @@ def test_compiled_and_plain_histograms_count_each_value_in_the_same_bucket():
 
 
 def test_the_window_rotates():
-    core = future_core_module()
+    core = future_core
     meter = core.Meter(1, TimeoutError, 0.05)
     call = core.Call(0, "m", 1, None, None, None)
     meter.reply(0, call, True)

@@ -22,8 +22,9 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import mpx  # noqa: E402
-from mpx import segments, serde, sharing, wire  # noqa: E402
-from mpx.serde import K_PICKLE_OOB  # noqa: E402
+from mpx.mechanism import segments  # noqa: E402
+from mpx.protocol import serde, sharing, wire  # noqa: E402
+from mpx.protocol.serde import K_PICKLE_OOB  # noqa: E402
 
 
 def _copyable(dtype) -> bool:

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import mpx
-from mpx import MessageQueue, segments
+from mpx import MessageQueue
 from mpx._procinfo import free_tcp_port
+from mpx.mechanism import segments
 
 KEY = "vllm-compat-test-key"
 

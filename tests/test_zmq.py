@@ -294,7 +294,7 @@ def test_forged_altered_and_replayed_messages_are_dropped(cfg):
             evil, ident = _feeder(reader)
             import pickle
 
-            from mpx.serde import K_PICKLE
+            from mpx.protocol.serde import K_PICKLE
             body = pickle.dumps("evil")
             key = KEY.encode()
             good_header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_PICKLE, reader.token, 1, 0,
@@ -359,7 +359,7 @@ def test_a_stream_of_forged_frames_holds_no_reader_past_its_deadline(cfg):
 
 
 def _chunk(key, token, seq, index, count, total, data, kind=None):
-    from mpx.serde import K_BYTES
+    from mpx.protocol.serde import K_BYTES
     header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_BYTES if kind is None else kind, token,
                              seq, index, count, total)
     return auth.seal(key, header, [data])

@@ -44,12 +44,13 @@ def machine_facts() -> list[tuple[str, str]]:
     import sys
 
     import mpx
-    from mpx import _debug, segments
-    from mpx._impl import future_core_module
+    from mpx import _debug
+    from mpx._driver import future_core
+    from mpx.mechanism import segments
 
     rows = [("mpx", f"{mpx.__version__} ({os.path.dirname(mpx.__file__)})"),
             ("ring implementation", mpx.ring_implementation()),
-            ("futures core", future_core_module().IMPLEMENTATION),
+            ("futures core", future_core.IMPLEMENTATION),
             ("python", f"{platform.python_version()} ({sys.executable})"),
             ("platform", platform.platform())]
     try:
@@ -86,13 +87,13 @@ def check_config() -> tuple[list[Check], object | None]:
 
 def check_ring() -> list[Check]:
     from mpx import _debug
-    from mpx._impl import _pure_requested
+    from mpx._impl import pure_requested
     from mpx._impl import ring_implementation as impl
     name = impl()
     out = []
     if name == "cython":
         out.append(Check(OK, "ring implementation", "cython (compiled mpx._ring)"))
-    elif _pure_requested():
+    elif pure_requested():
         out.append(Check(OK, "ring implementation", "python (MPX_PURE_PYTHON=1)"))
     else:
         out.append(Check(WARN, "ring implementation",
@@ -108,9 +109,9 @@ def check_shm(cfg) -> list[Check]:
     """/dev/shm (and Config.shm_dir, where free space is checked): present, big enough for
     the rings of a 1-worker executor, and usable (a one-page segment is created and
     removed)."""
-    from mpx import segments
     from mpx._driver.preflight import ring_bytes
     from mpx.errors import ShmError
+    from mpx.mechanism import segments
     out = []
     # what Executor(W, 1) needs (the checks of its start); each further worker adds more
     need = ring_bytes(cfg, 1)
@@ -208,7 +209,7 @@ def check_torch(import_torch: bool = True) -> list[Check]:
 
 
 def check_stale() -> list[Check]:
-    from mpx import segments
+    from mpx.mechanism import segments
     stale = segments.stale_segments()
     if not stale:
         return [Check(OK, "stale mpx segments", "none")]

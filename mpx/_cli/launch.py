@@ -41,11 +41,11 @@ from typing import Any
 
 import zmq
 
-from mpx import wire
 from mpx._cli.hostlist import first_host
 from mpx._node import control
 from mpx._procinfo import describe_exit, set_parent_death_signal
 from mpx.config import Config
+from mpx.protocol import wire
 
 logger = logging.getLogger("mpx")
 

@@ -10,8 +10,9 @@ import sys
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
-    from mpx import dumps, segments
+    from mpx import dumps
     from mpx.config import Config
+    from mpx.mechanism import segments
 
     removed = segments.reap_stale()
     for name in removed:

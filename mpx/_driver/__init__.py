@@ -20,8 +20,8 @@
   :mod:`.stats_server`, the ``Config.stats_socket`` endpoint that ``python -m mpx top`` reads.
 - :mod:`.preflight`: the checks made before any worker starts.
 
-The driver talks to worker processes only through the messages of :mod:`mpx.wire`. It may
-import the queue and the layers below it, the shared modules (``mpx.wire``, ``mpx.config``,
+The driver talks to worker processes only through the messages of :mod:`mpx.protocol.wire`. It may
+import the queue and the layers below it, the shared modules (``mpx.protocol.wire``, ``mpx.config``,
 ``mpx.errors``, ``mpx.dumps``) and ``mpx._node`` (to start workers and lead other nodes),
 never ``mpx._worker`` or ``mpx._cli``.
 """

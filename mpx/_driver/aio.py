@@ -14,9 +14,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mpx import _debug, wire
+from mpx import _debug
 from mpx._driver import lockorder
 from mpx.errors import ExecutorFailed
+from mpx.protocol import wire
 
 if TYPE_CHECKING:
     from mpx._driver.executor import Executor

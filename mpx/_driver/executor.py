@@ -22,7 +22,7 @@ from typing import Any
 
 import cloudpickle
 
-from mpx import dumps, wire
+from mpx import dumps
 from mpx._driver import aio, preflight, stats, tracing
 from mpx._driver.calls import PendingCalls
 from mpx._driver.group import WorkerGroup
@@ -30,6 +30,7 @@ from mpx._driver.stats import Stats
 from mpx._procinfo import describe_stall
 from mpx.config import Config
 from mpx.errors import ExecutorFailed, NotOwnerError, ResizeError, SerializationError
+from mpx.protocol import wire
 
 logger = logging.getLogger("mpx")
 

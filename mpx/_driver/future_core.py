@@ -46,7 +46,7 @@ from typing import Any
 try:
     import cython
 except ImportError:  # Cython is a build dependency only: plain Python needs cython.compiled
-    from mpx import _cython_shim as cython  # type: ignore[no-redef]
+    from mpx.mechanism import _cython_shim as cython  # type: ignore[no-redef]
 
 if cython.compiled:  # the C lock (CLock), the thread's ident, frexp
     from cython.cimports.cpython.exc import PyErr_CheckSignals

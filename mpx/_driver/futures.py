@@ -8,7 +8,7 @@ import threading
 import weakref
 from typing import Any, Protocol
 
-from mpx._impl import future_core_module
+from mpx._driver import future_core as _core
 from mpx.errors import NotOwnerError
 
 
@@ -161,7 +161,6 @@ def _delivery(loop: asyncio.AbstractEventLoop) -> _LoopDelivery:
 
 
 # the state, completion and asyncio hand-off, in C fields when the extension is built
-_core = future_core_module()
 _core.configure_loops(_delivery)
 _core.configure_owner(NotOwnerError.of)
 _runs_here = _core.runs_here
@@ -173,7 +172,7 @@ _FINISHED = _core.FINISHED
 complete_each = _core.complete_each
 
 
-class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[misc,name-defined]
+class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[misc,name-defined,override]
     """The future of one ``collective_rpc(..., non_block=True)`` call.
 
     It completes when the call's replies arrive, whether or not anyone calls ``result()``:

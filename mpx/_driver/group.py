@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mpx import dumps, wire
+from mpx import dumps
 from mpx._driver import lockorder, preflight, regroup, stats, stats_server
 from mpx._driver.calls import CallTable
 from mpx._driver.membership import Membership
@@ -30,8 +30,9 @@ from mpx._node.local_workers import EXIT_WAIT_S, LocalWorkers
 from mpx._procinfo import describe_exit
 from mpx.config import Config
 from mpx.errors import ExecutorFailed, PeerDiedError, WorkerDiedError
+from mpx.protocol import wire
+from mpx.protocol.wire import WorkerContext
 from mpx.queue import MessageQueue
-from mpx.wire import WorkerContext
 
 logger = logging.getLogger("mpx")
 

@@ -10,10 +10,11 @@ import os
 import resource
 import warnings
 
-from mpx import dumps, layout, segments
+from mpx import dumps
 from mpx._units import human_size
 from mpx.config import Config
 from mpx.errors import WorkerStartupError
+from mpx.mechanism import layout, segments
 
 logger = logging.getLogger("mpx")
 
@@ -53,7 +54,7 @@ def check_size(world_size: int, n_local: int, n_new: int) -> None:
     if n_local > layout.MAX_READERS:
         raise ValueError(f"world_size {world_size} is over the limit of {layout.MAX_READERS} "
                          f"local ranks per executor (a ring's reader limit, "
-                         f"mpx.layout.MAX_READERS): {n_local} ranks would run on this node")
+                         f"mpx.mechanism.layout.MAX_READERS): {n_local} ranks would run on this node")
     left = _processes_left()
     if left is not None and n_new > left:
         raise ValueError(f"world_size {world_size} is over this host's process limit: it "

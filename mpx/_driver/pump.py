@@ -36,10 +36,11 @@ import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from mpx import _debug, wire
+from mpx import _debug
+from mpx._driver import future_core as _core
 from mpx._driver.registry import Call, CallRegistry
-from mpx._impl import future_core_module
 from mpx.errors import Cancelled, DeserializationError, ExecutorFailed, PeerDiedError, QueueTimeout
+from mpx.protocol import wire
 from mpx.queue import MessageQueue
 
 if TYPE_CHECKING:
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("mpx")
 
-_core = future_core_module()
 _MORE, _ALL_OK, _ANSWERED = _core.MORE, _core.ALL_OK, _core.ANSWERED  # (Call.take's)
 
 # How long the background reader leaves the reading to an event loop (renewed at each of

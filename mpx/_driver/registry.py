@@ -35,11 +35,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mpx._driver import future_core as _core
 from mpx._driver import lockorder
 from mpx._driver.callbacks import CallbackThread
 from mpx._driver.futures import complete_each
 from mpx._driver.stalls import StallDiagnosis
-from mpx._impl import future_core_module
 from mpx.errors import (
     ExecutorFailed,
     PeerDiedError,
@@ -48,9 +48,8 @@ from mpx.errors import (
     RPCTimeoutError,
     WorkerStalledError,
 )
-from mpx.wire import ERR, OK, STALL
+from mpx.protocol.wire import ERR, OK, STALL
 
-_core = future_core_module()
 _core.configure_replies(OK, ERR)  # (the statuses of a call's reply that the core records)
 if TYPE_CHECKING:
     from mpx._driver.future_core import Call

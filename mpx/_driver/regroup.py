@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from mpx import _debug, wire
+from mpx import _debug
 from mpx._driver import lockorder
 from mpx._driver.interrupts import Deferred
 from mpx.errors import (
@@ -66,8 +66,9 @@ from mpx.errors import (
     WorkerRestartError,
     WorkerStartupError,
 )
+from mpx.protocol import wire
+from mpx.protocol.wire import WorkerContext
 from mpx.queue import MessageQueue
-from mpx.wire import WorkerContext
 
 if TYPE_CHECKING:
     from mpx._driver.group import WorkerGroup

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mpx import _debug, serde, wire
+from mpx import _debug
 from mpx._driver import lockorder
 from mpx._driver.futures import RPCFuture
 from mpx._driver.pump import until_ns
@@ -54,6 +54,7 @@ from mpx.errors import (
     RPCTimeoutError,
     WorkerDiedError,
 )
+from mpx.protocol import serde, wire
 from mpx.queue import MessageQueue
 
 if TYPE_CHECKING:

@@ -15,12 +15,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from mpx._impl import future_core_module
+from mpx._driver import future_core as _core
 
 if TYPE_CHECKING:
     from mpx._driver.group import WorkerGroup
 
-_core = future_core_module()
 OUTCOMES = ("ok", "error", "timeout")
 
 

@@ -7,7 +7,7 @@
 - ``relay``: a follower's one network read per call, rebroadcast to its workers over shm;
 - ``control``: the HMAC-sealed control channel between leader and followers.
 
-It may import the queue and the layers below it, the shared modules (``mpx.wire``,
+It may import the queue and the layers below it, the shared modules (``mpx.protocol.wire``,
 ``mpx.config``, ``mpx.errors``, ``mpx.dumps``) and ``mpx._worker.main`` (a process entry
 point), never ``mpx._driver`` or ``mpx._cli``.
 """

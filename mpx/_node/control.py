@@ -1,4 +1,4 @@
-"""The multi-node control channel: HMAC-sealed pickles of :mod:`mpx.wire`'s node messages
+"""The multi-node control channel: HMAC-sealed pickles of :mod:`mpx.protocol.wire`'s node messages
 between the leader (in the driver) and each follower node. Every frame is sealed with the
 group's key; a frame that does not verify is dropped before anything is unpickled.
 
@@ -29,7 +29,7 @@ def pack(key: bytes, msg: Any) -> bytes:
 
 
 def unpack(key: bytes, frame: Any) -> Any:
-    """The node-control message (a :mod:`mpx.wire` dataclass) in ``frame``, or None when
+    """The node-control message (a :mod:`mpx.protocol.wire` dataclass) in ``frame``, or None when
     the frame is not authentic."""
     body = unseal(key, frame)
     if body is None or bytes(body[:4]) != _TAG:

@@ -24,14 +24,15 @@ import time
 
 import zmq
 
-from mpx import _debug, dumps, wire
+from mpx import _debug, dumps
 from mpx._node import control
 from mpx._node.local_workers import LocalWorkers
 from mpx._node.relay import Relay
 from mpx._procinfo import describe_stall
 from mpx.config import Config
 from mpx.errors import WorkerStartupError
-from mpx.wire import WorkerContext
+from mpx.protocol import wire
+from mpx.protocol.wire import WorkerContext
 
 logger = logging.getLogger("mpx")
 

@@ -27,11 +27,12 @@ from typing import Any
 
 import zmq
 
-from mpx import _addresses, wire
+from mpx import _addresses
 from mpx._node import control
 from mpx._procinfo import describe_exit
 from mpx.config import Config
 from mpx.errors import NodeLostError, WorkerDiedError, WorkerStartupError
+from mpx.protocol import wire
 
 logger = logging.getLogger("mpx")
 

@@ -23,12 +23,12 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from mpx import segments
 from mpx._procinfo import describe_exit
 from mpx._worker.main import worker_main
 from mpx.config import Config
 from mpx.errors import WorkerStartupError
-from mpx.wire import Ready, StartupFailed, WorkerContext, WorkerSpec
+from mpx.mechanism import segments
+from mpx.protocol.wire import Ready, StartupFailed, WorkerContext, WorkerSpec
 
 logger = logging.getLogger("mpx")
 

@@ -6,6 +6,6 @@
 - ``watchdog``: explains calls that run too long (stack dumps, stall reports).
 
 Runs only in worker processes. It may import the layers below the queue (``mpx.queue``,
-``mpx.transport``, ``mpx.serde``), the shared modules (``mpx.wire``, ``mpx.config``,
+``mpx.transport``, ``mpx.protocol.serde``), the shared modules (``mpx.protocol.wire``, ``mpx.config``,
 ``mpx.errors``, ``mpx.dumps``), never ``mpx._driver``, ``mpx._node`` or ``mpx._cli``.
 """

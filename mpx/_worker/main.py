@@ -48,8 +48,7 @@ from mpx._procinfo import set_parent_death_signal
 from mpx._worker.output import ENDS_THE_WORKER, AsyncOutput, InlineOutput, Replies
 from mpx._worker.stall_watch import Watchdog, block_dump_signal
 from mpx.errors import Cancelled, DeserializationError, PeerDiedError
-from mpx.queue import MessageQueue
-from mpx.wire import (
+from mpx.protocol.wire import (
     ERR,
     OK,
     PING,
@@ -62,6 +61,7 @@ from mpx.wire import (
     WorkerSpec,
     error_payload,
 )
+from mpx.queue import MessageQueue
 
 logger = logging.getLogger("mpx")
 

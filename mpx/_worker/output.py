@@ -24,8 +24,8 @@ from typing import Any
 
 from mpx import _debug
 from mpx.errors import Cancelled, PeerDiedError, QueueTimeout
+from mpx.protocol.wire import ERR, OK, error_payload
 from mpx.queue import deadline_of
-from mpx.wire import ERR, OK, error_payload
 
 # Calls whose replies may wait in the async output thread's queue: 2 lets call N's output
 # be resolved while call N+1 computes, and bounds what waits in memory.

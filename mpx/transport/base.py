@@ -27,7 +27,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
-from mpx import serde
 from mpx.config import Config
 from mpx.errors import (
     Cancelled,
@@ -37,6 +36,7 @@ from mpx.errors import (
     QueueTimeout,
     RoleError,
 )
+from mpx.protocol import serde
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from mpx import _debug, layout, segments, serde
+from mpx import _debug
 from mpx._impl import ring_module
 from mpx._procinfo import pid_alive
 from mpx._units import human_size
@@ -35,6 +35,8 @@ from mpx.errors import (
     QueueTimeout,
     WaitNudged,
 )
+from mpx.mechanism import layout, segments
+from mpx.protocol import serde
 from mpx.transport.base import Reader, Writer
 
 logger = logging.getLogger("mpx")

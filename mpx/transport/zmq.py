@@ -54,8 +54,7 @@ from typing import Any
 import zmq
 import zmq.utils.monitor
 
-from mpx import _addresses, layout
-from mpx._impl import codec_module
+from mpx import _addresses
 from mpx._units import human_size
 from mpx.auth import Signer
 from mpx.config import Config
@@ -68,8 +67,9 @@ from mpx.errors import (
     QueueTimeout,
     WaitNudged,
 )
+from mpx.mechanism import codec, layout
+from mpx.mechanism.waiting import AdaptiveWait
 from mpx.transport.base import Reader, Writer
-from mpx.waiting import AdaptiveWait
 
 logger = logging.getLogger("mpx")
 
@@ -520,7 +520,7 @@ class _Partial:
 class ZmqReader(AdaptiveWait, Reader):
     """Remote reader ``rank``: a DEALER connected to the writer's ROUTER.
 
-    A read waits as a ring's reader does (mpx.waiting): it looks at its socket, with
+    A read waits as a ring's reader does (mpx.mechanism.waiting): it looks at its socket, with
     ``sched_yield`` between looks, for its yield budget, and only then blocks in libzmq's
     receive (the park), so that a frame that comes soon is taken by a thread that is still
     running: a blocked one must be woken by the I/O thread, and on a VM an idle CPU's wake
@@ -558,7 +558,7 @@ class ZmqReader(AdaptiveWait, Reader):
         self._sock.send(self._signer.seal(_HELLO.pack(MAGIC, VERSION, 0, self.token, rank,
                                                       self._routing_id), ()))
         self._seq = 0          # the lowest sequence number a new message may have
-        self._assembler = codec_module().Assembler
+        self._assembler = codec.Assembler
         self._stash: _Chunk | None = None  # a chunk read ahead: the start of a message
         self._skipping = -1  # the sequence number of a message skipped (too large)
         self._too_large: MessageTooLargeError | None = None  # for the next read to raise

@@ -1,7 +1,7 @@
 """Tensors sent by reference: ``share(tensor)`` and what serde needs to pickle such tensors.
 
 ``share`` copies a CPU tensor once into a named POSIX shared-memory segment of its own
-(``mpx/segments.py``: mode 0600, the name carries the creator's pid) and returns a tensor backed
+(``mpx/mechanism/segments.py``: mode 0600, the name carries the creator's pid) and returns a tensor backed
 by it. serde pickles a tensor that lives in such a segment, or any view of one, as the
 segment's name, a byte offset, dtype, shape and strides; the receiver maps the same memory,
 so writes on either side are visible to both and the view keeps its strides.
@@ -22,8 +22,9 @@ import threading
 import weakref
 from dataclasses import dataclass
 
-from mpx import _debug, segments
+from mpx import _debug
 from mpx.errors import DeserializationError, SharedTensorGoneError, ShmError
+from mpx.mechanism import segments
 
 _MIN_SEGMENT = 64  # a segment of 0 bytes cannot be mapped (empty tensors)
 

@@ -2,7 +2,7 @@
 
 A small tuple of scalars (most calls and replies: ``(CALL, seq, "method", (1, 2.0),
 None, None)``, ``(seq, OK, None)``) is a ``K_SMALL`` message in a codec of its own
-(``mpx._codec.small_encode``): tags and values, no pickle (where the codec is compiled:
+(``mpx.mechanism.codec.small_encode``): tags and values, no pickle (where the codec is compiled:
 ``SMALL_TUPLES``). Anything else is pickle protocol 5 with out-of-band buffers, so numpy
 arrays, CPU tensors and large ``bytes``, ``bytearray`` and ``memoryview`` objects
 (``OOB_MIN_BYTES`` and up), wherever they sit in the object, are copied straight from
@@ -10,12 +10,12 @@ their memory into ring slots. The pickle itself is not joined either: the messag
 pickler's chunks as they came. Callables that plain pickle refuses (lambdas, local
 functions) go through cloudpickle. A K_PICKLE_OOB message is a prelude (the buffers'
 lengths and what each becomes), the pickle and the buffers, 64-byte aligned
-(``mpx/_codec.py`` frames it). Decoded objects own their memory: buffers are views of a
+(``mpx/mechanism/codec.py`` frames it). Decoded objects own their memory: buffers are views of a
 bytearray the reader allocated, or copies.
 
 This module is the policy: what goes out of band, the picklers (dispatch tables, the
 tensor and memoryview reducers, cloudpickle), the message kinds and the errors. The
-mechanism is ``mpx._codec`` (compiled where a compiler is), which gets the settings as
+mechanism is ``mpx.mechanism.codec`` (compiled where a compiler is), which gets the settings as
 constructor arguments: ``configure`` rebuilds it with others.
 
 Tensors (``torch.Tensor`` and ``nn.Parameter``, dense, strided):
@@ -28,7 +28,7 @@ Tensors (``torch.Tensor`` and ``nn.Parameter``, dense, strided):
   A tensor with ``requires_grad`` arrives as a leaf (the autograd graph stays behind).
 - With ``local_only``, a tensor in a segment made by ``mpx.share`` (or a view of one)
   travels by reference: the receiver maps the same memory and keeps the view's strides
-  (``mpx/sharing.py``). Otherwise it is copied like any CPU tensor.
+  (``mpx/protocol/sharing.py``). Otherwise it is copied like any CPU tensor.
 - CUDA: with ``local_only`` (every reader on this node) a CUDA IPC handle
   (``torch.multiprocessing.reductions.reduce_tensor``); the receiver gets a tensor on the
   same device, sharing its memory. Otherwise a host copy, rebuilt on the receiver's current
@@ -46,10 +46,10 @@ from typing import Any
 
 import cloudpickle
 
-from mpx import sharing
-from mpx._impl import codec_module
 from mpx.errors import DeserializationError, SerializationError
-from mpx.layout import KIND_AS_BYTES
+from mpx.mechanism import codec as _codec
+from mpx.mechanism.layout import KIND_AS_BYTES
+from mpx.protocol import sharing
 
 # Message kinds. The transports carry a kind untouched and look only at KIND_AS_BYTES:
 # whether the reader gets the message as bytes or as a writable bytearray.
@@ -188,7 +188,6 @@ OOB_MIN_BYTES = 1 << 20  # (configure() changes it)
 # takes 0.84x its time with pickle. Run as plain Python the codec costs ~6x the C pickler
 # (9.3 us against 1.5 us for a call and its reply, each encoded and decoded), so the plain
 # build pickles them. Either build decodes both kinds, so the two talk to each other.
-_codec = codec_module()
 SMALL_TUPLES = _codec.IMPLEMENTATION == "cython"  # (configure() changes it)
 
 

@@ -1,4 +1,4 @@
-# The C types of mpx/_codec.py, which this file augments when Cython compiles it (plain
+# The C types of mpx/mechanism/codec.py, which this file augments when Cython compiles it (plain
 # Python never reads it), and what mpx/_ring.pyx cimports (owned_buffer). The values and
 # the reasons of the constants are in the .py.
 cimport cython

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False, annotation_typing=False
 """serde's mechanism, written once: ``setup.py`` compiles this file with Cython (its C types
-are in ``mpx/_codec.pxd``, which augments it), and where no compiler is, or under
+are in ``mpx/mechanism/codec.pxd``, which augments it), and where no compiler is, or under
 ``MPX_PURE_PYTHON=1`` (see ``mpx/_impl.py``), the same file runs as plain Python. The
 lines that reach memory directly are ``if cython.compiled:`` branches beside the lines
 that do the same in Python; everything else is shared. Nothing here imports serde, the wire
@@ -42,7 +42,7 @@ from typing import Any
 try:
     import cython
 except ImportError:  # Cython is a build dependency only: plain Python needs cython.compiled
-    from mpx import _cython_shim as cython  # type: ignore[no-redef]
+    from mpx.mechanism import _cython_shim as cython  # type: ignore[no-redef]
 
 if cython.compiled:  # the C API, for the lines that reach memory directly
     from cython.cimports.cpython.buffer import (
@@ -64,7 +64,7 @@ if cython.compiled:  # the C API, for the lines that reach memory directly
     from cython.cimports.cpython.tuple import PyTuple_New, PyTuple_SET_ITEM
     from cython.cimports.cpython.unicode import PyUnicode_DATA, PyUnicode_GET_LENGTH
     from cython.cimports.libc.string import memcpy
-    from cython.cimports.mpx._codec import PyUnicode_IS_ASCII, mpx_advise_huge  # (its .pxd)
+    from cython.cimports.mpx.mechanism.codec import PyUnicode_IS_ASCII, mpx_advise_huge  # (its .pxd)
 
 IMPLEMENTATION = "cython" if cython.compiled else "python"
 
