@@ -3,6 +3,12 @@
 Each one subclasses the builtin that callers already catch (``RuntimeError``,
 ``TimeoutError``, ``ValueError``...) and :class:`MpxError`, so ``except mpx.MpxError``
 catches everything mpx raises on purpose.
+
+An error that stands for an exception raised in a worker (:class:`RPCError`,
+:class:`WorkerStartupError`) has that exception's traceback, as text, for its
+``__cause__`` (a :class:`RemoteTraceback`, which mpx never raises), as CPython's
+``concurrent.futures.process`` does: an uncaught one prints the worker's traceback above
+the driver's, under "The above exception was the direct cause of the following exception".
 """
 
 from __future__ import annotations
@@ -10,10 +16,26 @@ from __future__ import annotations
 from typing import Any
 
 
-def _rebuild(cls: type[MpxError], message: str, state: dict[str, Any]) -> MpxError:
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in another process, as text: the
+    ``__cause__`` of the error that stands for it here (never raised itself). Its ``str``
+    is the traceback between triple quotes, as CPython's ``concurrent.futures.process``
+    shows a worker's; ``tb`` is the traceback as it was formatted there."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.tb.rstrip()}\n"""'
+
+
+def _rebuild(cls: type[MpxError], message: str, state: dict[str, Any],
+             cause: RemoteTraceback | None = None) -> MpxError:
     err = cls.__new__(cls)
     Exception.__init__(err, message)
     err.__dict__.update(state)
+    err.__cause__ = cause
     return err
 
 
@@ -21,10 +43,15 @@ class MpxError(Exception):
     """Base class of every error mpx raises on purpose.
 
     Every mpx error pickles with its message and attributes (an engine forwards a worker's
-    error to another process), whatever its constructor takes.
+    error to another process), whatever its constructor takes, and with its remote
+    traceback (``__cause__``) when it has one; another cause stays behind, as a pickled
+    builtin exception's does.
     """
 
     def __reduce__(self) -> tuple:
+        cause = self.__cause__
+        if isinstance(cause, RemoteTraceback):
+            return (_rebuild, (type(self), str(self), dict(self.__dict__), cause))
         return (_rebuild, (type(self), str(self), dict(self.__dict__)))
 
 
@@ -100,7 +127,9 @@ class RPCError(MpxError, RuntimeError):
     """A worker method raised (or its call or result could not be (un)pickled).
 
     ``ranks``: the ranks that failed; ``exc_type``: the remote exception's type name;
-    ``exc_message``: its message; ``remote_traceback``: the remote traceback as text.
+    ``exc_message``: its message; ``remote_traceback``: the remote traceback (of the first
+    rank) as text, shown by ``str()`` and, when there is one, the ``__cause__`` (a
+    :class:`RemoteTraceback`).
     """
 
     def __init__(self, ranks: list[int], exc_type: str, exc_message: str,
@@ -114,6 +143,7 @@ class RPCError(MpxError, RuntimeError):
         text = f"{where}failed on rank(s) {self.ranks}: {exc_type}: {exc_message}"
         if remote_traceback:
             text += f"\n\nRemote traceback (rank {self.ranks[0]}):\n{remote_traceback.rstrip()}"
+            self.__cause__ = RemoteTraceback(remote_traceback)
         super().__init__(text)
 
 
@@ -183,7 +213,8 @@ class NodeLostError(ExecutorFailed):
 class WorkerStartupError(MpxError, RuntimeError):
     """A worker failed to start: its ``__init__`` raised, it died, or it never became ready.
     ``ranks``: the ranks at fault; for one worker, its ``pid`` and, when it died, its
-    ``exitcode`` (negative: -signal)."""
+    ``exitcode`` (negative: -signal). ``remote_traceback``: what ``__init__`` raised, as
+    text, and then the ``__cause__`` too (a :class:`RemoteTraceback`)."""
 
     def __init__(self, message: str, ranks: list[int] | None = None,
                  remote_traceback: str = "", *, pid: int | None = None,
@@ -191,6 +222,8 @@ class WorkerStartupError(MpxError, RuntimeError):
         super().__init__(message)
         self.ranks = list(ranks or [])
         self.remote_traceback = remote_traceback
+        if remote_traceback:
+            self.__cause__ = RemoteTraceback(remote_traceback)
         self.pid = pid
         self.exitcode = exitcode
 

@@ -470,6 +470,7 @@ def _samples() -> list[BaseException]:
         errors.SharedTensorGoneError("gone", name="mpx-x"),
         errors.WorkerRestartError("no restart", [1], "Traceback ...", pid=43, exitcode=1),
         errors.ResizeError("in flight"),
+        errors.RemoteTraceback("Traceback ..."),  # (never raised: a remote error's cause)
     ]
 
 

@@ -9,14 +9,15 @@ REGROUP message (the driver re-formed the group: a rank restarted, a resize) mov
 to another broadcast queue, or ends it, as STOP does, when the rank is past the new size.
 
 What a call raises: an error of that call alone (an RPCError in the driver, with the
-exception's type name, message and remote traceback), and the worker serves the next
-call; this holds for any exception, ``BaseException`` subclasses included
-(``asyncio.CancelledError`` from ``asyncio.run`` of a cancelled task, ``GeneratorExit``, a
-user's own), whether the method, its result's ``get_output()`` or the pickling of its
-result raised it. The exceptions that ask a process to stop, ``SystemExit`` and
-``KeyboardInterrupt`` (:data:`~mpx._worker.output.ENDS_THE_WORKER`, asyncio's rule for its
-callbacks), end the worker instead: a method that calls ``sys.exit(3)`` exits with code 3,
-and the driver reports the death (``WorkerDiedError``, "exit code 3").
+exception's type name, message and traceback: :func:`mpx.protocol.wire.error_payload`;
+the traceback is its ``__cause__`` too), and the worker serves the next call; this holds
+for any exception, ``BaseException`` subclasses included (``asyncio.CancelledError`` from
+``asyncio.run`` of a cancelled task, ``GeneratorExit``, a user's own), whether the
+method, its result's ``get_output()`` or the pickling of its result raised it. The
+exceptions that ask a process to stop, ``SystemExit`` and ``KeyboardInterrupt``
+(:data:`~mpx._worker.output.ENDS_THE_WORKER`, asyncio's rule for its callbacks), end the
+worker instead: a method that calls ``sys.exit(3)`` exits with code 3, and the driver
+reports the death (``WorkerDiedError``, "exit code 3").
 
 Signals: the driver decides when its workers stop. A worker leads a process group of its
 own, so what is sent to the driver's group (Ctrl-C in a terminal, ``kill -TERM -PGID``)
