@@ -1,9 +1,11 @@
 """The memory layout of a ring segment, shared by the Cython ring and its pure-Python twin.
 
 The Cython ring takes its numbers from ``mpx/_ring_layout.pxi``; this module carries the
-same names and values for Python (a test checks that they agree).
+same names and values for Python, the pure twin (``mpx/_ring_py.py``) and the shm end
+(``mpx/transport/shm.py``) among its readers; tests/test_ring.py checks that they agree.
 
-A segment is a header, one 64-byte block per reader, then ``max_chunks`` slots. Every
+A segment is a header, one 64-byte block per reader, then ``max_chunks`` slots from
+``slots_offset`` (the first multiple of ``SLOTS_ALIGN``, 4096, after the blocks). Every
 word that more than one process writes sits on its own 64-byte cache line. All integers
 are little-endian; u64 words are 8-byte aligned, u32 words 4-byte aligned.
 
@@ -20,7 +22,8 @@ Header (offsets in bytes)::
     196 writer_parked u32  200 space_woken_ns u64: when a reader last woke it
     256 reader blocks, 64 bytes each:
         +0 read_seq u64 (slots this reader consumed) +8 pid u64 +16 attached u32
-        +20 closed u32  +24 parked u32
+        +20 closed u32  +24 parked u32  +28 released u32 (set by the writer: the
+        reader's process is gone, it holds nothing up)
 
 Slot ``seq`` lives at ``slots_offset + (seq % max_chunks) * slot_stride``: a 64-byte slot
 header (+0 length u64, +8 flags u32, +12 kind u32, +16 total u64) and the payload at +64.
@@ -88,7 +91,7 @@ S_CLOSED = 2
 # travel in 16 bits over ZeroMQ
 KIND_AS_BYTES = 0x8000
 
-# wait results returned by the rings' reads and writes
+# wait results returned by the rings' reads and writes, and by the shm end's calls
 OK = 0
 TIMEOUT = 1
 INTERRUPTED = 2
@@ -97,6 +100,7 @@ SHUTDOWN = 4       # the writer called shutdown() and nothing unread remains
 SLICE = 5          # a reader's slice of `slice_ns` ended (or a signal came); call again to resume
 NUDGED = 6         # a reader's wait was ended by nudge() (nothing consumed); call again to resume
 NO_MEMORY = 7      # a reader skipped a message it could not allocate (`skipped_bytes`: its size)
+CLOSED = 8         # the shm end's call after its close() (transport/shm_end.py), not the ring's
 
 _HEAD = struct.Struct("<QIIQQQQQQ")
 

@@ -1,7 +1,9 @@
 """Named POSIX shared-memory segments: create (0600, size-checked), attach, unlink, reap.
 
-Every name mpx creates is ``/mpx-<creator pid>-<random>``, so a later process can tell
-which segments a dead creator left behind.
+The rings' segments (``mpx/transport/shm.py``) and the tensors of ``mpx.share``
+(``mpx/protocol/sharing.py``) are made here. Every name mpx creates is
+``/mpx-<creator pid>-<random>``, so a later process can tell which segments a dead creator
+left behind (``reap_stale``: every new ring, ``python -m mpx cleanup``).
 """
 
 from __future__ import annotations

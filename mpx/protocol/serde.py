@@ -2,21 +2,21 @@
 
 A small tuple of scalars (most calls and replies: ``(CALL, seq, "method", (1, 2.0),
 None, None)``, ``(seq, OK, None)``) is a ``K_SMALL`` message in a codec of its own
-(``mpx.mechanism.codec.small_encode``): tags and values, no pickle (where the codec is compiled:
-``SMALL_TUPLES``). Anything else is pickle protocol 5 with out-of-band buffers, so numpy
-arrays, CPU tensors and large ``bytes``, ``bytearray`` and ``memoryview`` objects
-(``OOB_MIN_BYTES`` and up), wherever they sit in the object, are copied straight from
-their memory into ring slots. The pickle itself is not joined either: the message is the
+(``mpx.mechanism.codec.small_encode``): tags and values, no pickle (where the codec is
+compiled: ``SMALL_TUPLES``). Anything else is pickle protocol 5 with out-of-band buffers,
+so numpy arrays, CPU tensors and large ``bytes``, ``bytearray`` and ``memoryview``
+objects (``OOB_MIN_BYTES`` and up), wherever they sit in the object, are copied straight
+from their memory into ring slots. The pickle itself is not joined either: the message is the
 pickler's chunks as they came. Callables that plain pickle refuses (lambdas, local
 functions) go through cloudpickle. A K_PICKLE_OOB message is a prelude (the buffers'
 lengths and what each becomes), the pickle and the buffers, 64-byte aligned
-(``mpx/mechanism/codec.py`` frames it). Decoded objects own their memory: buffers are views of a
-bytearray the reader allocated, or copies.
+(``mpx/mechanism/codec.py`` frames it). Decoded objects own their memory: buffers are views
+of a bytearray the reader allocated, or copies.
 
 This module is the policy: what goes out of band, the picklers (dispatch tables, the
 tensor and memoryview reducers, cloudpickle), the message kinds and the errors. The
-mechanism is ``mpx.mechanism.codec`` (compiled where a compiler is), which gets the settings as
-constructor arguments: ``configure`` rebuilds it with others.
+mechanism is ``mpx.mechanism.codec`` (compiled where a compiler is), which gets the
+settings as constructor arguments: ``configure`` rebuilds it with others.
 
 Tensors (``torch.Tensor`` and ``nn.Parameter``, dense, strided):
 

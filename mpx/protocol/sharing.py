@@ -1,16 +1,19 @@
 """Tensors sent by reference: ``share(tensor)`` and what serde needs to pickle such tensors.
 
 ``share`` copies a CPU tensor once into a named POSIX shared-memory segment of its own
-(``mpx/mechanism/segments.py``: mode 0600, the name carries the creator's pid) and returns a tensor backed
-by it. serde pickles a tensor that lives in such a segment, or any view of one, as the
-segment's name, a byte offset, dtype, shape and strides; the receiver maps the same memory,
-so writes on either side are visible to both and the view keeps its strides.
+(``mpx/mechanism/segments.py``: mode 0600, the name carries the creator's pid) and returns
+a tensor backed by it. serde (``mpx/protocol/serde.py``, with ``local_only``) pickles a
+tensor that lives in such a segment, or any view of one, as the segment's name, a byte
+offset, dtype, shape and strides (:func:`reference`, :func:`rebuild`); the receiver maps
+the same memory, so writes on either side are visible to both and the view keeps its
+strides.
 
 Lifetime: the creator unlinks the name when the last tensor using the segment is garbage
 collected, or when it exits (normally, or as a multiprocessing child). Mappings outlive
 the name, so receivers that already unpickled keep working; one that unpickles after the
 unlink gets ``SharedTensorGoneError``. A creator killed by a signal leaves its segments
-behind until ``segments.reap_stale()`` (every new queue, ``python -m mpx cleanup``) removes them.
+behind until ``segments.reap_stale()`` (every new shared-memory queue, ``python -m mpx
+cleanup``) removes them.
 """
 
 from __future__ import annotations

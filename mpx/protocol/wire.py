@@ -1,16 +1,21 @@
 """Every message that crosses a process boundary, defined once.
 
-The driver, the worker process and the follower node all import this module; none of them
-imports another's. Three channels:
+The driver (``mpx._driver``), the workers (``mpx._worker``), the follower nodes
+(``mpx._node``) and ``python -m mpx launch`` (``mpx._cli.launch``) all import this module,
+so that each knows what the others send without importing their code. Four channels:
 
-- **Calls and replies** (the hot path, plain tuples: they pickle fastest). The driver
-  broadcasts ``call(...)`` and ``stop(...)`` to every worker; each worker answers every call
-  exactly once, in order, with a reply ``(seq, status, payload)``. A STALL report from the
-  worker's watchdog may come before a call's real reply.
-- **The ready handshake**: the process that starts a worker gives it a :class:`WorkerSpec`;
-  the worker answers over its ready pipe with :class:`Ready` or :class:`StartupFailed`.
+- **Calls and replies** (the hot path, plain tuples: one of scalars only travels as a
+  small message, no pickle, where the codec is compiled: ``mpx/protocol/serde.py``). The
+  driver broadcasts ``call(...)``, ``regroup(...)`` (the group was re-formed) and
+  ``stop(...)`` to every worker; each worker answers every call exactly once, in order,
+  with a reply ``(seq, status, payload)``: OK with the result, or ERR with
+  :func:`error_payload` of what the call raised. A STALL report from the worker's watchdog
+  may come before a call's real reply.
+- **The ready handshake**: the process that starts a worker gives it a :class:`WorkerSpec`
+  (its :class:`WorkerContext` inside); the worker answers over its ready pipe with
+  :class:`Ready` or :class:`StartupFailed`.
 - **Node control** between the leader (the driver's node) and each follower node, sealed
-  with the group's key: ``Hello`` ... ``Stop`` below.
+  with the group's key (``mpx/_node/control.py``): ``Hello`` ... ``StopNode`` below.
 - **Launch control** between ``python -m mpx launch`` on node 0 and on every other node,
   sealed the same way: ``LaunchHello``, ``LaunchBeat``, ``JobDone``.
 """
@@ -63,7 +68,11 @@ def regroup(seq: int, handle: Any, world_size: int) -> tuple:
 
 
 def error_payload(exc: BaseException) -> tuple[str, str, str]:
-    """(type name, message, traceback text) of ``exc``, as an ERR reply carries it."""
+    """(type name, message, traceback text) of ``exc``, as an ERR reply (and a
+    StartupFailed) carries it. The driver raises an RPCError (a WorkerStartupError) made
+    of them, whose ``__cause__`` is the traceback (``mpx.errors.RemoteTraceback``): the
+    worker's frames print above the driver's. The exception itself never travels, so its
+    type need not be importable, or its pickle loadable, in the driver."""
     return type(exc).__qualname__, str(exc), "".join(
         traceback.format_exception(type(exc), exc, exc.__traceback__))
 
