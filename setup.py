@@ -58,7 +58,8 @@ def _extension(name: str, source: str) -> Extension:
 # _ring cimports _codec: both are built, or (without a compiler) neither is used (mpx/mechanism/codec.py
 # then runs as plain Python).
 extensions = [_extension("mpx.mechanism.codec", "mpx/mechanism/codec.py"), _extension("mpx._ring", "mpx/_ring.pyx"),
-              _extension("mpx._driver.future_core", "mpx/_driver/future_core.py")]
+              _extension("mpx._driver.future_core", "mpx/_driver/future_core.py"),
+              _extension("mpx.mechanism.waiting", "mpx/mechanism/waiting.py")]
 
 setup(
     ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),

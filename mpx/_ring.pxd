@@ -1,6 +1,7 @@
 # C-level declarations of the shared-memory ring (layout: mpx/_ring_layout.pxi).
 from libc.stdint cimport uint32_t, uint64_t, int64_t
 from cpython.buffer cimport Py_buffer
+from mpx.mechanism.waiting cimport AdaptiveWait
 
 cdef extern from "_ring_sync.h" nogil:
     uint64_t mpx_load64(const uint64_t* p)
@@ -24,7 +25,7 @@ cdef extern from "_ring_sync.h" nogil:
     int mpx_take_flag(int* p)
 
 
-cdef class _RingEnd:
+cdef class _RingEnd(AdaptiveWait):    # (the wait policy's fields and steps: mpx/mechanism/waiting)
     cdef Py_buffer pybuf
     cdef bint has_buf
     cdef char* base
@@ -37,17 +38,6 @@ cdef class _RingEnd:
     cdef int interrupted             # set by interrupt(): sticky
     cdef int nudged                  # set by nudge(): taken by the wait it ends
     cdef bint resting                # its last wait ran out its slice: the next parks at once
-    cdef int64_t spin_ns
-    cdef int64_t yield_ns            # the most its yield phase lasts (Config.yield_us)
-    cdef readonly int64_t yield_budget_ns  # how long it lasts now: adapts in [0, yield_ns]
-    cdef readonly int64_t yield_cost_ns    # how long one yield takes (running mean)
-    cdef readonly int64_t wake_cost_ns     # from the peer's wake to this end running (mean)
-    cdef readonly bint parks_first   # yielding costs more than a wake: it parks at once
-    cdef readonly int park_waits     # how many waits parks_first lasts
-    cdef int parked_waits            # while parks_first: the waits since it began
-    cdef bint probing                # parks_first just ended: this window judges again
-    cdef int window_n                # the waits a yield ended in this window so far
-    cdef int64_t window_lost_ns      # how much later than a wake those yields found it
     cdef int64_t poll_ns
     cdef int* pidfds                 # writer: one per reader; reader: [writer]
     cdef int n_pidfds
@@ -60,8 +50,6 @@ cdef class _RingEnd:
     cdef int _map(self, buf, int64_t spin_ns, int64_t yield_ns, int64_t poll_ns,
                   bint writer) except -1
     cdef inline uint64_t* _u64(self, size_t off) noexcept nogil
-    cdef void _adapt(self, int64_t waited, bint found) noexcept nogil
-    cdef void _judge(self, int64_t late) noexcept nogil
     cdef inline uint32_t* _u32(self, size_t off) noexcept nogil
     cdef inline char* _slot(self, uint64_t seq) noexcept nogil
     cdef inline int _live(self) except -1

@@ -20,6 +20,7 @@ from libc.string cimport memcpy
 from libc.stdlib cimport malloc, free
 from libc.stdint cimport uint32_t, uint64_t, int64_t
 from posix.unistd cimport getpid
+from mpx.mechanism.waiting cimport adapt, judge, skips_yield, woke, yielded
 
 from mpx.mechanism.codec cimport owned_buffer
 
@@ -32,22 +33,9 @@ include "_ring_layout.pxi"
 cdef enum:
     # Copies at least this big run without the GIL; below it the release costs more than it gives.
     NOGIL_COPY = 65536
-    # Pause instructions between two looks at the ring while spinning.
+    # Pause instructions between two looks at the ring while spinning (the wait policy's
+    # constants are mpx/mechanism/waiting.py's).
     SPIN_BATCH = 64
-    # the least a yield budget grows by when it was too short (from 0: 20, 60, 140... us)
-    YIELD_STEP_NS = 20000
-    # what a park's wake is taken to cost until one is measured: a futex wake on a VM
-    WAKE_COST_PRIOR_NS = 50000
-    # whether yielding pays is judged over this many waits that a yield ended: it does not
-    # once they lost more to late yields than parking would cost them (a wake each)
-    COST_WINDOW = 32
-    # an end that found yielding does not pay parks at once for this many waits, twice as
-    # many each time the next window finds the same (at most PARK_WAITS_MAX), then yields
-    # again for a window
-    PARK_WAITS_MIN = 256
-    PARK_WAITS_MAX = 16384
-    # the costs' running means move by 1/COST_WEIGHT of each sample
-    COST_WEIGHT = 8
     # _terminal(): no reason to stop waiting
     NOT_TERMINAL = -1
     # _wait(): a Python signal handler raised while parked; the exception propagates
@@ -92,30 +80,13 @@ cdef class _RingEnd:
     call ``sched_yield`` for the yield budget, then park on a futex, waking every
     ``poll_ns`` to check that the peer is alive.
 
-    The yield budget adapts to what yielding buys this end (``_adapt``): it starts at
-    ``yield_ns``; a wait that outlasts ``spin_ns + yield_ns`` (yielding could not have
-    found it: a step longer than the window, a host too busy to answer soon) halves it, so
-    that an end whose waits are long parks at once instead of taking a core from the
-    process that would answer; a wait that parked but a full yield phase would have
-    ended doubles it (plus YIELD_STEP_NS), back to ``yield_ns``.
-
-    Whether to spin and yield at all adapts to the host (``_judge``). A yield returns at
-    once when nothing else wants the core, and after another task's whole time slice (ms)
-    when the host is crowded: a waiter that is still runnable then sees its message up to a
-    slice late, while a parked one is woken, and scheduled, at once. So a reader measures
-    both: ``wake_cost_ns``, from the writer's wake (stamped in the segment) to the reader
-    running after a park, a running mean (WAKE_COST_PRIOR_NS until measured), and, when a
-    yield finds a message, how late that is after the writer published (stamped too). A
-    yield that returns late because the core ran the peer's own work on the message is not
-    late. When the waits that a yield ended lose more to lateness beyond a wake's, within
-    COST_WINDOW of them, than a wake each would cost (one time slice late is enough), the
-    reader ``parks_first``: its next ``park_waits`` waits skip the spin and the yield phase;
-    then it yields again for a window, which tells whether the host is still crowded: if it
-    is, ``park_waits`` doubles (PARK_WAITS_MIN to PARK_WAITS_MAX), so that a host that stays
-    crowded pays for knowing ever more rarely; a window without that resets it. On a quiet
-    host a yield finds a message within microseconds, against tens for a wake on a VM, and
-    nothing changes. ``yield_cost_ns`` (one yield's duration, a running mean) is shown for
-    diagnosis. A writer waiting for room keeps the fixed policy.
+    How long it yields, and whether it spins and yields at all, is the adaptive wait policy
+    of mpx/mechanism/waiting.py (its fields, ``yield_budget_ns``, ``parks_first``... are
+    this end's, inherited from ``AdaptiveWait``; its steps are called here without the
+    GIL). A reader judges the host by how late after the writer published (stamped in the
+    segment) a yield found a message, and measures a wake's cost from the writer's wake
+    (stamped too) to its running after a park. A writer waiting for room keeps the fixed
+    policy.
     """
 
     def __cinit__(self):
@@ -149,16 +120,7 @@ cdef class _RingEnd:
         if <uint64_t>self.pybuf.len < slots_off + self.stride * self.n_chunks:
             raise ValueError("ring buffer is smaller than its header's geometry")
         self.slots = self.base + slots_off
-        self.spin_ns = spin_ns
-        self.yield_ns = yield_ns
-        self.yield_budget_ns = yield_ns
-        self.yield_cost_ns = 0
-        self.wake_cost_ns = WAKE_COST_PRIOR_NS
-        self.parks_first = False
-        self.park_waits = PARK_WAITS_MIN
-        self.probing = False
-        self.window_n = self.parked_waits = 0
-        self.window_lost_ns = 0
+        self._init_waiting(spin_ns, yield_ns)
         self.poll_ns = poll_ns
         self.interrupted = 0
         self.nudged = 0
@@ -233,13 +195,8 @@ cdef class _RingEnd:
         if self.resting:
             self.resting = False
             skip = True
-        elif self.parks_first:
-            self.parked_waits += 1
-            if self.parked_waits <= self.park_waits:
-                skip = True
-            else:  # (a window of yielding again tells whether the host is still crowded)
-                self.parks_first = False
-                self.probing = True
+        else:
+            skip = skips_yield(self)
         while True:
             while not skip and now - t0 < self.spin_ns:
                 for k in range(SPIN_BATCH):
@@ -253,10 +210,10 @@ cdef class _RingEnd:
                 mpx_yield()
                 took = mpx_now_ns() - now
                 now += took
-                self.yield_cost_ns += (took - self.yield_cost_ns) // COST_WEIGHT
+                yielded(self, took)
                 if self._ready():
                     if self.published_ns != NULL:
-                        self._judge(now - <int64_t>mpx_load64(self.published_ns))
+                        judge(self, now - <int64_t>mpx_load64(self.published_ns))
                     return OK
                 if mpx_get_flag(&self.interrupted):
                     return INTERRUPTED
@@ -268,42 +225,11 @@ cdef class _RingEnd:
                     return SLICE
             st = self._park(deadline, slice_end)
             if st != WOKEN:
-                self._adapt(mpx_now_ns() - start, st == OK)
+                adapt(self, mpx_now_ns() - start, st == OK)
                 return st
             now = mpx_now_ns()
             t0 = now
             skip = self.parks_first  # (a wake ahead of the message: it is near)
-
-    cdef void _judge(self, int64_t late) noexcept nogil:
-        """Count a wait that a yield ended ``late`` ns after the message was published: if
-        the window's waits lost more to lateness beyond a wake's than a wake each would
-        cost, this end parks at once (see the class docstring)."""
-        cdef bint crowded
-        self.window_n += 1
-        if late > self.wake_cost_ns:
-            self.window_lost_ns += late - self.wake_cost_ns
-        crowded = self.window_lost_ns > COST_WINDOW * self.wake_cost_ns
-        if not crowded and self.window_n < COST_WINDOW:
-            return
-        if crowded:
-            if self.probing:  # (the window after parking first: the host is still crowded)
-                self.park_waits = min(2 * self.park_waits, PARK_WAITS_MAX)
-            self.parks_first = True
-            self.parked_waits = 0
-        else:
-            self.park_waits = PARK_WAITS_MIN
-        self.probing = False
-        self.window_n = 0
-        self.window_lost_ns = 0
-
-    cdef void _adapt(self, int64_t waited, bint found) noexcept nogil:
-        """After a wait that parked, ``waited`` ns in all, ``found``: whether it ended with
-        what it waited for: set the yield budget by what a full yield phase would have
-        bought (see the class docstring)."""
-        if waited > self.spin_ns + self.yield_ns:
-            self.yield_budget_ns //= 2
-        elif found:
-            self.yield_budget_ns = min(self.yield_ns, 2 * self.yield_budget_ns + YIELD_STEP_NS)
 
     cdef int _not_waiting(self) noexcept nogil:
         """Why a wait whose deadline has passed stops at once: _terminal(), or TIMEOUT."""
@@ -350,8 +276,7 @@ cdef class _RingEnd:
             if self._ready():
                 woken = mpx_load64(self.woken_ns)
                 if woken >= <uint64_t>now:  # (the peer woke this park: what did it cost?)
-                    self.wake_cost_ns += (mpx_now_ns() - <int64_t>woken - self.wake_cost_ns) \
-                        // COST_WEIGHT
+                    woke(self, mpx_now_ns() - <int64_t>woken)
                 return OK
             if mpx_take_flag(&self.nudged):
                 return NUDGED

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpx.mechanism import layout
-from mpx.mechanism.waiting import COST_WEIGHT, AdaptiveWait
+from mpx.mechanism.waiting import AdaptiveWait
 
 IMPLEMENTATION = "python"
 
@@ -110,7 +110,7 @@ class _RingEnd(AdaptiveWait):
             self.release()
             raise ValueError("ring buffer is smaller than its header's geometry")
         self.poll_ns = poll_ns
-        self._init_waiting(spin_ns, yield_ns)  # (see mpx._ring._RingEnd)
+        self._init_waiting(spin_ns, yield_ns)  # (mpx.mechanism.waiting)
         self._interrupted = False
         self._nudged = False  # set by nudge(); taken (under the GIL) by the wait it ends
         self._resting = False
@@ -266,8 +266,7 @@ class _RingEnd(AdaptiveWait):
             if self._ready():
                 woken = self._w64(self._woken)
                 if woken >= now:  # (the peer woke this park: what did it cost?)
-                    self.wake_cost_ns += int(
-                        (time.monotonic_ns() - woken - self.wake_cost_ns) / COST_WEIGHT)
+                    self._woke(time.monotonic_ns() - woken)
                 return layout.OK
             if self._take_nudge():
                 return layout.NUDGED
