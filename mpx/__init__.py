@@ -49,7 +49,7 @@ next (another caller, the ``mpx-reply-reader`` thread) completes it. Awaited in 
 loop, the loop's own thread reads the replies while it holds the read lease, and the future
 wakes its task through ``call_soon_threadsafe`` only when another thread completed it
 (mpx/_driver/futures.py, future_core's waiters). Remote workers are the same path with the
-zmq end (transport/zmq.py) in place of the shm end.
+zmq end (transport/zmq_writer.py, zmq_reader.py) in place of the shm end.
 
 Layers, bottom up (each imports only from its own layer and those below; this list holds
 every file and package of mpx/, and tests/test_layers.py holds the tree and every import,

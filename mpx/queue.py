@@ -45,7 +45,8 @@ from mpx.protocol import serde
 from mpx.transport import shm as shm_transport
 from mpx.transport.base import Handle, Reader, Writer
 from mpx.transport.shm import ShmWriter
-from mpx.transport.zmq import ZmqReader, ZmqWriter
+from mpx.transport.zmq_reader import ZmqReader
+from mpx.transport.zmq_writer import ZmqWriter
 
 logger = logging.getLogger("mpx")
 

@@ -39,7 +39,7 @@ def _sources() -> list[pathlib.Path]:
 
 def test_the_scan_covers_the_package():
     names = {p.relative_to(ROOT).as_posix() for p in _sources()}
-    assert {"_ring.pyx", "_ring.pxd", "_ring_sync.h", "_ring_py.py", "transport/zmq.py",
+    assert {"_ring.pyx", "_ring.pxd", "_ring_sync.h", "_ring_py.py", "transport/zmq_reader.py",
             "transport/shm.py", "_driver/stats_server.py", "_cli/top.py"} <= names
 
 

@@ -20,7 +20,7 @@ from _env import START_METHOD
 
 import mpx
 from mpx import auth
-from mpx.transport import zmq as zt
+from mpx.transport.zmq_framing import HEADER, MAGIC, VERSION
 
 KEY = "test-key-" + "x" * 20
 
@@ -297,14 +297,12 @@ def test_forged_altered_and_replayed_messages_are_dropped(cfg):
             from mpx.protocol.serde import K_PICKLE
             body = pickle.dumps("evil")
             key = KEY.encode()
-            good_header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_PICKLE, reader.token, 1, 0,
-                                          1, len(body))
+            good_header = HEADER.pack(MAGIC, VERSION, K_PICKLE, reader.token, 1, 0, 1, len(body))
             forged = auth.seal(b"wrong key", good_header, [body])
             altered = bytearray(auth.seal(key, good_header, [body]))
             altered[-40] ^= 1
             truncated = auth.seal(key, good_header, [body])[:-1]
-            old_header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_PICKLE, reader.token, 0, 0,
-                                         1, len(body))
+            old_header = HEADER.pack(MAGIC, VERSION, K_PICKLE, reader.token, 0, 0, 1, len(body))
             replay = auth.seal(key, old_header, [body])  # the sequence number of "first"
             for frames in ([forged], [altered], [truncated], [replay], [b"garbage"],
                            [os.urandom(40), os.urandom(32)]):
@@ -360,8 +358,8 @@ def test_a_stream_of_forged_frames_holds_no_reader_past_its_deadline(cfg):
 
 def _chunk(key, token, seq, index, count, total, data, kind=None):
     from mpx.protocol.serde import K_BYTES
-    header = zt._HEADER.pack(zt.MAGIC, zt.VERSION, K_BYTES if kind is None else kind, token,
-                             seq, index, count, total)
+    header = HEADER.pack(MAGIC, VERSION, K_BYTES if kind is None else kind, token,
+                         seq, index, count, total)
     return auth.seal(key, header, [data])
 
 

@@ -13,7 +13,7 @@ import _workers
 import psutil
 
 import mpx
-from mpx.transport.zmq import ZmqReader
+from mpx.transport.zmq_reader import ZmqReader
 
 KEY = "test-key-" + "w" * 20
 

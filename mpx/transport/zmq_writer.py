@@ -1,0 +1,261 @@
+"""The writer end of the ZeroMQ transport: a ROUTER socket that sends each message, as
+sealed chunks (``zmq_framing``), to every remote reader's DEALER over TCP.
+
+The remote transport, module by module: ``zmq_framing`` (the frames and their HMAC),
+``zmq_admission`` (who may connect; the readers' HELLO), ``zmq_context`` (the context a
+process's ends share; fork), ``zmq_drops`` (what was thrown away), this writer, and the
+reader: ``zmq_reader`` (receiving and waiting) with ``zmq_reassembly`` (chunks into
+messages). With ``Config.curve`` the traffic is also encrypted (CURVE; the writer's public
+key travels in the handle; authentication stays with the HMAC).
+
+High-water marks never drop a call: the writer sends with ROUTER_MANDATORY, so a full
+pipe to a slow reader makes it wait (until its deadline, then QueueTimeout naming the rank)
+and a reader that disconnected makes it raise PeerDiedError. A message the writer gave up
+on part way is discarded by the readers that got its start.
+
+What a writer has written reaches its readers even when its process exits next: close()
+waits (up to ``Config.heartbeat_s``) until libzmq has handed it all to the kernel, which
+sends it after the process is gone (``_flush``: terminating a context, libzmq's own wait,
+needs every socket in it closed, and the others of the process may still be in use).
+
+Concurrency: write(), missing_readers(), release_reader() and close() hold the writer's lock
+(``Endpoint._lock``): the sockets and the Admission see one of them at a time. wait_ready()
+called on its own (the queue's wait_until_ready) takes the readers' HELLOs without it; a
+write that finds readers missing waits for them under the lock. shutdown() only sets
+``_shut``, which a send waiting for room and wait_ready() look at between tries.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import zmq
+
+from mpx import _addresses
+from mpx.auth import Signer
+from mpx.config import Config
+from mpx.errors import Cancelled, PeerDiedError, QueueTimeout
+from mpx.transport.base import Writer
+from mpx.transport.zmq_admission import Admission, guard
+from mpx.transport.zmq_context import CONTEXTS, POLL_MS, configure, inherited
+from mpx.transport.zmq_drops import DropLog
+from mpx.transport.zmq_framing import HEADER, MAGIC, VERSION, split
+
+logger = logging.getLogger("mpx")
+
+# A writer reads (and drops) what came every this many messages (a look costs ~3 us).
+_READ_EVERY = 64
+# How long a writer sleeps between tries while a reader's pipe is full.
+_BACKOFF_S = 0.0005
+# A frame smaller than this is sent by copy, as two plain sends with int flags (pyzmq's
+# send_multipart with copy=False costs ~6 us more per message, for a Frame object and
+# its flags' enum arithmetic); larger ones without a copy.
+_COPY_MAX = 64 << 10
+# The end of a writer's stream (_flush): padding that makes the frame larger than
+# libzmq's batch (8 KiB) and pyzmq's copy threshold (64 KiB, below which it is not tracked)
+_END_PAD = bytes(64 << 10)
+_NOBLOCK, _MORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
+
+
+class ZmqWriter(Writer):
+    """The writer end for the remote ``ranks``: binds a ROUTER on ``host``, ephemeral port.
+
+    ``need``: how many distinct readers of ``ranks`` make the queue ready (default: all of
+    them). A vLLM-style queue whose writer's own group rank is unknown accepts any
+    ``need`` of ``n + 1`` candidate ranks; messages go to the readers that connected.
+    """
+
+    def __init__(self, ranks: list[int], config: Config, host: str,
+                 need: int | None = None) -> None:
+        if not config.auth_key and not config.allow_insecure:
+            raise ValueError("remote readers need an authentication key: set Config.auth_key "
+                             "(MPX_AUTH_KEY) on every node, or MPX_ALLOW_INSECURE=1 to accept "
+                             "unauthenticated pickles over TCP (anyone who can reach the port "
+                             "can then run code in your processes)")
+        if not config.auth_key:
+            logger.warning("MPX_ALLOW_INSECURE=1: remote queue traffic is not "
+                           "authenticated; anyone who can reach %s can run code here", host)
+        super().__init__(config)
+        self._signer = Signer(config.auth_key.encode())
+        self.token = secrets.randbits(63)
+        self._ctx, self._ctx_pid = CONTEXTS.take(writer=True), os.getpid()
+        try:
+            self._open(config, host)
+            self.drops = DropLog(f"queue writer {self.endpoint}")
+            self._admission = Admission(self._ctx, self._sock, ranks,
+                                        len(ranks) if need is None else need,
+                                        self._signer, self.token, self.drops)
+        except BaseException:
+            self._close_sockets()
+            raise
+        self._seq = 0
+
+    def _open(self, config: Config, host: str) -> None:
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        configure(self._sock, config)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        guard(self._sock)
+        self._curve_key: bytes | None = None
+        if config.curve:
+            if not zmq.has("curve"):
+                raise ValueError("Config.curve is set but this libzmq has no CURVE support")
+            self._curve_key, secret = zmq.curve_keypair()
+            self._sock.curve_secretkey = secret
+            self._sock.curve_server = True
+        self._sock.setsockopt(zmq.SNDHWM, config.max_chunks)
+        try:
+            port = self._sock.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError as e:
+            raise _addresses.bind_failed("Config.host, MPX_HOST", host, e) from None
+        self.endpoint = f"tcp://{host}:{port}"
+
+    def handle_info(self) -> dict[str, Any]:
+        return dict(endpoint=self.endpoint, token=self.token,
+                    zmq_ranks=tuple(self._admission.ranks), heartbeat_s=self.config.heartbeat_s,
+                    curve_server_key=self._curve_key)
+
+    def missing_readers(self) -> list[int]:
+        with self._lock:
+            self._admission.take(0)
+            return self._admission.missing()
+
+    def release_reader(self, rank: int) -> None:
+        with self._lock:
+            self._admission.release(rank)
+
+    def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
+        admission = self._admission
+        while not admission.ready():
+            if self._closed or self._shut:
+                raise Cancelled("wait_until_ready cancelled: the queue was shut down")
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("wait_until_ready cancelled by its cancel event")
+            if 0 <= deadline_ns <= time.monotonic_ns():
+                also = "" if admission.need == len(admission.ranks) else \
+                    f" ({admission.need} of ranks {admission.ranks} must connect)"
+                raise QueueTimeout(f"remote readers never connected: ranks "
+                                   f"{admission.missing()}{also}")
+            admission.take(POLL_MS)
+
+    def write(self, kind: int, pieces: Iterable, deadline_ns: int, total: int = -1) -> None:
+        with self._lock:
+            self._check_open()
+            admission = self._admission
+            if not admission.ready() or not self._seq % _READ_EVERY:
+                admission.take(0)
+                if not admission.ready():
+                    self.wait_ready(deadline_ns)
+            size = self.config.max_chunk_bytes
+            if total < 0:
+                pieces = tuple(pieces)
+                total = sum([memoryview(p).nbytes for p in pieces])
+                # (pieces that add up by construction: if they fit one chunk, they are it)
+                chunks: Iterable = (pieces,) if total <= size else split(pieces, size, total)
+            else:
+                chunks = split(pieces, size, total)
+            count = max(1, -(-total // size))
+            seal = self._signer.seal
+            try:
+                for index, chunk in enumerate(chunks):
+                    frame = seal(HEADER.pack(MAGIC, VERSION, kind, self.token, self._seq, index,
+                                             count, total), chunk)
+                    for rank in admission.peers:
+                        self._send(rank, frame, deadline_ns)
+            finally:
+                self._seq += 1  # also when given up part way: readers drop the partial message
+
+    def _send(self, rank: int, frame: bytes, deadline_ns: int, track: bool = False,
+              past_shutdown: bool = False) -> Any:
+        """Send ``frame`` to reader ``rank``, waiting for room until ``deadline_ns``; a frame
+        of ``_COPY_MAX`` bytes or more goes without a copy, and with ``track``, its tracker
+        is returned. Shutdown ends the wait (Cancelled), unless ``past_shutdown`` (close()'s
+        own _flush: close has shut the end down)."""
+        peer, sock = self._admission.peers[rank], self._sock
+        small = len(frame) < _COPY_MAX
+        credit_taken = False
+        while True:
+            try:
+                if small:
+                    # (a ROUTER checks the reader's pipe at the routing frame: once that is
+                    # taken, so is the rest)
+                    sock.send(peer, _MORE_NOBLOCK)
+                    sock.send(frame, _NOBLOCK)
+                else:
+                    return sock.send_multipart([peer, frame], zmq.NOBLOCK, copy=False,
+                                               track=track)
+                return None
+            except zmq.Again:
+                # That reader's pipe is full, or looks full: libzmq passes the credit for
+                # what the reader took to this socket as a command, which a send processes
+                # at most every ~1 ms (a burst of max_chunks small messages in less meets
+                # it). Taking the socket's commands (EVENTS) brings it in; else the reader
+                # is slow: wait for it.
+                if not credit_taken:
+                    sock.getsockopt(zmq.EVENTS)
+                    credit_taken = True
+                    continue
+            except zmq.ZMQError as e:
+                if e.errno == zmq.EHOSTUNREACH:
+                    raise PeerDiedError(f"remote reader rank {rank} disconnected (died, or its "
+                                        "link was cut)", role="reader", rank=rank) from None
+                raise
+            if self._shut and not past_shutdown:
+                raise Cancelled("enqueue cancelled: the queue was shut down")
+            if 0 <= deadline_ns <= time.monotonic_ns():
+                raise QueueTimeout(f"enqueue timed out: remote reader rank {rank} is not "
+                                   "taking messages")
+            time.sleep(_BACKOFF_S)
+            credit_taken = False
+
+    def _wake(self) -> None:
+        """Nothing to do: an enqueue waiting for a slow reader polls ``_shut`` (Cancelled);
+        the readers are not told (that is close())."""
+
+    def _release(self) -> None:
+        if inherited(self._ctx_pid):
+            return
+        # the messages still queued go out first: this process may exit next (a worker
+        # whose call ended it, right after its reply); a reader that takes nothing for
+        # heartbeat_s is lost, and what is queued for it with it
+        self._flush(time.monotonic_ns() + int(self.config.heartbeat_s * 1e9))
+        self._close_sockets()
+
+    def _flush(self, deadline_ns: int) -> None:
+        """Wait, until ``deadline_ns``, until what was written has left for every reader.
+        Two end-of-stream frames (a chunk count of 0: readers skip them) go last to each,
+        the second tracked: libzmq lets go of a frame when its engine takes the next one
+        (with CURVE, once it is encrypted), and it takes the second only after writing the
+        first, too large for one batch, to the connection, after all that came before. A
+        reader that disconnected is skipped; one whose pipe stays full ends the wait at the
+        deadline, as a context's linger would."""
+        frame = self._signer.seal(HEADER.pack(MAGIC, VERSION, 0, self.token, self._seq, 0, 0, 0),
+                                  (_END_PAD,))
+        trackers = []
+        for rank in list(self._admission.peers):
+            try:
+                self._send(rank, frame, deadline_ns, past_shutdown=True)
+                trackers.append(self._send(rank, frame, deadline_ns, track=True,
+                                           past_shutdown=True))
+            except PeerDiedError:
+                continue  # gone: nothing more reaches it
+            except QueueTimeout:
+                return
+        for tracker in trackers:
+            try:
+                tracker.wait(max((deadline_ns - time.monotonic_ns()) / 1e9, 0.0))
+            except zmq.NotDone:
+                return
+
+    def _close_sockets(self) -> None:
+        admission, sock = getattr(self, "_admission", None), getattr(self, "_sock", None)
+        if admission is not None:
+            admission.close()
+        if sock is not None:
+            sock.close(linger=0)  # (what was to leave has: _flush)
+        CONTEXTS.give_back(self._ctx, True)
