@@ -84,6 +84,22 @@ def make_room(has_room: Callable[[tuple], bool], parts: tuple, deadline_ns: int,
             return
 
 
+def _split(local: list[int], n_reader: int, transport: str) -> tuple[list[int], list[int], int]:
+    """(ranks over shared memory, ranks ZeroMQ accepts, how many of those must connect), for
+    a queue of ``n_reader`` readers whose ``local`` ranks are on this node.
+
+    Remote readers may use any rank in ``[0, n_reader]`` that is not local: vLLM numbers
+    readers by group rank and the writer's own rank, one of those, is not known here."""
+    n_remote = n_reader - len(local)
+    remote = [r for r in range(n_reader + 1) if r not in local] if n_remote else []
+    if transport == "shm" and remote:
+        raise ValueError(f"transport 'shm' serves one node only, but {n_remote} "
+                         "readers are remote; use 'auto' or 'zmq'")
+    if transport == "zmq":
+        return [], sorted(set(local) | set(remote)), n_reader
+    return list(local), remote, n_remote
+
+
 # Messages at least this large go to shared-memory and ZeroMQ readers at the same time; a
 # thread costs ~0.1 ms to start, well under the time such a message takes to send.
 _PARALLEL_MIN_BYTES = 4 << 20
@@ -234,29 +250,18 @@ class MessageQueue:
         base = config or Config.from_env()
         sizes: dict[str, Any] = {k: v for k, v in (("max_chunk_bytes", max_chunk_bytes),
                                                    ("max_chunks", max_chunks)) if v is not None}
-        self.config = dataclasses.replace(base, **sizes)
-        self.n_reader = n_reader
-        self.n_local_reader = n_local_reader
-        self.n_remote_reader = n_reader - n_local_reader
-        self.local_reader_ranks = tuple(ranks)
-        self.enable_shm_tensor_arena = bool(enable_shm_tensor_arena)
-        self.rank: int | None = None
-        self.local_reader_rank = -1
-        self.shutting_down = False
-        self._reader: Reader | None = None
-        self._implementation = ring_implementation()
-        self._closed = False
-        shm_ranks, zmq_ranks, zmq_need = self._split(ranks)
+        config = dataclasses.replace(base, **sizes)
+        shm_ranks, zmq_ranks, zmq_need = _split(ranks, n_reader, config.transport)
         shm_end: ShmWriter | None = None
         zmq_end: ZmqWriter | None = None
         try:
             if shm_ranks:
                 try:
-                    shm_end = shm_transport.open_writer(shm_ranks, self.config)
+                    shm_end = shm_transport.open_writer(shm_ranks, config)
                 except ShmError as e:
-                    if self.config.transport != "auto":
+                    if config.transport != "auto":
                         raise
-                    if not _zmq_usable(self.config):
+                    if not _zmq_usable(config):
                         raise ShmError(
                             f"{e}. (transport='auto' cannot fall back to ZeroMQ for the local "
                             "readers either: it needs Config.auth_key / MPX_AUTH_KEY)") from e
@@ -264,37 +269,44 @@ class MessageQueue:
                     zmq_ranks, shm_ranks = sorted(set(zmq_ranks) | set(shm_ranks)), []
                     zmq_need += n_local_reader
             if zmq_ranks:
-                zmq_end = ZmqWriter(zmq_ranks, self.config, connect_ip or self.config.host,
+                zmq_end = ZmqWriter(zmq_ranks, config, connect_ip or config.host,
                                     need=zmq_need)
         except BaseException:
             if shm_end is not None:
                 shm_end.close()
             raise
         ends: list[Writer] = [e for e in (shm_end, zmq_end) if e]
-        self._writer: Writer | _Broadcast | None = ends[0] if len(ends) == 1 else _Broadcast(ends)
-        # this queue's side, writer or reader: what waiting, shutdown and close act on
-        self._own_end: Writer | _Broadcast | Reader = self._writer
-        self._handle = Handle(layout.VERSION, n_reader, n_local_reader, tuple(ranks),
-                              shm_end.handle_info() if shm_end else None, connect_ip,
-                              zmq_end.handle_info() if zmq_end else None,
-                              self.config.max_chunk_bytes, self.config.max_chunks)
+        handle = Handle(layout.VERSION, n_reader, n_local_reader, tuple(ranks),
+                        shm_end.handle_info() if shm_end else None, connect_ip,
+                        zmq_end.handle_info() if zmq_end else None,
+                        config.max_chunk_bytes, config.max_chunks)
+        self._init_fields(config, handle, ends[0] if len(ends) == 1 else _Broadcast(ends),
+                          enable_shm_tensor_arena=bool(enable_shm_tensor_arena))
         logger.debug("queue for %d readers (shared memory: %s, zmq: %s), %s", n_reader,
-                     shm_ranks, zmq_ranks, self.config.describe())
+                     shm_ranks, zmq_ranks, config.describe())
 
-    def _split(self, local: list[int]) -> tuple[list[int], list[int], int]:
-        """(ranks over shared memory, ranks ZeroMQ accepts, how many of those must connect).
-
-        Remote readers may use any rank in ``[0, n_reader]`` that is not local: vLLM numbers
-        readers by group rank and the writer's own rank, one of those, is not known here."""
-        remote = [r for r in range(self.n_reader + 1) if r not in local] \
-            if self.n_remote_reader else []
-        transport = self.config.transport
-        if transport == "shm" and remote:
-            raise ValueError(f"transport 'shm' serves one node only, but {self.n_remote_reader} "
-                             "readers are remote; use 'auto' or 'zmq'")
-        if transport == "zmq":
-            return [], sorted(set(local) | set(remote)), self.n_reader
-        return list(local), remote, self.n_remote_reader
+    def _init_fields(self, config: Config, handle: Handle, end: Writer | _Broadcast | Reader,
+                     rank: int | None = None, enable_shm_tensor_arena: bool = False) -> None:
+        """Set every field of a queue, the one place they are set (both constructors end
+        here): this process's ``end`` of the queue of ``handle``, the writer's or reader
+        ``rank``'s."""
+        self.config = config
+        self._handle = handle
+        self.n_reader = handle.n_reader
+        self.n_local_reader = handle.n_local_reader
+        self.n_remote_reader = handle.n_reader - handle.n_local_reader
+        self.local_reader_ranks = handle.local_reader_ranks
+        self.enable_shm_tensor_arena = enable_shm_tensor_arena
+        self.rank = rank
+        self.local_reader_rank = handle.local_reader_ranks.index(rank) \
+            if rank in handle.local_reader_ranks else -1
+        self.shutting_down = False
+        self._closed = False
+        self._implementation = ring_implementation()
+        self._writer: Writer | _Broadcast | None = None if isinstance(end, Reader) else end
+        self._reader: Reader | None = end if isinstance(end, Reader) else None
+        # this queue's side, writer or reader: what waiting, shutdown and close act on
+        self._own_end = end
 
     @classmethod
     def create_from_handle(cls, handle: Handle, rank: int, *,
@@ -309,30 +321,18 @@ class MessageQueue:
                               f"this mpx speaks version {layout.VERSION}: mix of mpx versions?")
         if not isinstance(rank, int) or not 0 <= rank <= handle.n_reader:
             raise ValueError(f"reader rank must be in [0, {handle.n_reader}], got {rank!r}")
-        self = cls.__new__(cls)
-        self.config = config or Config.from_env(max_chunk_bytes=handle.max_chunk_bytes or None,
-                                                max_chunks=handle.max_chunks or None)
-        self.n_reader = handle.n_reader
-        self.n_local_reader = handle.n_local_reader
-        self.n_remote_reader = handle.n_reader - handle.n_local_reader
-        self.local_reader_ranks = handle.local_reader_ranks
-        self.enable_shm_tensor_arena = False
-        self.rank = rank
-        self.local_reader_rank = handle.local_reader_ranks.index(rank) \
-            if rank in handle.local_reader_ranks else -1
-        self.shutting_down = False
-        self._writer = None
-        self._handle = handle
-        self._closed = False
-        self._implementation = ring_implementation()
+        config = config or Config.from_env(max_chunk_bytes=handle.max_chunk_bytes or None,
+                                           max_chunks=handle.max_chunks or None)
+        reader: Reader
         if handle.shm is not None and rank in handle.shm["shm_ranks"]:
-            self._reader = shm_transport.attach_reader(
-                handle.shm, handle.shm["shm_ranks"].index(rank), rank, self.config)
+            reader = shm_transport.attach_reader(
+                handle.shm, handle.shm["shm_ranks"].index(rank), rank, config)
         elif handle.zmq is not None and rank in handle.zmq["zmq_ranks"]:
-            self._reader = ZmqReader(handle.zmq, rank, self.config)
+            reader = ZmqReader(handle.zmq, rank, config)
         else:
             raise HandleError(f"the handle has no transport for reader rank {rank}")
-        self._own_end = self._reader
+        self = cls.__new__(cls)
+        self._init_fields(config, handle, reader, rank)
         return self
 
     @staticmethod
