@@ -18,7 +18,10 @@ from __future__ import annotations
 import collections
 import time
 
-import kit
+import kit_args
+import kit_report
+import kit_rpc
+import kit_stats
 
 COMPUTE_S = COPY_S = 0.005
 IN_FLIGHT = 8
@@ -56,13 +59,13 @@ def run_block(ex, calls):
 
 
 def main():
-    args = kit.parse_args(__doc__, "fewer blocks (~5 s instead of ~20 s)")
-    header = kit.print_header(args.quick, "async output benchmark",
-                              "the driver and the worker's two threads share them")
+    args = kit_args.parse_args(__doc__, "fewer blocks (~5 s instead of ~20 s)")
+    header = kit_report.print_header(args.quick, "async output benchmark",
+                                     "the driver and the worker's two threads share them")
     exs, rates = {}, {False: [], True: []}
     try:
         for mode in (False, True):
-            exs[mode] = kit.new_executor(1, StepWorker, async_output=mode)
+            exs[mode] = kit_rpc.new_executor(1, StepWorker, async_output=mode)
             run_block(exs[mode], 10)  # warm-up
         for b in range(4 if args.quick else 16):
             for mode in ((False, True) if b % 2 == 0 else (True, False)):
@@ -70,14 +73,14 @@ def main():
     finally:
         for ex in exs.values():
             ex.shutdown()
-    a, s = kit.stats(rates[True]), kit.stats(rates[False])
-    rows = [kit.row("calls/s, 5 ms compute + 5 ms output copy, 1 worker", "calls/s", a, s,
-                    ">= 1.70x inline", a["median"] / s["median"] >= 1.7,
-                    note=f"async_output=True vs False, {IN_FLIGHT} calls in flight; ideal "
-                         f"{1 / max(COMPUTE_S, COPY_S):.0f} vs {1 / (COMPUTE_S + COPY_S):.0f} "
-                         "calls/s, 2.0x")]
-    kit.finish(args, header, rows, {"async": rates[True], "inline": rates[False]},
-               "mpx async output")
+    a, s = kit_stats.stats(rates[True]), kit_stats.stats(rates[False])
+    rows = [kit_report.row("calls/s, 5 ms compute + 5 ms output copy, 1 worker", "calls/s", a, s,
+                           ">= 1.70x inline", a["median"] / s["median"] >= 1.7,
+                           note=f"async_output=True vs False, {IN_FLIGHT} calls in flight; ideal "
+                                f"{1 / max(COMPUTE_S, COPY_S):.0f} vs {1 / (COMPUTE_S + COPY_S):.0f} "
+                                "calls/s, 2.0x")]
+    kit_report.finish(args, header, rows, {"async": rates[True], "inline": rates[False]},
+                      "mpx async output")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,13 @@ import sys
 import tempfile
 import time
 
-import kit
+import kit_args
+import kit_plot
+import kit_procs
+import kit_report
+import kit_rpc
+import kit_stats
+import kit_timing
 
 KiB = 1 << 10
 SIZES = [100, 64 * KiB, 1 << 20, 64 << 20]
@@ -40,7 +46,7 @@ PLAN = {False: {100: (5000, 100, 4.0), 64 * KiB: (2000, 50, 4.0), 1 << 20: (500,
 
 
 def _queue_child(rank, q_in, q_out):
-    kit.serve(q_in.get, lambda n: q_out.put((rank, n)), kit.payload_size)
+    kit_rpc.serve(q_in.get, lambda n: q_out.put((rank, n)), kit_rpc.payload_size)
 
 
 def _zmq_child(req_addr, rep_addr):
@@ -63,24 +69,24 @@ def _pid_after(seconds):
 
 class Mpx:
     def __init__(self, n):
-        self.ex = kit.new_executor(n)
+        self.ex = kit_rpc.new_executor(n)
         self.pids, self.close = self.ex.worker_pids, self.ex.shutdown
 
     def __call__(self, payload):
-        return self.ex.collective_rpc("nbytes", args=(payload,), timeout=kit.CALL_TIMEOUT)
+        return self.ex.collective_rpc("nbytes", args=(payload,), timeout=kit_rpc.CALL_TIMEOUT)
 
 
-class Pipe(kit.PipePeers):
+class Pipe(kit_rpc.PipePeers):
     def __init__(self, n):
-        super().__init__(n, kit.payload_size)
+        super().__init__(n, kit_rpc.payload_size)
 
-    __call__ = kit.PipePeers.call
+    __call__ = kit_rpc.PipePeers.call
 
 
 class Queue:
     def __init__(self, n):
-        self.ins, self.out = [kit.CTX.Queue() for _ in range(n)], kit.CTX.Queue()
-        self.procs = [kit.start(_queue_child, (r, q, self.out)) for r, q in enumerate(self.ins)]
+        self.ins, self.out = [kit_procs.CTX.Queue() for _ in range(n)], kit_procs.CTX.Queue()
+        self.procs = [kit_procs.start(_queue_child, (r, q, self.out)) for r, q in enumerate(self.ins)]
         self.pids = [p.pid for p in self.procs]
 
     def __call__(self, payload):
@@ -88,7 +94,7 @@ class Queue:
             q.put(payload)
         got = [0] * len(self.ins)
         for _ in self.ins:
-            rank, size = self.out.get(timeout=kit.CALL_TIMEOUT)
+            rank, size = self.out.get(timeout=kit_rpc.CALL_TIMEOUT)
             got[rank] = size
         return got
 
@@ -96,7 +102,7 @@ class Queue:
         for q in self.ins:
             q.put(None)
         for p in self.procs:
-            kit.join(p, 10)
+            kit_procs.join(p, 10)
         for q in self.ins + [self.out]:
             q.close()
             q.join_thread()
@@ -113,15 +119,15 @@ class Zmq:
             self.push[-1].bind(req)
             self.pull.append(self.zctx.socket(zmq.PULL))
             self.pull[-1].bind(rep)
-            self.procs.append(kit.start(_zmq_child, (req, rep)))
+            self.procs.append(kit_procs.start(_zmq_child, (req, rep)))
         self.pids = [p.pid for p in self.procs]
 
     def __call__(self, payload):
         for s in self.push:
-            s.send(payload, copy=kit.payload_size(payload) < 64 * KiB)
+            s.send(payload, copy=kit_rpc.payload_size(payload) < 64 * KiB)
         out = []
         for t in self.pull:
-            if not t.poll(int(kit.CALL_TIMEOUT * 1000)):
+            if not t.poll(int(kit_rpc.CALL_TIMEOUT * 1000)):
                 raise TimeoutError("a zmq worker did not answer")
             out.append(int.from_bytes(t.recv(), "little"))
         return out
@@ -130,7 +136,7 @@ class Zmq:
         for s in self.push:
             s.send(b"")
         for p in self.procs:
-            kit.join(p, 10)
+            kit_procs.join(p, 10)
         for s in self.push + self.pull:
             s.close(linger=0)
         self.zctx.term()
@@ -140,13 +146,13 @@ class Zmq:
 class Pool:
     def __init__(self, n):
         self.n = n
-        self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=n, mp_context=kit.CTX)
+        self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=n, mp_context=kit_procs.CTX)
         # start all n processes now (the pool spawns them on demand)
         self.pids = sorted({f.result(60) for f in [self.pool.submit(_pid_after, 0.3) for _ in range(n)]})
 
     def __call__(self, payload):
-        futs = [self.pool.submit(kit.payload_size, payload) for _ in range(self.n)]
-        return [f.result(kit.CALL_TIMEOUT) for f in futs]
+        futs = [self.pool.submit(kit_rpc.payload_size, payload) for _ in range(self.n)]
+        return [f.result(kit_rpc.CALL_TIMEOUT) for f in futs]
 
     def close(self):
         self.pool.shutdown(wait=True)
@@ -171,7 +177,7 @@ def measure(method, n, size, plan):
         if (got := method(payload)) != [size] * n:
             raise RuntimeError(f"workers answered {got}, expected {[size] * n}")
     check()
-    ts = kit.time_calls(functools.partial(method, payload), iters, warm=warm, budget_s=budget)
+    ts = kit_timing.time_calls(functools.partial(method, payload), iters, warm=warm, budget_s=budget)
     check()
     return ts
 
@@ -201,7 +207,7 @@ def print_tables(results, methods):
             line.append(f"{cells['mpx']['median'] / others[best]:.2f}x {best}" if best and cells.get("mpx")
                         else "-")
             lines.append(line)
-        kit.print_table(["payload", *methods, "mpx vs best other"], lines, indent="  ")
+        kit_report.print_table(["payload", *methods, "mpx vs best other"], lines, indent="  ")
         print()
 
 
@@ -212,17 +218,18 @@ def run(args):
     except ImportError as e:
         methods.remove("zmq ipc")
         print(f"skipping zmq ipc: pyzmq not importable: {e}")
-    header = kit.print_header(args.quick, f"bench: mpx.Executor vs {', '.join(methods[1:])}",
-                              "the driver and its workers share them", min_cpus=max(WORKERS))
+    header = kit_report.print_header(args.quick, f"bench: mpx.Executor vs {', '.join(methods[1:])}",
+                                     "the driver and its workers share them", min_cpus=max(WORKERS))
     results, failures = {}, []
     for n in WORKERS:
         for m in methods:
             t0, method = time.perf_counter(), None
             try:
                 method = METHODS[m](n)
-                kit.settle([functools.partial(method, make_payload(SIZES[0]))], 0.2 if args.quick else 0.5)
+                kit_timing.settle([functools.partial(method, make_payload(SIZES[0]))],
+                                  0.2 if args.quick else 0.5)
                 for size in SIZES:
-                    results[(m, n, size)] = kit.stats(measure(method, n, size, PLAN[args.quick]))
+                    results[(m, n, size)] = kit_stats.stats(measure(method, n, size, PLAN[args.quick]))
             except Exception as e:
                 failures.append(f"{m} with {n} workers: {type(e).__name__}: {e}")
                 print(f"  error: {failures[-1]}", flush=True)
@@ -231,13 +238,13 @@ def run(args):
                     method.close()
             cells = ", ".join(f"{human(s)} {results[(m, n, s)]['median'] * 1e6:.0f} us"
                               for s in SIZES if (m, n, s) in results)
-            kit.progress(f"{m:<11} {n} worker(s)  {cells}  ({time.perf_counter() - t0:.1f} s)")
+            kit_report.progress(f"{m:<11} {n} worker(s)  {cells}  ({time.perf_counter() - t0:.1f} s)")
     print_tables(results, methods)
     time.sleep(0.1)
-    kit.print_cleanup()
+    kit_report.print_cleanup()
     print("done" + (f"; {len(failures)} failed: {'; '.join(failures)}" if failures else ""))
     if args.json:
-        kit.write_json(args.json, {**header, "failures": failures, "results": [
+        kit_report.write_json(args.json, {**header, "failures": failures, "results": [
             {"method": m, "workers": n, "bytes": s, **v} for (m, n, s), v in results.items()]})
     if args.png:
         def draw(fig, axes):
@@ -254,12 +261,12 @@ def run(args):
                 ax.grid(True, which="both", alpha=0.3)
             axes[0].set_ylabel("median round trip [us]")
             axes[0].legend(fontsize=8)
-        kit.write_png(args.png, draw, nrows=1, ncols=len(WORKERS), figsize=(15, 4.5), sharey=True)
+        kit_plot.write_png(args.png, draw, nrows=1, ncols=len(WORKERS), figsize=(15, 4.5), sharey=True)
     return 0
 
 
 def main(argv=None):
-    return run(kit.parse_args(__doc__, "fewer repetitions (under a minute instead of ~4)", argv=argv))
+    return run(kit_args.parse_args(__doc__, "fewer repetitions (under a minute instead of ~4)", argv=argv))
 
 
 if __name__ == "__main__":

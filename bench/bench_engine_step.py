@@ -3,7 +3,7 @@ Pipes, measured in the same run.
 
     python bench/bench_engine_step.py [--quick] [--tp 2,4] [--ab REV] [--png P] [--json P]
 
-Every step the driver broadcasts a scheduler step (kit.make_step: request ids, token lists,
+Every step the driver broadcasts a scheduler step (kit_step.make_step: request ids, token lists,
 block tables, ~150 KB pickled, two small tensors) to TP workers. Each runs a fixed compute
 (a 1-thread 192x192 matmul), all-reduces 4096 floats over gloo (joined through
 ``ctx.distributed_init_method``), and rank 0 replies with 512 sampled token ids
@@ -20,7 +20,7 @@ block tables, ~150 KB pickled, two small tensors) to TP workers. Each runs a fix
   delivery + return, judged against a no-op call carrying the same step and a reply of the
   same size (``echo``), the two taking turns (one clock in two processes: this host only);
 - with --ab REV: mpx's TP=2 step vs git revision REV, one child a side taking turns in
-  blocks of 5 steps (kit.ab_paired), the median of the blocks' paired ratios;
+  blocks of 5 steps (kit_ab.ab_paired), the median of the blocks' paired ratios;
 - steps/s against the step's size (the request count scaled 1/4x..4x), TP=2: --png.
 
 With more processes than cores (TP=4 on 2 cores) the numbers measure sharing, not speed.
@@ -33,7 +33,15 @@ import contextlib
 import statistics
 import time
 
-import kit
+import kit_ab
+import kit_args
+import kit_plot
+import kit_procs
+import kit_report
+import kit_rpc
+import kit_stats
+import kit_step
+import kit_timing
 import numpy as np
 import torch
 
@@ -105,31 +113,31 @@ def _checked(call):
 def _engine(tp, **kw):
     """An executor of TP EngineWorkers, their process group closed and the executor shut down
     on the way out."""
-    ex = kit.new_executor(tp, EngineWorker, **kw)
+    ex = kit_rpc.new_executor(tp, EngineWorker, **kw)
     try:
         yield ex
     finally:
-        ex.collective_rpc("close", timeout=kit.CALL_TIMEOUT)
+        ex.collective_rpc("close", timeout=kit_rpc.CALL_TIMEOUT)
         ex.shutdown()
 
 
 def run_mpx(tp, steps, warm, async_output=False, scale=1.0):
-    step = kit.make_step(scale=scale)
+    step = kit_step.make_step(scale=scale)
     with _engine(tp, async_output=async_output) as ex:
-        return kit.timed_us(_checked(lambda: ex.collective_rpc(
-            "execute_model", args=(step,), timeout=kit.CALL_TIMEOUT, unique_reply_rank=0)), steps, warm)
+        return kit_timing.timed_us(_checked(lambda: ex.collective_rpc(
+            "execute_model", args=(step,), timeout=kit_rpc.CALL_TIMEOUT, unique_reply_rank=0)), steps, warm)
 
 
 def run_split(tp, steps, warm):
     """({"delivery", "compute", "return", "overhead"}: us per step, us per echo): model steps and
     echoes take turns."""
-    step = kit.make_step()
+    step = kit_step.make_step()
     legs, echoes = {"delivery": [], "compute": [], "return": [], "overhead": []}, []
     with _engine(tp) as ex:
         for i in range(2 * (steps + warm)):
             method = "echo" if i % 2 else "execute_model_timed"
             t = time.perf_counter()
-            ids, began, ended = ex.collective_rpc(method, args=(step,), timeout=kit.CALL_TIMEOUT,
+            ids, began, ended = ex.collective_rpc(method, args=(step,), timeout=kit_rpc.CALL_TIMEOUT,
                                                   unique_reply_rank=0)
             got = time.perf_counter()
             if len(ids) != SAMPLED:
@@ -146,10 +154,10 @@ def run_split(tp, steps, warm):
 
 
 def run_pipe(tp, steps, warm, scale=1.0):
-    step, init = kit.make_step(scale=scale), f"tcp://127.0.0.1:{kit.free_port()}"
-    pipe = kit.PipePeers(tp, [PipeEngine(rank, tp, init) for rank in range(tp)])
+    step, init = kit_step.make_step(scale=scale), f"tcp://127.0.0.1:{kit_procs.free_port()}"
+    pipe = kit_rpc.PipePeers(tp, [PipeEngine(rank, tp, init) for rank in range(tp)])
     try:
-        return kit.timed_us(_checked(lambda: pipe.rpc("execute_model", step)[0]), steps, warm)
+        return kit_timing.timed_us(_checked(lambda: pipe.rpc("execute_model", step)[0]), steps, warm)
     finally:
         pipe.close()
 
@@ -157,22 +165,22 @@ def run_pipe(tp, steps, warm, scale=1.0):
 def run_in_process(steps, warm, scale=1.0):
     """(us per step of the loop in this process, us of the call and the reply each put through a
     MessageQueue in this process)."""
-    step, w = kit.make_step(scale=scale), EngineWorker(None, 0, 1, f"tcp://127.0.0.1:{kit.free_port()}")
+    step, w = kit_step.make_step(scale=scale), EngineWorker(None, 0, 1, f"tcp://127.0.0.1:{kit_procs.free_port()}")
     try:
-        loop = kit.timed_us(lambda: w.execute_model(step), steps, warm)
+        loop = kit_timing.timed_us(lambda: w.execute_model(step), steps, warm)
         reply = w.execute_model(step)
     finally:
         w.close()
     call = (0, 1, "execute_model", (step,), None, 0)  # shaped as the executor's call, and its reply
-    return loop, kit.queue_round_trip(lambda: [call, (1, 0, reply)], max(20, steps // 2), 5)
+    return loop, kit_rpc.queue_round_trip(lambda: [call, (1, 0, reply)], max(20, steps // 2), 5)
 
 
 def ab_child(tp, block, warm):
     """--ab-child: this mpx's (or PYTHONPATH's) side of the TP step A/B."""
-    step = kit.make_step()
+    step = kit_step.make_step()
     with _engine(tp) as ex:
-        kit.serve_ab(lambda: ex.collective_rpc("execute_model", args=(step,), timeout=kit.CALL_TIMEOUT,
-                                               unique_reply_rank=0), block, warm, pids=ex.worker_pids)
+        kit_ab.serve_ab(lambda: ex.collective_rpc("execute_model", args=(step,), timeout=kit_rpc.CALL_TIMEOUT,
+                                                  unique_reply_rank=0), block, warm, pids=ex.worker_pids)
 
 
 def _fmt(st):
@@ -180,50 +188,53 @@ def _fmt(st):
 
 
 def main():
-    args = kit.parse_args(__doc__, "fewer steps, 3 sizes in the sweep (~1 min)", lambda ap: ap.add_argument(
-        "--tp", default="2,4", help="TP sizes (default 2,4)"),
+    args = kit_args.parse_args(
+        __doc__, "fewer steps, 3 sizes in the sweep (~1 min)",
+        lambda ap: ap.add_argument("--tp", default="2,4", help="TP sizes (default 2,4)"),
         ab=("also A/B mpx's TP=2 step against git revision REV", "--ab-child", ab_child))
     steps, warm = (60, 10) if args.quick else (600, 60)
     tps = [int(t) for t in args.tp.split(",")]
-    header = kit.print_header(args.quick, "engine step benchmark", "the TP workers and the driver share them",
-                              torch=torch.__version__)
-    print(f"step: {len(kit.make_step()['req_ids'])} requests, {kit.pickled_size(kit.make_step()) / 1e3:.0f} "
+    header = kit_report.print_header(args.quick, "engine step benchmark",
+                                     "the TP workers and the driver share them", torch=torch.__version__)
+    step = kit_step.make_step()
+    print(f"step: {len(step['req_ids'])} requests, {kit_step.pickled_size(step) / 1e3:.0f} "
           f"KB pickled; compute {DIM}x{DIM} matmul + all-reduce of {REDUCE} floats; reply {SAMPLED} ids")
     raw, lines = {"header": header}, []
     try:
-        kit.progress("[1] the loop in one process ...")
+        kit_report.progress("[1] the loop in one process ...")
         loop, msgs = run_in_process(steps, warm)
-        base, s = kit.stats(loop), kit.stats(msgs)
+        base, s = kit_stats.stats(loop), kit_stats.stats(msgs)
         raw["in_process"], raw["messages_in_process"] = base, s
         lines.append(("in one process (floor)", base, False))
         for tp in tps:
             for ao in (False, True):
                 name = f"mpx TP={tp} async_output={'on' if ao else 'off'}"
-                kit.progress(f"[2] {name}, {steps} steps ...")
-                raw[name] = m = kit.stats(run_mpx(tp, steps, warm, ao))
+                kit_report.progress(f"[2] {name}, {steps} steps ...")
+                raw[name] = m = kit_stats.stats(run_mpx(tp, steps, warm, ao))
                 lines.append((name, m, True))
-            kit.progress(f"[3] Pipe RPC TP={tp}, {steps} steps ...")
-            raw[f"Pipe RPC TP={tp}"] = p = kit.stats(run_pipe(tp, steps, warm))
+            kit_report.progress(f"[3] Pipe RPC TP={tp}, {steps} steps ...")
+            raw[f"Pipe RPC TP={tp}"] = p = kit_stats.stats(run_pipe(tp, steps, warm))
             lines.append((f"Pipe RPC TP={tp}", p, False))
-        kit.progress(f"[3b] mpx TP=2 split, {steps} steps and as many echoes ...")
+        kit_report.progress(f"[3b] mpx TP=2 split, {steps} steps and as many echoes ...")
         legs, echoes = run_split(2, steps, warm)
-        raw["split TP=2"] = {k: kit.stats(v) for k, v in legs.items()} | {"echo": kit.stats(echoes)}
+        raw["split TP=2"] = {k: kit_stats.stats(v) for k, v in legs.items()} | \
+            {"echo": kit_stats.stats(echoes)}
         if args.ab:
             blocks = 60 if args.quick else 150
-            kit.progress(f"[4] A/B TP=2 vs {args.ab}, {blocks} blocks of 5 steps a side ...")
-            new, old, pairs = kit.ab_paired(args.ab, __file__, "--ab-child", f"2,5,{warm}", blocks, 600)
+            kit_report.progress(f"[4] A/B TP=2 vs {args.ab}, {blocks} blocks of 5 steps a side ...")
+            new, old, pairs = kit_ab.ab_paired(args.ab, __file__, "--ab-child", f"2,5,{warm}", blocks, 600)
             raw["ab"] = {"rev": args.ab, "new": new, "old": old, "paired": pairs}
-        kit.progress("[5] steps/s against the step's size, TP=2 ...")
+        kit_report.progress("[5] steps/s against the step's size, TP=2 ...")
         sweep, n = {"mpx TP=2": [], "Pipe RPC TP=2": [], "one process": []}, max(30, steps // 3)
         for sc in SCALES[::2] if args.quick else SCALES:
-            kb = kit.pickled_size(kit.make_step(scale=sc)) / 1e3
+            kb = kit_step.pickled_size(kit_step.make_step(scale=sc)) / 1e3
             for name, us in (("mpx TP=2", run_mpx(2, n, warm // 2, False, sc)),
                              ("Pipe RPC TP=2", run_pipe(2, n, warm // 2, sc)),
                              ("one process", run_in_process(n, warm // 2, sc)[0])):
-                sweep[name].append((kb, kit.stats(us)["median"]))
+                sweep[name].append((kb, kit_stats.stats(us)["median"]))
         raw["sweep_us"] = sweep
     finally:
-        kit.cleanup_procs()
+        kit_procs.cleanup_procs()
 
     print(f"\nus per step: median (p90); overhead = step - the one-process loop ({base['median']:.1f} us); "
           f"messages = the call and the reply through a MessageQueue in this process ({s['median']:.1f} us);"
@@ -249,7 +260,7 @@ def main():
     print("steps/s against the step's size (TP=2): " + "; ".join(
         f"{k}: " + ", ".join(f"{kb:.0f} KB {1e6 / us:.0f}" for kb, us in pts) for k, pts in sweep.items()))
     if args.json:
-        kit.write_json(args.json, raw)
+        kit_report.write_json(args.json, raw)
     if args.png:
         def draw(fig, ax):
             for name, pts in sweep.items():
@@ -258,7 +269,7 @@ def main():
             ax.set_title(f"engine step, TP=2 ({header['affinity']} CPUs)", fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend()
-        kit.write_png(args.png, draw, figsize=(7, 4.5))
+        kit_plot.write_png(args.png, draw, figsize=(7, 4.5))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
     python bench/bench_executor.py [--quick] [--sections abd] [--ab REV] [--png P] [--json P]
 
-The baseline is a minimal multiprocessing.Pipe RPC loop (kit.PipePeers): the driver sends (method,
+The baseline is a minimal multiprocessing.Pipe RPC loop (kit_rpc.PipePeers): the driver sends (method,
 args, kwargs) to each child, which looks the method up, calls it and sends the result back; the same
-loop on bare MessageQueues (kit.QueueRPC) tells the Executor's own cost from the transport's.
+loop on bare MessageQueues (kit_rpc.QueueRPC) tells the Executor's own cost from the transport's.
 Medians and p90 over repetitions:
 
 a. a no-op's round trip, 1, 2 and 4 workers (4: 5 processes on this machine's 2 cores), vs the Pipe
@@ -24,7 +24,7 @@ d. futures, 1 worker: from a reply landing (stamped by the worker) to the done c
    asyncio, 64 calls in flight from one loop, vs blocking calls from one thread (paired blocks).
                                                                      target: >= 1x blocking
    Done callbacks keeping 64 in flight, no event loop: informational.
-   With --ab REV, against git revision REV (kit.ab_paired: one child a side taking turns in short
+   With --ab REV, against git revision REV (kit_ab.ab_paired: one child a side taking turns in short
    blocks; the median of the blocks' paired ratios): the blocking no-op with 1 and 2 workers, a call
    carrying 1 MiB of bytes, one carrying a 64 MiB tensor, 640 asyncio no-ops with 64 in flight; then
    the no-ops (1 and 2 workers, asyncio) again with metrics on (scraped every 0.1 s).
@@ -41,7 +41,14 @@ import statistics
 import threading
 import time
 
-import kit
+import kit_ab
+import kit_args
+import kit_cpus
+import kit_procs
+import kit_report
+import kit_rpc
+import kit_stats
+import kit_timing
 
 AB_IDLE_MS = 500  # the first-call-after-idle A/B: as cold as after 2 s here, 4x the rounds
 
@@ -73,7 +80,7 @@ def pinned(fns, places, iters):
             for pids in fns.values():
                 for pid, cpu in zip(pids, cpus):
                     os.sched_setaffinity(pid, {cpu})
-            out[place] = [kit.stats(kit.timed_us(fn, iters, iters // 5)) for fn in fns]
+            out[place] = [kit_stats.stats(kit_timing.timed_us(fn, iters, iters // 5)) for fn in fns]
     finally:
         os.sched_setaffinity(0, mine)
         for pid in (pid for pids in fns.values() for pid in pids):
@@ -86,13 +93,14 @@ def pinned(fns, places, iters):
 
 def noop_case(n, iters, warm, pin_iters):
     """(stats of mpx, of the Pipe loop, of the bare queues, the last CPUs, the pinned figures)."""
-    ex, pipe, mq = kit.new_executor(n), kit.pipe_rpc(n), kit.QueueRPC(n)
+    ex, pipe, mq = kit_rpc.new_executor(n), kit_rpc.pipe_rpc(n), kit_rpc.QueueRPC(n)
     try:
-        fns = {lambda: ex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT): ex.worker_pids,
+        fns = {lambda: ex.collective_rpc("noop", timeout=kit_rpc.CALL_TIMEOUT): ex.worker_pids,
                lambda: pipe.rpc("noop"): pipe.pids, lambda: mq.call("noop"): mq.pids}
-        out = kit.interleaved(list(fns), warm, iters, 4)
-        where = {"driver": kit.last_cpu(os.getpid()), "workers": [kit.last_cpu(p) for p in ex.worker_pids]}
-        return (*(kit.stats(v) for v in out.values()), where, pinned(fns, placements(n), pin_iters))
+        out = kit_timing.interleaved(list(fns), warm, iters, 4)
+        where = {"driver": kit_cpus.last_cpu(os.getpid()),
+                 "workers": [kit_cpus.last_cpu(p) for p in ex.worker_pids]}
+        return (*(kit_stats.stats(v) for v in out.values()), where, pinned(fns, placements(n), pin_iters))
     finally:
         ex.shutdown()
         pipe.close()
@@ -103,19 +111,20 @@ def section_a(rows, raw, quick):
     iters, warm = (4000, 400) if quick else (20000, 2000)
     cpus = len(os.sched_getaffinity(0))
     for n, limit in ((1, 0.35), (2, 0.40), (4, 0.30)):
-        kit.progress(f"[a] no-op, {n} worker(s), {iters} calls each of mpx, Pipe, bare queues ...")
+        kit_report.progress(f"[a] no-op, {n} worker(s), {iters} calls each of mpx, Pipe, bare queues ...")
         m, b, q, where, pins = noop_case(n, iters, warm, 2000 if quick else 5000)
         label = f"no-op round trip, {n} worker{'s' if n > 1 else ''}" + (
             f" ({n + 1} processes on {cpus} CPUs)" if n + 1 > cpus else "")
-        rows.append(kit.row(label, "us", m, b, f"<= {limit:.2f}x Pipe RPC",
-                            m["median"] / b["median"] <= limit, note=f"last CPUs {where}"))
-        rows.append(kit.row("  same loop on bare MessageQueues (no Executor)", "us", q, b,
-                            note=f"the Executor's own part: {m['median'] - q['median']:.1f} us"))
-        rows.append(kit.row("  Executor vs those bare MessageQueues", "us", m, q,
-                            *(("<= 1.5x bare", m["median"] / q["median"] <= 1.5) if n == 4 else ())))
+        rows.append(kit_report.row(label, "us", m, b, f"<= {limit:.2f}x Pipe RPC",
+                                   m["median"] / b["median"] <= limit, note=f"last CPUs {where}"))
+        rows.append(kit_report.row("  same loop on bare MessageQueues (no Executor)", "us", q, b,
+                                   note=f"the Executor's own part: {m['median'] - q['median']:.1f} us"))
+        rows.append(kit_report.row("  Executor vs those bare MessageQueues", "us", m, q,
+                                   *(("<= 1.5x bare", m["median"] / q["median"] <= 1.5) if n == 4 else ())))
         for place, (pm, pb, pq) in pins.items():
-            rows.append(kit.row(f"  pinned, {place}", "us", pm, pb, note=f"bare queues {pq['median']:.1f}"
-                                f" us; Executor {pm['median'] / pq['median']:.2f}x bare"))
+            rows.append(kit_report.row(f"  pinned, {place}", "us", pm, pb,
+                                       note=f"bare queues {pq['median']:.1f} us; Executor "
+                                       f"{pm['median'] / pq['median']:.2f}x bare"))
         raw[f"noop_{n}"] = {"mpx": m, "pipe": b, "bare_queues": q, "pinned": pins}
         if n == 1:
             cases = {"unpinned": (m, q), **{p: (pm, pq) for p, (pm, _, pq) in pins.items()}}
@@ -125,18 +134,19 @@ def section_a(rows, raw, quick):
 def breakdown(rows, raw, cases, iters):
     """Where a 1-worker no-op's microseconds go, from public figures (see a.); ``cases``: {placement:
     (the executor's round trip, the bare queues')}."""
-    call = kit.stats(kit.queue_round_trip(lambda: [(0, 1, "noop", (), None, None)], iters, 200))
-    reply = kit.stats(kit.queue_round_trip(lambda: [(1, 0, None)], iters, 200))
-    rows.append(kit.row("  breakdown: the call through a MessageQueue, in one process", "us", call,
-                        note="encode, ring write, ring read, decode"))
-    rows.append(kit.row("  breakdown: the reply likewise", "us", reply))
+    call = kit_stats.stats(kit_rpc.queue_round_trip(lambda: [(0, 1, "noop", (), None, None)], iters, 200))
+    reply = kit_stats.stats(kit_rpc.queue_round_trip(lambda: [(1, 0, None)], iters, 200))
+    rows.append(kit_report.row("  breakdown: the call through a MessageQueue, in one process", "us", call,
+                               note="encode, ring write, ring read, decode"))
+    rows.append(kit_report.row("  breakdown: the reply likewise", "us", reply))
     raw["breakdown_us"] = {"call": call, "reply": reply}
     for place, (whole, bare) in cases.items():
         wake, own = bare["median"] - call["median"] - reply["median"], whole["median"] - bare["median"]
-        rows.append(kit.row(f"  breakdown, {place}: the wake both ways", "us", {"median": wake, "p90": wake},
-                            whole, note=f"the bare queues' round trip less the two above; the Executor's "
-                            f"own part (its round trip less the bare queues') {own:.1f} us; baseline: the "
-                            "executor's round trip"))
+        rows.append(kit_report.row(f"  breakdown, {place}: the wake both ways", "us",
+                                   {"median": wake, "p90": wake}, whole,
+                                   note=f"the bare queues' round trip less the two above; the Executor's own "
+                                   f"part (its round trip less the bare queues') {own:.1f} us; baseline: "
+                                   "the executor's round trip"))
         raw["breakdown_us"][place] = {"wake": wake, "executor": own}
 
 
@@ -144,44 +154,45 @@ def breakdown(rows, raw, cases, iters):
 
 def section_b(rows, raw, quick, ab):
     rounds, idle_s = (5, 2.0) if quick else (9, 2.0)
-    kit.progress(f"[b] first call after {idle_s:.0f} s idle, {rounds} rounds each of mpx, Pipe, bare "
-                 f"queues (~{3 * rounds * idle_s:.0f} s) ...")
-    ex, pipe, mq = kit.new_executor(1), kit.pipe_rpc(1), kit.QueueRPC()
-    calls = {"mpx": (lambda: ex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT), ex.worker_pids),
+    kit_report.progress(f"[b] first call after {idle_s:.0f} s idle, {rounds} rounds each of mpx, Pipe, bare "
+                        f"queues (~{3 * rounds * idle_s:.0f} s) ...")
+    ex, pipe, mq = kit_rpc.new_executor(1), kit_rpc.pipe_rpc(1), kit_rpc.QueueRPC()
+    calls = {"mpx": (lambda: ex.collective_rpc("noop", timeout=kit_rpc.CALL_TIMEOUT), ex.worker_pids),
              "pipe": (lambda: pipe.rpc("noop"), pipe.pids), "queue": (lambda: mq.call("noop"), mq.pids)}
     out, together = {k: [] for k in calls}, dict.fromkeys(calls, 0)  # (rounds on the driver's CPU)
     try:
-        kit.settle([fn for fn, _ in calls.values()], 0.5)
+        kit_timing.settle([fn for fn, _ in calls.values()], 0.5)
         for r in range(rounds):
             for k in list(calls)[r % 3:] + list(calls)[:r % 3]:
                 time.sleep(idle_s)
                 fn, pids = calls[k]
-                out[k] += kit.timed_us(fn, 1)
-                together[k] += kit.last_cpu(pids[0]) == kit.last_cpu(os.getpid())
+                out[k] += kit_timing.timed_us(fn, 1)
+                together[k] += kit_cpus.last_cpu(pids[0]) == kit_cpus.last_cpu(os.getpid())
     finally:
         ex.shutdown()
         pipe.close()
         mq.close()
-    m, b, q = (kit.stats(v) for v in out.values())
-    rows.append(kit.row(f"first call after {idle_s:.0f}s idle, 1 worker", "us", m, b, "<= 0.8x Pipe RPC",
-                        m["median"] / b["median"] <= 0.8,
-                        note=f"rounds of {rounds} in which the child ran on the driver's CPU: {together}"))
-    rows.append(kit.row("  same loop on bare MessageQueues (no Executor)", "us", q, b))
+    m, b, q = (kit_stats.stats(v) for v in out.values())
+    rows.append(kit_report.row(f"first call after {idle_s:.0f}s idle, 1 worker", "us", m, b,
+                               "<= 0.8x Pipe RPC", m["median"] / b["median"] <= 0.8,
+                               note=f"rounds of {rounds} in which the child ran on the driver's CPU: "
+                               f"{together}"))
+    rows.append(kit_report.row("  same loop on bare MessageQueues (no Executor)", "us", q, b))
     raw["idle_wake_us"] = {**out, "on_the_drivers_cpu": together}
     if ab:
         rounds = 30 if quick else 60
-        kit.progress(f"[b] A/B first call after {AB_IDLE_MS} ms idle vs {ab}, {rounds} rounds ...")
-        new, old, pairs = kit.ab_paired(ab, __file__, "--ab-child", f"0,1,1,400,{AB_IDLE_MS}", rounds)
-        rows.append(kit.row(f"  first call after {AB_IDLE_MS} ms idle, vs {ab}", "us", new, old,
-                            note=f"paired: median {statistics.median(pairs):.3f}x, quartiles "
-                                 f"{kit.quartiles(pairs)}"))
+        kit_report.progress(f"[b] A/B first call after {AB_IDLE_MS} ms idle vs {ab}, {rounds} rounds ...")
+        new, old, pairs = kit_ab.ab_paired(ab, __file__, "--ab-child", f"0,1,1,400,{AB_IDLE_MS}", rounds)
+        rows.append(kit_report.row(f"  first call after {AB_IDLE_MS} ms idle, vs {ab}", "us", new, old,
+                                   note=f"paired: median {statistics.median(pairs):.3f}x, quartiles "
+                                        f"{kit_stats.quartiles(pairs)}"))
         raw["ab_idle"] = {"rev": ab, "new": new, "old": old, "paired": pairs}
 
     import psutil
     idle_s = call_s = 3.0
-    kit.progress(f"[b] CPU of 2 idle workers over {idle_s:.0f} s, then of the driver during a {call_s:.0f} "
-                 "s call ...")
-    ex = kit.new_executor(2)
+    kit_report.progress(f"[b] CPU of 2 idle workers over {idle_s:.0f} s, then of the driver during a "
+                        f"{call_s:.0f} s call ...")
+    ex = kit_rpc.new_executor(2)
     try:
         for _ in range(100):
             ex.collective_rpc("noop")
@@ -191,15 +202,16 @@ def section_b(rows, raw, quick, ab):
         wall = time.monotonic() - t0
         pct = [100 * (sum(p.cpu_times()[:2]) - c) / wall for p, c in zip(workers, before)]
         c0, t0 = time.process_time(), time.monotonic()
-        ex.collective_rpc("sleep", args=(call_s,), timeout=call_s + kit.CALL_TIMEOUT)
+        ex.collective_rpc("sleep", args=(call_s,), timeout=call_s + kit_rpc.CALL_TIMEOUT)
         drv = 100 * (time.process_time() - c0) / (time.monotonic() - t0)
     finally:
         ex.shutdown()
     for rank, p in enumerate(pct):
-        rows.append(kit.row(f"idle worker {rank} CPU ({idle_s:.0f}s)", "%", {"median": p}, None,
-                            "< 2% of a core", p < 2.0))
-    rows.append(kit.row(f"driver CPU during a {call_s:.0f}s call, 2 workers", "%", {"median": drv}, None,
-                        "< 2% of a core", drv < 2.0, note="time.process_time: every thread of the driver"))
+        rows.append(kit_report.row(f"idle worker {rank} CPU ({idle_s:.0f}s)", "%", {"median": p}, None,
+                                   "< 2% of a core", p < 2.0))
+    rows.append(kit_report.row(f"driver CPU during a {call_s:.0f}s call, 2 workers", "%", {"median": drv},
+                               None, "< 2% of a core", drv < 2.0,
+                               note="time.process_time: every thread of the driver"))
     raw["idle_cpu_pct"] = {"workers": pct, "driver": drv}
 
 
@@ -216,14 +228,14 @@ def callback_latency(ex, iters):
     def non_block():
         landed.clear()
         ex.collective_rpc("stamp", non_block=True).add_done_callback(on_done)
-        if not landed.wait(kit.CALL_TIMEOUT):
+        if not landed.wait(kit_rpc.CALL_TIMEOUT):
             raise RuntimeError("a done callback never ran")
 
-    kit.settle([non_block, lambda: ex.collective_rpc("noop")], 0.3, min_rounds=200)
+    kit_timing.settle([non_block, lambda: ex.collective_rpc("noop")], 0.3, min_rounds=200)
     lat.clear()
     rtt = []
     for _ in range(4):
-        rtt += kit.timed_us(lambda: ex.collective_rpc("noop"), iters // 4)
+        rtt += kit_timing.timed_us(lambda: ex.collective_rpc("noop"), iters // 4)
         for _ in range(iters // 4):
             non_block()
     return lat, rtt
@@ -263,17 +275,17 @@ def callback_rate(ex, calls, in_flight=64):
 
     t0 = time.perf_counter()
     for _ in range(calls):
-        if not slots.acquire(timeout=kit.CALL_TIMEOUT):
+        if not slots.acquire(timeout=kit_rpc.CALL_TIMEOUT):
             raise TimeoutError("no done callback ran")
         ex.collective_rpc("noop", non_block=True).add_done_callback(on_done)
-    if not done.wait(kit.CALL_TIMEOUT):
+    if not done.wait(kit_rpc.CALL_TIMEOUT):
         raise TimeoutError(f"{left[0]} done callbacks did not run")
     return calls / (time.perf_counter() - t0)
 
 
 def paired_row(name, unit, new, old, pairs, target=None, ok=None, note=""):
-    r = kit.row(name, unit, new, old, *((target, ok) if target else ()), note=(
-        f"{note}ratio = the median of the blocks' paired ratios (quartiles {kit.quartiles(pairs)})"))
+    r = kit_report.row(name, unit, new, old, *((target, ok) if target else ()), note=(
+        f"{note}ratio = the median of the blocks' paired ratios (quartiles {kit_stats.quartiles(pairs)})"))
     r["ratio"] = statistics.median(pairs)
     return r
 
@@ -282,10 +294,10 @@ def section_d(rows, raw, quick, ab, ab_only=None):
     iters = 2000 if quick else 8000
     # blocks of ~0.1-0.2 s, so that a loop's start and the pipeline's ramp are a small share
     calls, blocks = (6400, 5) if quick else (12800, 9)
-    kit.progress(f"[d] done-callback latency, {iters} calls; asyncio and done callbacks with 64 in flight"
-                 f" vs blocking, {blocks} blocks of {calls} calls ...")
+    kit_report.progress(f"[d] done-callback latency, {iters} calls; asyncio and done callbacks with 64 in "
+                        f"flight vs blocking, {blocks} blocks of {calls} calls ...")
     aio, cbs = ([], []), ([], [])
-    ex, with_cb = kit.new_executor(1), kit.new_executor(1)  # (with_cb: no event loop ever used)
+    ex, with_cb = kit_rpc.new_executor(1), kit_rpc.new_executor(1)  # (with_cb: no event loop ever used)
     try:
         lat, rtt = callback_latency(ex, iters)
         asyncio_rate(ex, calls)  # (its warm-up: the event loop's first use)
@@ -298,14 +310,14 @@ def section_d(rows, raw, quick, ab, ab_only=None):
     finally:
         ex.shutdown()
         with_cb.shutdown()
-    m, b = kit.stats(lat), kit.stats(rtt)
-    rows.append(kit.row("reply landed -> done callback, nobody waits", "us", m, b, "<= 2x blocking round "
-                        "trip", m["median"] / b["median"] <= 2.0,
-                        note="baseline: the blocking no-op round trip, same executor"))
+    m, b = kit_stats.stats(lat), kit_stats.stats(rtt)
+    rows.append(kit_report.row("reply landed -> done callback, nobody waits", "us", m, b,
+                               "<= 2x blocking round trip", m["median"] / b["median"] <= 2.0,
+                               note="baseline: the blocking no-op round trip, same executor"))
     for name, (mine, blk), target in (("asyncio calls/s, 64 in flight, 1 worker", aio, 1.0),
                                       ("done callbacks, 64 in flight, no event loop", cbs, None)):
-        pairs = kit.paired(mine, blk)
-        rows.append(paired_row(name, "calls/s", kit.stats(mine), kit.stats(blk), pairs,
+        pairs = kit_stats.paired(mine, blk)
+        rows.append(paired_row(name, "calls/s", kit_stats.stats(mine), kit_stats.stats(blk), pairs,
                                target and ">= 1x blocking calls/s", statistics.median(pairs) >= 1.0,
                                note="baseline: blocking calls, same executor; "))
     raw["futures"] = {"callback_latency_us": m, "blocking_rtt_us": b, "asyncio": aio, "callbacks": cbs}
@@ -317,9 +329,9 @@ def section_d(rows, raw, quick, ab, ab_only=None):
         if ab_only and not any(word in what for word in ab_only.split("|")):
             continue
         k = 100 if quick else 300
-        kit.progress(f"[d] A/B {what} vs {ab}, {k} blocks of {block} a side ...")
-        new, old, pairs = kit.ab_paired(ab, __file__, "--ab-child",
-                                        f"{kind},{n},{block},30,0,{metrics}", k)
+        kit_report.progress(f"[d] A/B {what} vs {ab}, {k} blocks of {block} a side ...")
+        new, old, pairs = kit_ab.ab_paired(ab, __file__, "--ab-child",
+                                           f"{kind},{n},{block},30,0,{metrics}", k)
         rows.append(paired_row(f"{what}, vs {ab}", "us", new, old, pairs, f"<= 1.05x {ab}",
                                statistics.median(pairs) <= 1.05, note="one child a side, taking turns; "))
         raw[f"ab {what}"] = {"rev": ab, "new": new, "old": old, "paired": pairs}
@@ -350,7 +362,7 @@ def _scrape(ex, stop):
 def ab_child(kind, n, block, warm, idle_ms, metrics=0):
     """--ab-child: this mpx's (or PYTHONPATH's) side of an A/B, timing AB_CALLS[kind] (with
     the metrics scraped meanwhile if ``metrics``)."""
-    ex = kit.new_executor(n)
+    ex = kit_rpc.new_executor(n)
     stop = threading.Event()
     scraper = threading.Thread(target=_scrape, args=(ex, stop), daemon=True)
     if metrics:
@@ -358,14 +370,14 @@ def ab_child(kind, n, block, warm, idle_ms, metrics=0):
     payload = os.urandom(1 << 20)
     if kind == 2:
         import torch
-        payload = torch.arange(kit.BIG // 4, dtype=torch.float32)
-    calls = (lambda: ex.collective_rpc("noop", timeout=kit.CALL_TIMEOUT),
-             lambda: ex.collective_rpc("nbytes", args=(payload,), timeout=kit.CALL_TIMEOUT),
-             lambda: ex.collective_rpc("take", args=(payload,), timeout=kit.CALL_TIMEOUT),
+        payload = torch.arange(kit_stats.BIG // 4, dtype=torch.float32)
+    calls = (lambda: ex.collective_rpc("noop", timeout=kit_rpc.CALL_TIMEOUT),
+             lambda: ex.collective_rpc("nbytes", args=(payload,), timeout=kit_rpc.CALL_TIMEOUT),
+             lambda: ex.collective_rpc("take", args=(payload,), timeout=kit_rpc.CALL_TIMEOUT),
              lambda: asyncio_rate(ex, 640, loop=loop))
     loop = asyncio.new_event_loop()  # (one for every block: a new loop per block is noise)
     try:
-        kit.serve_ab(calls[kind], block, warm, idle_ms / 1e3, pids=ex.worker_pids)
+        kit_ab.serve_ab(calls[kind], block, warm, idle_ms / 1e3, pids=ex.worker_pids)
     finally:
         stop.set()
         if metrics:
@@ -380,10 +392,10 @@ def main():
         ap.add_argument("--ab-only", metavar="TEXT", help="section d's A/B rows whose name holds "
                         "one of these |-separated words only (e.g. 'no-op')")
 
-    args = kit.parse_args(__doc__, "fewer repetitions (~1 min instead of ~1.5)", more,
+    args = kit_args.parse_args(__doc__, "fewer repetitions (~1 min instead of ~1.5)", more,
         ab=("also A/B against git revision REV", "--ab-child", ab_child))
-    header = kit.print_header(args.quick, "executor benchmark", "the driver and the workers share them; "
-                              "with 2 workers three processes compete for the cores")
+    header = kit_report.print_header(args.quick, "executor benchmark", "the driver and the workers share "
+                                     "them; with 2 workers three processes compete for the cores")
     rows, raw = [], {}
     try:
         for s, run in (("a", section_a), ("b", section_b), ("d", section_d)):
@@ -391,8 +403,8 @@ def main():
                 run(rows, raw, args.quick, *([args.ab] if s != "a" else []),
                     *([args.ab_only] if s == "d" else []))
     finally:
-        kit.cleanup_procs()
-    kit.finish(args, header, rows, raw, "mpx.Executor vs baselines")
+        kit_procs.cleanup_procs()
+    kit_report.finish(args, header, rows, raw, "mpx.Executor vs baselines")
 
 
 if __name__ == "__main__":

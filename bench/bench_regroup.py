@@ -30,7 +30,10 @@ import tempfile
 import threading
 import time
 
-import kit
+import kit_args
+import kit_procs
+import kit_report
+import kit_stats
 
 import mpx
 
@@ -132,7 +135,7 @@ CASES = [("the group otherwise idle", case_idle),
 def death_to_error(reps: int) -> tuple[list, dict]:
     rows, raw = [], {}
     for label, case in CASES:
-        kit.progress(f"death to WorkerDiedError, {label}: {reps} repetitions ...")
+        kit_report.progress(f"death to WorkerDiedError, {label}: {reps} repetitions ...")
         times = []
         for _ in range(reps):
             ex = mpx.Executor(Member, WORLD, max_restarts=100)
@@ -142,13 +145,13 @@ def death_to_error(reps: int) -> tuple[list, dict]:
                 _wait_answering(ex)
             finally:
                 ex.shutdown()
-        st = kit.stats([1e3 * t for t in times])
+        st = kit_stats.stats([1e3 * t for t in times])
         worst = max(times)
         raw[label] = times
-        rows.append(kit.row(f"SIGKILL to WorkerDiedError, {label}", "ms", st,
-                            target="< 1000 ms, worst too",
-                            ok=worst < KILL_TO_ERROR_TARGET_S,
-                            note=f"worst {1e3 * worst:.0f} ms"))
+        rows.append(kit_report.row(f"SIGKILL to WorkerDiedError, {label}", "ms", st,
+                                   target="< 1000 ms, worst too",
+                                   ok=worst < KILL_TO_ERROR_TARGET_S,
+                                   note=f"worst {1e3 * worst:.0f} ms"))
     return rows, raw
 
 
@@ -200,7 +203,7 @@ def child(kind: str) -> float:
             return asyncio.run(run())
         if kind == "tensor64":
             import torch
-            t = torch.ones(kit.BIG // 4, dtype=torch.float32)
+            t = torch.ones(kit_stats.BIG // 4, dtype=torch.float32)
             call = lambda: ex.collective_rpc("size", args=(t,))  # noqa: E731
             _time_per_call(call, 1, 3)
             return _time_per_call(call, 7, 3)
@@ -235,7 +238,7 @@ def ab(rev: str, rounds: int) -> tuple[list, dict]:
         have_torch = False
     with tempfile.TemporaryDirectory(prefix="mpx-ab-") as tmp:
         old = os.path.join(tmp, "tree")
-        git = ["git", "-C", kit.ROOT]
+        git = ["git", "-C", kit_procs.ROOT]
         subprocess.run([*git, "worktree", "add", "--detach", old, rev], check=True,
                        capture_output=True)
         try:
@@ -245,21 +248,21 @@ def ab(rev: str, rounds: int) -> tuple[list, dict]:
                 if kind == "tensor64" and not have_torch:
                     print("note: torch is not installed; the tensor row is left out")
                     continue
-                kit.progress(f"A/B against {rev}: {label}, {rounds} rounds ...")
+                kit_report.progress(f"A/B against {rev}: {label}, {rounds} rounds ...")
                 new, base = [], []
                 for r in range(rounds):
-                    order = (("new", kit.ROOT), ("old", old)) if r % 2 == 0 else \
-                        (("old", old), ("new", kit.ROOT))
+                    order = (("new", kit_procs.ROOT), ("old", old)) if r % 2 == 0 else \
+                        (("old", old), ("new", kit_procs.ROOT))
                     for name, tree in order:
                         (new if name == "new" else base).append(_side(tree, kind))
                 ratios = [a / b for a, b in zip(new, base)]
                 raw[label] = {"new": new, "old": base, "ratios": ratios}
                 med = statistics.median(ratios)
-                rows.append(kit.row(f"{label}, this tree vs {rev}", unit, kit.stats(new),
-                                    kit.stats(base), target=f"<= {target}x (paired median)",
-                                    ok=med <= target,
-                                    note=f"paired ratios median {med:.3f}, worst "
-                                         f"{max(ratios):.3f} over {rounds} rounds"))
+                rows.append(kit_report.row(f"{label}, this tree vs {rev}", unit, kit_stats.stats(new),
+                                           kit_stats.stats(base), target=f"<= {target}x (paired median)",
+                                           ok=med <= target,
+                                           note=f"paired ratios median {med:.3f}, worst "
+                                                f"{max(ratios):.3f} over {rounds} rounds"))
         finally:
             subprocess.run([*git, "worktree", "remove", "--force", old], capture_output=True)
     return rows, raw
@@ -281,16 +284,16 @@ def main() -> None:
         ap.add_argument("--ab", metavar="REV", help="also A/B the calls and the restart against "
                         "git revision REV")
 
-    args = kit.parse_args(__doc__, "3 repetitions and 3 A/B rounds instead of 5", more)
+    args = kit_args.parse_args(__doc__, "3 repetitions and 3 A/B rounds instead of 5", more)
     reps = 3 if args.quick else 5
-    header = kit.print_header(args.quick, "regroup benchmark",
-                              "the driver and its workers share them")
+    header = kit_report.print_header(args.quick, "regroup benchmark",
+                                     "the driver and its workers share them")
     rows, raw = death_to_error(reps)
     if args.ab:
         more_rows, more_raw = ab(args.ab, reps)
         rows += more_rows
         raw.update(more_raw)
-    kit.finish(args, header, rows, raw, "death reports and the A/B")
+    kit_report.finish(args, header, rows, raw, "death reports and the A/B")
 
 
 if __name__ == "__main__":

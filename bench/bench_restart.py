@@ -17,7 +17,9 @@ import os
 import signal
 import time
 
-import kit
+import kit_args
+import kit_report
+import kit_stats
 
 import mpx
 
@@ -65,10 +67,10 @@ def _one(cls: type) -> tuple[float, float]:
 
 
 def main() -> None:
-    args = kit.parse_args(__doc__, "3 repetitions per worker kind instead of 7")
+    args = kit_args.parse_args(__doc__, "3 repetitions per worker kind instead of 7")
     reps = 3 if args.quick else 7
-    header = kit.print_header(args.quick, "restart benchmark",
-                              f"the driver and its {WORLD} workers share them")
+    header = kit_report.print_header(args.quick, "restart benchmark",
+                                     f"the driver and its {WORLD} workers share them")
     rows, raw = [], {}
     kinds = [("empty __init__", Empty)]
     try:
@@ -77,17 +79,17 @@ def main() -> None:
     except ImportError:
         print("note: torch is not installed; the model row is left out")
     for label, cls in kinds:
-        kit.progress(f"{reps} x (start {WORLD} workers, SIGKILL one, wait for a full answer): "
-                     f"{label} ...")
+        kit_report.progress(f"{reps} x (start {WORLD} workers, SIGKILL one, wait for a full answer): "
+                            f"{label} ...")
         _one(cls)  # (warm: imports, the page cache)
         runs = [_one(cls) for _ in range(reps)]
-        start = kit.stats([1e3 * s for s, _ in runs])
-        back = kit.stats([1e3 * b for _, b in runs])
+        start = kit_stats.stats([1e3 * s for s, _ in runs])
+        back = kit_stats.stats([1e3 * b for _, b in runs])
         raw[label] = runs
-        rows.append(kit.row(f"executor start, {WORLD} ranks, {label}", "ms", start))
-        rows.append(kit.row(f"SIGKILL to the next full answer, {label}", "ms", back, start,
-                            "< 3x the start", back["median"] < 3 * start["median"]))
-    kit.finish(args, header, rows, raw, "restart in place")
+        rows.append(kit_report.row(f"executor start, {WORLD} ranks, {label}", "ms", start))
+        rows.append(kit_report.row(f"SIGKILL to the next full answer, {label}", "ms", back, start,
+                                   "< 3x the start", back["median"] < 3 * start["median"]))
+    kit_report.finish(args, header, rows, raw, "restart in place")
 
 
 if __name__ == "__main__":

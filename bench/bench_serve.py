@@ -29,7 +29,7 @@ measurement (~1 min); else two rounds of 2.5 s (~4 min).
 Targets, on this run's ratios at c=64: engine mode requests/s, mpx >= 1.5x pool and Ray, quiet and
 loaded; direct mode p99, mpx <= 1.0x pool, quiet. Teardown (also on Ctrl-C or SIGTERM): SIGTERM to each
 server (uvicorn drains, the lifespan shuts its backend down), then SIGKILL to its session and to every
-descendant seen. Ray sends nothing off 127.0.0.1 (kit.ray_loopback_env). A benchmark, not a test: the
+descendant seen. Ray sends nothing off 127.0.0.1 (kit_procs.ray_loopback_env). A benchmark, not a test: the
 exit code is 0 whatever the results.
 """
 
@@ -51,7 +51,10 @@ import sys
 import tempfile
 import time
 
-import kit
+import kit_args
+import kit_plot
+import kit_procs
+import kit_report
 
 HOST = "127.0.0.1"
 STEP_S = 0.001   # a step's fixed part: the device's forward pass (a sleep)
@@ -114,7 +117,7 @@ def backend(name, tmp):
             p, _pool_step, items) for p in pools)), lambda: [p.shutdown(cancel_futures=True) for p in pools])
     if name == "ray":
         env = contextlib.ExitStack()
-        env.enter_context(kit.ray_loopback_env())
+        env.enter_context(kit_procs.ray_loopback_env())
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         import ray
         # ray.init puts its own SIGTERM handler (sys.exit) in place of uvicorn's, which drains first
@@ -309,7 +312,7 @@ class Servers:
         sock.bind((HOST, 0))
         sock.listen(2048)
         os.mkdir(tmp := os.path.join(self.tmp, name))
-        path = [kit.BENCH, kit.ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+        path = [kit_procs.BENCH, kit_procs.ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
         with open(os.path.join(self.tmp, f"{name}.log"), "w") as log:
             self.procs[name] = (subprocess.Popen(
@@ -374,7 +377,7 @@ class Servers:
 
 async def run(quick, servers, backends, live, results, notes):
     rounds, warm_s, dur_s, timeout = (1, 0.3, 0.8, 10.0) if quick else (2, 0.5, 2.5, 15.0)
-    kit.progress(f"starting the servers: {', '.join(LABEL[b] for b in backends)}")
+    kit_report.progress(f"starting the servers: {', '.join(LABEL[b] for b in backends)}")
     for b in backends:
         servers.start(b)
     for b in backends:
@@ -384,14 +387,14 @@ async def run(quick, servers, backends, live, results, notes):
         except RuntimeError as e:
             notes.append(f"{LABEL[b]}: no server ({e})")
     for rnd, host in itertools.product(range(rounds), HOSTS):
-        with kit.busy_loops(2 if host == "loaded" else 0):
+        with kit_procs.busy_loops(2 if host == "loaded" else 0):
             for b in live if rnd % 2 == 0 else live[::-1]:
                 proc, port = servers.procs[b]
                 for mode, c in itertools.product(MODES, CONCURRENCY):
                     if proc.poll() is not None:
                         notes.append(f"{LABEL[b]}: died ({proc.returncode}):\n{servers.log_tail(b)}")
                         break
-                    kit.progress(f"round {rnd + 1}/{rounds} {host} {LABEL[b]} {mode} c={c}")
+                    kit_report.progress(f"round {rnd + 1}/{rounds} {host} {LABEL[b]} {mode} c={c}")
                     try:
                         r = await measure(port, mode, c, warm_s, dur_s, timeout, lambda b=b: servers.cpu(b))
                     except ERRORS as e:
@@ -445,8 +448,8 @@ def report(cells, backends, interrupted):
                 "p50_ms", "p99_ms")), _f(cell.get("batch"), "{:.1f}"),
             *(_f(cell.get(k)) for k in ("health_max_ms", "server_cpu_us", "children_cpu_us")),
             str(sum(cell["errors"].values()))))
-    kit.print_table(("host", "mode", "c", "backend", "requests/s", "p50 ms", "p99 ms", "batch",
-                     "/health max", "CPU srv", "CPU kids", "errors"), lines)
+    kit_report.print_table(("host", "mode", "c", "backend", "requests/s", "p50 ms", "p99 ms", "batch",
+                            "/health max", "CPU srv", "CPU kids", "errors"), lines)
     rows = []
     for host, mode, metric, base, target in RATIOS:
         if base in backends and "mpx" in backends:
@@ -460,8 +463,8 @@ def report(cells, backends, interrupted):
                          "ratio": r, "result": res,
                          "target": "-" if target is None else f"{'>=' if up else '<='} {target}x"})
     print()
-    kit.print_table(("ratio (same run)", "value", "target", "result"),
-                    [(r["name"], _f(r["ratio"], "{:.2f}x"), r["target"], r["result"]) for r in rows])
+    kit_report.print_table(("ratio (same run)", "value", "target", "result"),
+                           [(r["name"], _f(r["ratio"], "{:.2f}x"), r["target"], r["result"]) for r in rows])
     return rows
 
 
@@ -492,18 +495,22 @@ def _sigterm(signum, frame):
 
 
 def main():
-    args = kit.parse_args(__doc__, "a short run (~1 min): one round of 0.8 s per measurement", lambda ap: (
-        ap.add_argument("--out", metavar="DIR", help="write the PNG (bench_serve.png) here"),
-        ap.add_argument("--backends", default="mpx,pool,ray,floor", help="which servers (default all)")))
-    if missing := [p for p in ("fastapi", "uvicorn", "psutil") if kit.version(p) == "not installed"]:
+    args = kit_args.parse_args(__doc__, "a short run (~1 min): one round of 0.8 s per measurement",
+                               lambda ap: (
+                                   ap.add_argument("--out", metavar="DIR",
+                                                   help="write the PNG (bench_serve.png) here"),
+                                   ap.add_argument("--backends", default="mpx,pool,ray,floor",
+                                                   help="which servers (default all)")))
+    if missing := [p for p in ("fastapi", "uvicorn", "psutil") if kit_report.version(p) == "not installed"]:
         return print(f"{', '.join(missing)} not installed: pip install -e '.[bench]'")
     backends, notes = [b for b in args.backends.split(",") if b], []
-    if "ray" in backends and kit.version("ray") == "not installed":
+    if "ray" in backends and kit_report.version("ray") == "not installed":
         backends.remove("ray")
         notes.append("Ray is not installed (pip install ray): its server is skipped")
-    header = kit.print_header(args.quick, "serving benchmark (FastAPI + uvicorn, 2 workers)", "the server, "
-                              "the load client, 2 workers (and on the loaded host 2 busy loops) share them",
-                              **{p: kit.version(p) for p in ("fastapi", "uvicorn", "httptools", "ray")})
+    header = kit_report.print_header(
+        args.quick, "serving benchmark (FastAPI + uvicorn, 2 workers)", "the server, the load client, "
+        "2 workers (and on the loaded host 2 busy loops) share them",
+        **{p: kit_report.version(p) for p in ("fastapi", "uvicorn", "httptools", "ray")})
     t = time.perf_counter()
     step_work(0, list(range(2000)))
     header["per_item_us"] = (time.perf_counter() - t - STEP_S) / 2000 * 1e6
@@ -517,25 +524,25 @@ def main():
         interrupted = True
         print("\ninterrupted: tearing down", flush=True)
     finally:
-        kit.progress("tearing down")
+        kit_report.progress("tearing down")
         servers.teardown()
         signal.signal(signal.SIGTERM, old_term)
     cells = {k: combine(v) for k, v in results.items()}
     rows = report(cells, live, interrupted) if cells else []
     print("".join(f"  * {n}\n" for n in notes))
-    left, segments = kit.print_cleanup(servers.seen)
+    left, segments = kit_report.print_cleanup(servers.seen)
     failed = [r["name"] for r in rows if r["result"] not in ("info", "PASS")]
     judged = [r for r in rows if r["result"] != "info"]
     print(f"SUMMARY: {len(judged) - len(failed)}/{len(judged)} targets met" + (
         f"; FAIL: {', '.join(failed)}" if failed else "") + (" (interrupted)" if interrupted else "")
         + f"  ({header['affinity']} CPUs; load average now {os.getloadavg()[0]:.2f})")
     if args.json:
-        kit.write_json(args.json, {"header": header, "targets": rows, "notes": notes, "cells": [
+        kit_report.write_json(args.json, {"header": header, "targets": rows, "notes": notes, "cells": [
             {"host": k[0], "mode": k[1], "c": k[2], "backend": k[3], **v} for k, v in cells.items()],
             "leftover_segments": segments, "alive_children": left})
     for p in (args.png, args.out and os.path.join(args.out, "bench_serve.png")):
         if p and cells:
-            kit.write_png(p, draw(cells, live, header), nrows=2, ncols=2, figsize=(11, 8))
+            kit_plot.write_png(p, draw(cells, live, header), nrows=2, ncols=2, figsize=(11, 8))
 
 
 if __name__ == "__main__":

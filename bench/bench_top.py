@@ -15,7 +15,9 @@ import sys
 import tempfile
 import time
 
-import kit
+import kit_args
+import kit_report
+import kit_stats
 
 import mpx
 
@@ -35,10 +37,10 @@ def _cpu_percent(seconds: float) -> float:
 
 
 def main() -> None:
-    args = kit.parse_args(__doc__, "3 stretches of 2 s instead of 5 of 4 s")
+    args = kit_args.parse_args(__doc__, "3 stretches of 2 s instead of 5 of 4 s")
     n, stretch = (3, 2.0) if args.quick else (5, 4.0)
-    header = kit.print_header(args.quick, "mpx top benchmark", "the driver, the 4 workers and "
-                              "mpx top share them")
+    header = kit_report.print_header(args.quick, "mpx top benchmark", "the driver, the 4 workers and "
+                                     "mpx top share them")
     quiet: list[float] = []
     watched: list[float] = []
     with tempfile.TemporaryDirectory(prefix="mpx-top-") as tmp:
@@ -46,23 +48,23 @@ def main() -> None:
         with mpx.Executor(Idle, 4, stats_socket=path) as ex:
             for _ in range(100):
                 ex.collective_rpc("noop")
-            kit.progress(f"driver CPU, {n} stretches of {stretch:g} s without mpx top ...")
+            kit_report.progress(f"driver CPU, {n} stretches of {stretch:g} s without mpx top ...")
             quiet = [_cpu_percent(stretch) for _ in range(n)]
             top = subprocess.Popen([sys.executable, "-m", "mpx", "top", path],
                                    stdout=subprocess.DEVNULL)
             try:
                 time.sleep(1.5)  # (its start-up, and its first refresh)
-                kit.progress(f"driver CPU, {n} stretches of {stretch:g} s with mpx top "
-                             "refreshing every second ...")
+                kit_report.progress(f"driver CPU, {n} stretches of {stretch:g} s with mpx top "
+                                    "refreshing every second ...")
                 watched = [_cpu_percent(stretch) for _ in range(n)]
             finally:
                 top.terminate()
                 top.wait(10)
-    q, w = kit.stats(quiet), kit.stats(watched)
-    rows = [kit.row("driver CPU, idle 4-rank group, no mpx top", "%", q),
-            kit.row("driver CPU, idle 4-rank group, mpx top every 1 s", "%", w, q,
-                    "< 1% of a core", w["median"] < 1.0)]
-    kit.finish(args, header, rows, {"quiet": quiet, "watched": watched}, "mpx top")
+    q, w = kit_stats.stats(quiet), kit_stats.stats(watched)
+    rows = [kit_report.row("driver CPU, idle 4-rank group, no mpx top", "%", q),
+            kit_report.row("driver CPU, idle 4-rank group, mpx top every 1 s", "%", w, q,
+                           "< 1% of a core", w["median"] < 1.0)]
+    kit_report.finish(args, header, rows, {"quiet": quiet, "watched": watched}, "mpx top")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-import kit
+import kit_args
+import kit_report
+import kit_rpc
 import psutil
 
 STEPS_MS = (0.0, 0.3, 1.3, 3.0)
@@ -61,9 +63,9 @@ def measure(ex, ms, n, mode):
 
 
 def main():
-    args = kit.parse_args(__doc__, "about 0.6 s a case instead of 2")
-    header = kit.print_header(args.quick, "wait CPU benchmark", "the driver and the 2 workers "
-                              "share them")
+    args = kit_args.parse_args(__doc__, "about 0.6 s a case instead of 2")
+    header = kit_report.print_header(args.quick, "wait CPU benchmark", "the driver and the 2 workers "
+                                     "share them")
     budget_s = 0.6 if args.quick else 2.0
     lines, raw = [], []
     for ms in STEPS_MS:
@@ -71,7 +73,7 @@ def main():
         for mode in ("blocking", "asyncio"):
             got = {}
             for label, kw in (("default", {}), ("park at once", {"yield_us": 0})):
-                ex = kit.new_executor(2, Sleeper, **kw)
+                ex = kit_rpc.new_executor(2, Sleeper, **kw)
                 try:
                     got[label] = measure(ex, ms, n, mode)
                 finally:
@@ -80,13 +82,13 @@ def main():
             raw.append({"ms": ms, "mode": mode, **got})
             lines.append((f"{ms:g}", mode, f"{d[0]:.0f}", f"{p[0]:.0f}", f"{d[0] / p[0]:.2f}x",
                           f"{d[1]:.0f}", f"{p[1]:.0f}", f"{d[2]:.0f}", f"{p[2]:.0f}"))
-    kit.print_table(("step ms", "calls", "us/call", "us/call (park)", "time ratio",
-                     "driver CPU us", "driver CPU us (park)", "workers CPU us",
-                     "workers CPU us (park)"), lines)
+    kit_report.print_table(("step ms", "calls", "us/call", "us/call (park)", "time ratio",
+                            "driver CPU us", "driver CPU us (park)", "workers CPU us",
+                            "workers CPU us (park)"), lines)
     print(f"\n(us per call; CPU us per call; 'park': yield_us=0; {header['affinity']} CPUs)")
-    kit.print_cleanup()
+    kit_report.print_cleanup()
     if args.json:
-        kit.write_json(args.json, {"header": header, "cases": raw})
+        kit_report.write_json(args.json, {"header": header, "cases": raw})
 
 
 if __name__ == "__main__":

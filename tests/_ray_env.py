@@ -1,6 +1,6 @@
 """An environment in which a Ray cluster started here sends nothing off 127.0.0.1: the Ray
-launcher's tests use it, and so do the benchmarks that start Ray (bench/kit.py loads this
-file).
+launcher's tests use it, and so do the benchmarks that start Ray (bench/kit_procs.py loads
+this file).
 
 Every Ray head starts the dashboard process (with include_dashboard=False it loads only its
 UsageStatsHead module), and that module, usage stats enabled or not, reads

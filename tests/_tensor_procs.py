@@ -158,7 +158,7 @@ def cuda_reader(handle, conn):
 
 
 def make_step(n=290, seed=0):
-    """A scheduler step shaped as bench/kit.make_step's (~150 KB pickled): request ids, token
+    """A scheduler step shaped as bench/kit_step.make_step's (~150 KB pickled): request ids, token
     lists, block tables and sampling parameters in plain containers, and two small tensors."""
     import random
     rng = random.Random(seed)

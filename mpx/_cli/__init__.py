@@ -9,7 +9,7 @@
 - ``demo``, ``demo_mlp``: the demos (the MessageQueue alone; a tensor-parallel MLP);
 - ``bench``: ``python -m mpx bench``, mpx against Pipe, Queue, zmq and ProcessPoolExecutor:
   it runs bench/bench_compare.py of the source checkout beside the package (the benchmarks
-  and their kit, bench/kit.py, are not shipped in the package).
+  and their kit, bench/kit_*.py, are not shipped in the package).
 
 Runs in the user's shell process; it may import anything in mpx, and nothing imports it.
 """

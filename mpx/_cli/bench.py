@@ -2,7 +2,7 @@
 multiprocessing.Pipe, multiprocessing.Queue, pyzmq and ProcessPoolExecutor.
 
 The benchmark itself, and the kit every benchmark shares, live in the source checkout's
-bench/ folder beside the package (bench/bench_compare.py, bench/kit.py): this command runs
+bench/ folder beside the package (bench/bench_compare.py, bench/kit_*.py): this command runs
 it from there, and says what to do when mpx was installed without one (from a wheel).
 """
 
