@@ -5,7 +5,7 @@ before it parks, and whether it polls at all. ``setup.py`` compiles this file wi
 or under ``MPX_PURE_PYTHON=1`` (see ``mpx/_impl.py``), the same file runs as plain Python.
 Its waiters inherit :class:`AdaptiveWait`: the compiled ring (``mpx._ring._RingEnd``, which
 cimports it and calls the policy's steps at C level, without the GIL, from its wait loop),
-the pure-Python ring (``mpx._ring_py``) and the ZeroMQ reader (``mpx.transport.zmq``).
+the pure-Python ring (``mpx._ring_py``) and the ZeroMQ reader (``mpx.transport.zmq_reader``).
 
 A wait spins for ``spin_ns``, calls ``sched_yield`` for the yield budget, then parks (a
 futex, or a blocking receive) until the peer wakes it. A waiter calls ``_init_waiting``
