@@ -1,6 +1,7 @@
 """Builds mpx/_ring.pyx and, in Cython's pure-Python mode (the .py, with the C types of its
-.pxd, runs as plain Python where it is not compiled), mpx/mechanism/codec.py and
-mpx/_driver/future_core.py.
+.pxd, runs as plain Python where it is not compiled), mpx/mechanism/codec.py and the
+driver's futures core (mpx/_driver/: locks, meter, core_settings, ledger, waiters,
+future_core).
 
 Without a C compiler or the Python headers the build warns and installs mpx without the
 extension: it then runs on the pure-Python ring (slower). Set MPX_REQUIRE_EXTENSION=1 to make
@@ -56,8 +57,13 @@ def _extension(name: str, source: str) -> Extension:
 
 
 # _ring cimports _codec: both are built, or (without a compiler) neither is used (mpx/mechanism/codec.py
-# then runs as plain Python).
+# then runs as plain Python). The futures core's modules cimport each other in the same way.
 extensions = [_extension("mpx.mechanism.codec", "mpx/mechanism/codec.py"), _extension("mpx._ring", "mpx/_ring.pyx"),
+              _extension("mpx._driver.locks", "mpx/_driver/locks.py"),
+              _extension("mpx._driver.meter", "mpx/_driver/meter.py"),
+              _extension("mpx._driver.core_settings", "mpx/_driver/core_settings.py"),
+              _extension("mpx._driver.ledger", "mpx/_driver/ledger.py"),
+              _extension("mpx._driver.waiters", "mpx/_driver/waiters.py"),
               _extension("mpx._driver.future_core", "mpx/_driver/future_core.py"),
               _extension("mpx.mechanism.waiting", "mpx/mechanism/waiting.py")]
 

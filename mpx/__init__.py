@@ -38,17 +38,17 @@ One call, end to end (``ex.collective_rpc("execute_model", args=(batch,))``)::
                                                   -> encode the reply -> the rank's
       ReplyPump.wait (_driver/pump): read the  <------ reply ring (inline, or from the
         reply rings while no other thread does       output thread, _worker/output.py)
-        -> decode -> Call.take (future_core):
+        -> decode -> Call.take (_driver/ledger):
         the reply goes to its call by number
       the last reply completes the future
-      (future_core), outside every mpx lock
+      (_driver/future_core), outside every lock
     <- the results (or aggregator(results))
 
 With ``non_block=True`` the caller returns an ``RPCFuture`` at once; whichever thread reads
 next (another caller, the ``mpx-reply-reader`` thread) completes it. Awaited in an event
 loop, the loop's own thread reads the replies while it holds the read lease, and the future
 wakes its task through ``call_soon_threadsafe`` only when another thread completed it
-(mpx/_driver/futures.py, future_core's waiters). Remote workers are the same path with the
+(mpx/_driver/futures.py, the core's waiters.py). Remote workers are the same path with the
 zmq end (transport/zmq_writer.py, zmq_reader.py) in place of the shm end.
 
 Layers, bottom up (each imports only from its own layer and those below; this list holds
@@ -56,7 +56,7 @@ every file and package of mpx/, and tests/test_layers.py holds the tree and ever
 ``cimport`` included, to it):
 
     base:       errors.py config.py auth.py dumps.py watchdog.py _addresses.py _units.py
-                _procinfo.py _observe.py _debug.py _impl.py _pg.py
+                _procinfo.py _observe.py _debug.py _impl.py _pg.py _interp.py
     mechanism:  _ring.pyx _ring.pxd _ring.pyi _ring_layout.pxi _ring_sync.h _ring_py.py
                 mechanism/
     protocol:   protocol/
@@ -66,7 +66,8 @@ every file and package of mpx/, and tests/test_layers.py holds the tree and ever
     surface:    metrics.py _cli/ __main__.py
 
 - base: shared by every process: errors, ``Config``, HMAC keys, stack dumps, the
-  watchdog's worker-side API, small helpers; ``_impl`` is the one loader of the two builds.
+  watchdog's worker-side API, small helpers; ``_impl`` is the one loader of the two builds;
+  ``_interp`` names every private part of CPython and its standard library mpx relies on.
 - mechanism: the shared-memory ring (compiled, ``_ring.pyx``, and its one deliberate twin
   ``_ring_py.py``, behind one contract); ``mechanism/``: its layout, the wait policy,
   named segments, and serde's compiled codec.

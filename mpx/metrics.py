@@ -36,8 +36,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector as _CollectorBase
 
-from mpx._driver import future_core as _core
 from mpx._driver import stats as _stats
+from mpx._driver.meter import BOUNDS
 from mpx._observe import report
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["Collector"]
 
 # the exported buckets: every fourth of the meter's (the powers of two)
-_EXPORTED = tuple(range(0, len(_core.BOUNDS), 4))
+_EXPORTED = tuple(range(0, len(BOUNDS), 4))
 
 
 def _buckets(*histograms: Any) -> tuple[list[tuple[str, float]], float]:
@@ -59,7 +59,7 @@ def _buckets(*histograms: Any) -> tuple[list[tuple[str, float]], float]:
     for i in _EXPORTED:
         seen += sum(counts[last:i + 1])
         last = i + 1
-        out.append((repr(_core.BOUNDS[i]), seen))
+        out.append((repr(BOUNDS[i]), seen))
     out.append(("+Inf", sum(counts)))
     return out, sum(h.sum for h in histograms)
 

@@ -1,14 +1,41 @@
 """Both builds of a one-source module in one test process, to compare them: ``plain(name)``
 is module ``name``'s .py run as plain Python, loaded beside its compiled extension under the
 name ``name + "__plain"`` (a test's name: mpx itself loads one build per process, see
-mpx/_impl.py)."""
+mpx/_impl.py). The one-source modules it imports (a compiled module beside its .py, such as
+the futures core's others) are their plain builds too, loaded the same way."""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.machinery
 import importlib.util
+import os
 import sys
 from types import ModuleType
+
+
+def _source(name: str) -> str | None:
+    """The .py of ``name`` if it is a one-source module (a compiled extension beside it)."""
+    package, _, leaf = name.rpartition(".")
+    try:
+        folder = importlib.import_module(package).__path__[0]
+    except (ImportError, AttributeError):
+        return None
+    source = os.path.join(folder, leaf + ".py")
+    if os.path.isfile(source) and any(os.path.isfile(os.path.join(folder, leaf + suffix))
+                                      for suffix in importlib.machinery.EXTENSION_SUFFIXES):
+        return source
+    return None
+
+
+def _one_source_imports(source: str) -> list[str]:
+    """The one-source mpx modules that ``source`` imports (``from mpx.x import y``)."""
+    tree = ast.parse(open(source).read())
+    names = {node.module for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+             and node.module.startswith("mpx.")}
+    return sorted(n for n in names if _source(n) is not None)
 
 
 def plain(name: str) -> ModuleType:
@@ -17,9 +44,21 @@ def plain(name: str) -> ModuleType:
     if alias not in sys.modules:
         package, _, leaf = name.rpartition(".")
         folder = importlib.import_module(package).__path__[0]
-        spec = importlib.util.spec_from_file_location(alias, f"{folder}/{leaf}.py")
+        source = f"{folder}/{leaf}.py"
+        # (its one-source imports are their plain builds while it runs its imports)
+        deps = {dep: plain(dep) for dep in _one_source_imports(source)}
+        saved = {dep: sys.modules.get(dep) for dep in deps}
+        spec = importlib.util.spec_from_file_location(alias, source)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[alias] = module
-        spec.loader.exec_module(module)
+        sys.modules.update(deps)
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            for dep, was in saved.items():
+                if was is None:
+                    sys.modules.pop(dep, None)
+                else:
+                    sys.modules[dep] = was
     return sys.modules[alias]

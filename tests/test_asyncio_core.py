@@ -1,8 +1,8 @@
 """RPCFuture's completion in three steps (``_complete``, ``_hand_off``, ``_run_callbacks``,
 and ``complete_each`` with its ``due`` list), and asyncio over it, in one process, against
-the core compiled and as plain Python (mpx/_driver/future_core.py): asyncio.wait, as_completed,
-shield, a loop that closed, a loop that moved threads, uvloop. tests/test_asyncio_executor.py
-runs the same across real worker processes."""
+the core compiled and as plain Python (mpx/_driver/future_core.py and waiters.py):
+asyncio.wait, as_completed, shield, a loop that closed, a loop that moved threads, uvloop.
+tests/test_asyncio_executor.py runs the same across real worker processes."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def test_complete_each_wakes_the_awaiting_tasks_but_runs_no_callback(make):
         assert ran == []
         futs[1]._run_callbacks()
         assert ran == ["thread"]
-        assert not F._delivery(loop).awaiting
+        assert not F.loop_delivery(loop).awaiting
 
     ran = []
     asyncio.run(main())

@@ -121,7 +121,7 @@ def test_gather_wait_for_shield_and_ensure_future(executor):
         task = asyncio.ensure_future(slow)
         assert isinstance(task, asyncio.Task) and await task == [0, 1]
         # every future that was awaited was handed over, none is left counted
-        assert not mpx._driver.futures._delivery(asyncio.get_running_loop()).awaiting
+        assert not mpx._driver.futures.loop_delivery(asyncio.get_running_loop()).awaiting
 
     asyncio.run(asyncio.wait_for(main(), 30))
 

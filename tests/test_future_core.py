@@ -1,39 +1,51 @@
-"""RPCFuture's core (mpx/_driver/future_core.py), compiled and run as plain Python from
-the same source, each under RPCFuture's own methods, in one process: the completing thread,
-waiters, callbacks and the asyncio hand-off. The executor's tests run the same paths across
-processes with whichever core this run imports."""
+"""RPCFuture's core (mpx/_driver/: locks, meter, core_settings, ledger, waiters,
+future_core), compiled and run as plain Python from the same sources, each under
+RPCFuture's own methods, in one process: the completing thread, waiters, callbacks and the
+asyncio hand-off. The executor's tests run the same paths across processes with whichever
+core this run imports."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import concurrent.futures
 import importlib
 import os
+import pathlib
 import subprocess
 import sys
 import threading
 import time
+import types
 
 import _builds
 import pytest
 from _env import IMPLS
 
 from mpx._driver import futures as F
+from mpx.errors import NotOwnerError
 from mpx.protocol import wire
 
+# the futures core's modules, in the order they import each other
+CORE_MODULES = ("locks", "meter", "core_settings", "ledger", "waiters", "future_core")
 
-def load_core(impl: str):
-    """The core of ``impl``: "cython", the compiled extension (skipped where it was not
-    built), or "python", its source run as plain Python (as MPX_PURE_PYTHON=1 loads it)."""
+
+def load_core(impl: str) -> types.SimpleNamespace:
+    """The core of ``impl``, its modules' names in one namespace: "cython", the compiled
+    extensions (skipped where they were not built), or "python", their sources run as
+    plain Python (as MPX_PURE_PYTHON=1 loads them). ``settings``: a CoreSettings of that
+    build, as the call registry makes one."""
     if impl == "cython":
-        core = importlib.import_module("mpx._driver.future_core")
-        if core.IMPLEMENTATION != "cython":
-            pytest.skip("extension not built")
+        modules = [importlib.import_module(f"mpx._driver.{m}") for m in CORE_MODULES]
+        if any(m.IMPLEMENTATION != "cython" for m in modules):
+            pytest.skip("extensions not built")
     else:
-        core = _builds.plain("mpx._driver.future_core")
-    assert core.IMPLEMENTATION == impl
-    core.configure_loops(F._delivery)
-    core.configure_replies(wire.OK, wire.ERR)
+        modules = [_builds.plain(f"mpx._driver.{m}") for m in CORE_MODULES]
+    assert {m.IMPLEMENTATION for m in modules} == {impl}
+    core = types.SimpleNamespace(modules=modules)
+    for m in modules:
+        vars(core).update((k, v) for k, v in vars(m).items() if not k.startswith("__"))
+    core.settings = core.CoreSettings(wire.OK, wire.ERR, NotOwnerError.of, F.loop_delivery)
     return core
 
 
@@ -76,7 +88,7 @@ def make(core):
 
     def factory(value=None):
         call = {"value": value}
-        call["future"] = fut = cls(source, call)
+        call["future"] = fut = cls(source, call, core.settings)
         return fut
 
     factory.source = source
@@ -168,7 +180,7 @@ def test_a_future_lock_behaves_as_a_threading_lock(make):
 def test_awaited_from_the_loop_and_from_other_threads(make):
     async def main():
         loop = asyncio.get_running_loop()
-        delivery = F._delivery(loop)
+        delivery = F.loop_delivery(loop)
         inline = [make() for _ in range(100)]
         for i, f in enumerate(inline):
             loop.call_later(0.001, f.set_result, i)  # completed in the loop's own thread
@@ -201,7 +213,7 @@ def test_a_wait_for_timeout_leaves_the_future_to_finish(make):
         loop.call_soon(f.set_result, "late")  # the reply comes after all: dropped, counted
         await asyncio.sleep(0.01)
         assert f.result() == "late"
-        assert not F._delivery(loop).awaiting
+        assert not F.loop_delivery(loop).awaiting
 
     asyncio.run(main())
 
@@ -232,7 +244,7 @@ def test_complete_each_sets_the_settled_futures_in_order(make):
 
 def test_call_gathers_replies_in_rank_order(core):
     before = time.monotonic()
-    call = core.Call(7, "step", 3, None, None, None)
+    call = core.Call(7, "step", 3, None, None, None, core.settings)
     assert before <= call.started <= time.monotonic()  # time.monotonic's clock
     assert (call.seq, call.method, call.n_ranks, call.done) == (7, "step", 3, False)
     assert call.first_missing() == 0 and call.missing() == [0, 1, 2]
@@ -247,21 +259,21 @@ def test_call_gathers_replies_in_rank_order(core):
 
 
 def test_call_of_one_reply_rank_and_errors(core):
-    call = core.Call(0, "step", 2, 1, None, 5.0)
+    call = core.Call(0, "step", 2, 1, None, 5.0, core.settings)
     assert call.deadline == 5.0
     call.add(0, True, None)
     assert call.add(1, True, "mine") == core.ALL_OK
     assert call.ok_value() == "mine"
-    failed = core.Call(1, "step", 2, None, None, None)
+    failed = core.Call(1, "step", 2, None, None, None, core.settings)
     assert failed.add(0, False, ("ValueError", "bad", "tb")) == core.MORE
     assert failed.add(1, True, 1) == core.ANSWERED
     assert failed.errors == {0: ("ValueError", "bad", "tb")} and failed.results == {1: 1}
-    aggregated = core.Call(2, "step", 1, None, sum, None)
+    aggregated = core.Call(2, "step", 1, None, sum, None, core.settings)
     assert aggregated.add(0, True, [1]) == core.ANSWERED  # the table runs the aggregator
 
 
 def test_call_take_records_its_own_next_replies_and_leaves_the_rest(core):
-    call = core.Call(5, "step", 3, None, None, None)
+    call = core.Call(5, "step", 3, None, None, None, core.settings)
     next_reply = [5, 5, 4]
     assert call.take(0, (5, wire.OK, "a"), next_reply) == core.MORE
     assert call.take(1, (5, wire.ERR, ("E", "m", "")), next_reply) == core.MORE
@@ -276,11 +288,68 @@ def test_call_take_records_its_own_next_replies_and_leaves_the_rest(core):
     next_reply[2] = 5  # (the table recorded call 4's)
     assert call.take(2, (5, wire.OK, "c"), next_reply) == core.ANSWERED
     assert next_reply == [6, 6, 6] and call.results == {0: "a", 2: "c"}
-    ok = core.Call(6, "step", 2, 1, None, None)
+    ok = core.Call(6, "step", 2, 1, None, None, core.settings)
     assert ok.take(0, (6, wire.OK, None), next_reply) == core.MORE
     assert ok.take(1, (6, wire.OK, "mine"), next_reply) == core.ALL_OK
     assert ok.ok_value() == "mine" and next_reply == [7, 7, 6]
     assert len({core.MORE, core.ALL_OK, core.ANSWERED, core.LEAVE}) == 4
+
+
+def test_a_call_records_the_statuses_its_settings_name_whatever_was_imported(core):
+    # (no module holds the statuses: each call is given them, and records only those)
+    ok, err = object(), object()
+    settings = core.CoreSettings(ok, err, NotOwnerError.of, F.loop_delivery)
+    call, next_reply = core.Call(0, "m", 2, None, None, None, settings), [0, 0]
+    assert call.take(0, (0, wire.OK, "wire's"), next_reply) == core.LEAVE
+    assert call.take(0, (0, ok, "a"), next_reply) == core.MORE
+    assert call.take(1, (0, err, ("E", "m", "")), next_reply) == core.ANSWERED
+    assert call.results == {0: "a"} and call.errors == {1: ("E", "m", "")}
+    assert core.in_turn((1, wire.ERR, None), 0, next_reply, settings) is None
+    answered = []
+    assert core.record_each([(1, ok, "b")], 0, 0, next_reply, {}, answered, settings) == 1
+    assert next_reply == [2, 1] and not answered  # (call 1 is not pending: dropped)
+
+
+def test_a_future_raises_its_settings_not_owner_error_in_a_forked_child(make):
+    # (the error is the settings' own, whoever imported what)
+    class Stranger(Exception):
+        pass
+
+    settings = make.core.CoreSettings(wire.OK, wire.ERR, lambda *a: Stranger(*a), F.loop_delivery)
+    fut = type(make())(make.source, {}, settings)
+    pid = os.fork()
+    if pid == 0:  # (the child: exits with what it saw)
+        try:
+            fut.done()
+        except Stranger as e:
+            os._exit(0 if e.args[1:] == (os.getppid(), os.getpid()) else 2)
+        except BaseException:
+            os._exit(3)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not fut.done()
+
+
+def test_the_core_chooses_its_build_only_where_it_imports():
+    # (no `if cython.compiled:` in any module's logic: a module-level `if` of imports alone
+    # picks the C or the Python primitives and the others' types, and IMPLEMENTATION names
+    # the build; the rest is one source)
+    folder = pathlib.Path(F.__file__).parent
+    for name in CORE_MODULES + ("primitives",):
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        allowed = set()
+        for node in tree.body:
+            if isinstance(node, ast.If) and all(isinstance(n, (ast.Import, ast.ImportFrom))
+                                                for n in node.body + node.orelse):
+                allowed.add(id(node.test))
+            elif isinstance(node, ast.Assign) and \
+                    [t.id for t in node.targets if isinstance(t, ast.Name)] == ["IMPLEMENTATION"]:
+                allowed.update(id(n) for n in ast.walk(node.value))
+        found = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "compiled"
+                 and isinstance(n.value, ast.Name) and n.value.id == "cython"]
+        assert all(id(n) in allowed for n in found), \
+            (name, [n.lineno for n in found if id(n) not in allowed])
 
 
 def test_the_states_are_concurrent_futures_own():
@@ -298,8 +367,10 @@ def test_the_plain_core_runs_from_its_source_without_cython(tmp_path):
         "import sys\n"
         "sys.modules['cython'] = None  # (import cython fails)\n"
         "import mpx, mpx._impl\n"
-        "from mpx._driver import future_core as core\n"
-        "assert core.IMPLEMENTATION == 'python' and core.__file__.endswith('future_core.py')\n"
+        "import importlib\n"
+        f"for name in {CORE_MODULES!r}:\n"
+        "    core = importlib.import_module('mpx._driver.' + name)\n"
+        "    assert core.IMPLEMENTATION == 'python' and core.__file__.endswith(name + '.py')\n"
         "from _workers import Echo\n"
         "ex = mpx.Executor(Echo, world_size=2, start_method='spawn')\n"
         "try:\n"
@@ -319,7 +390,7 @@ def test_the_plain_core_runs_from_its_source_without_cython(tmp_path):
 
 
 def test_call_outcome(core):
-    call = core.Call(0, "step", 1, None, None, None)
+    call = core.Call(0, "step", 1, None, None, None, core.settings)
     call.value, call.done = 42, True
     assert call.outcome() == 42
     call.error = KeyError("gone")
@@ -328,30 +399,30 @@ def test_call_outcome(core):
 
 
 def test_record_each_records_a_batch_and_stops_at_what_is_not_a_call_reply(core):
-    calls = {s: core.Call(s, "step", 2, None, None, None) for s in (3, 4, 5)}
+    calls = {s: core.Call(s, "step", 2, None, None, None, core.settings) for s in (3, 4, 5)}
     calls[3].add(0, True, "a3")
     calls[4].add(0, False, ("E", "m", ""))
     pending, next_reply, answered = dict(calls), [6, 2], []
     replies = [(2, wire.OK, "late"), (3, wire.OK, "b3"), (4, wire.OK, "b4"),
                (5, wire.STALL, {}), (5, wire.OK, "b5"), (7, wire.OK, "after a gap")]
     # call 2 timed out (not pending): its reply is dropped; calls 3 and 4 are answered
-    assert core.record_each(replies, 0, 1, next_reply, pending, answered) == 3
+    assert core.record_each(replies, 0, 1, next_reply, pending, answered, core.settings) == 3
     assert answered == [calls[3], calls[4]] and next_reply == [6, 5]
     assert calls[3].results == {0: "a3", 1: "b3"} and calls[4].errors == {0: ("E", "m", "")}
     # the stall report is the table's; then call 5's reply; then a gap (6 is owed): the table's
-    assert core.record_each(replies, 4, 1, next_reply, pending, answered) == 5
+    assert core.record_each(replies, 4, 1, next_reply, pending, answered, core.settings) == 5
     assert next_reply == [6, 6] and calls[5].results == {1: "b5"}  # rank 0 still missing
     assert answered == [calls[3], calls[4]]
 
 
 def test_in_turn_is_the_one_test_and_advance_of_every_recorded_reply(core):
     next_reply = [4, 9]
-    assert core.in_turn((4, wire.OK, "r"), 0, next_reply) == 4 and next_reply == [5, 9]
+    assert core.in_turn((4, wire.OK, "r"), 0, next_reply, core.settings) == 4 and next_reply == [5, 9]
     for out_of_turn in [(6, wire.OK, "r"), (4, wire.OK, "r"), (5, wire.STALL, {}),
                         (5, "no such status", None), ["not", "a", "tuple"], (5, wire.OK)]:
-        assert core.in_turn(out_of_turn, 0, next_reply) is None, out_of_turn
+        assert core.in_turn(out_of_turn, 0, next_reply, core.settings) is None, out_of_turn
         assert next_reply == [5, 9]  # nothing changed
-    call = core.Call(5, "m", 2, None, None, None)
+    call = core.Call(5, "m", 2, None, None, None, core.settings)
     assert call.take(0, (5, wire.ERR, ("E", "m", "")), next_reply) == core.MORE
     assert next_reply == [6, 9]
     assert call.take(1, (5, wire.OK, "x"), next_reply) == core.LEAVE  # (rank 1 owes 9)
@@ -360,12 +431,12 @@ def test_in_turn_is_the_one_test_and_advance_of_every_recorded_reply(core):
 
 def test_settle_ok_settles_in_order_and_stops_where_the_table_must_finish(core):
     import collections
-    done_already = core.Call(1, "step", 1, None, None, None)
+    done_already = core.Call(1, "step", 1, None, None, None, core.settings)
     done_already.done = True  # (a timeout settled it first)
-    ok = core.Call(2, "step", 1, 0, None, 9.0)
+    ok = core.Call(2, "step", 1, 0, None, 9.0, core.settings)
     ok.future = "a future"
-    failed = core.Call(3, "step", 1, None, None, None)
-    later = core.Call(4, "step", 1, None, None, None)
+    failed = core.Call(3, "step", 1, None, None, None, core.settings)
+    later = core.Call(4, "step", 1, None, None, None, core.settings)
     ok.add(0, True, "r")
     failed.add(0, False, ("E", "m", ""))
     later.add(0, True, "s")
@@ -400,7 +471,7 @@ def test_a_task_awaiting_a_future_is_cancelled_at_once_and_the_late_reply_droppe
         assert caught == [("stop",)] and not f.done()
         f.set_result("late")  # in the loop's thread: dropped, the count handed over
         await asyncio.sleep(0)
-        assert F._delivery(loop).awaiting == {}
+        assert F.loop_delivery(loop).awaiting == {}
         assert f.result() == "late"
 
     asyncio.run(main())
@@ -537,9 +608,9 @@ def test_a_timed_take_waits_for_the_holder_and_an_interrupt_ends_it(core):
 
 def test_the_ledger_keeps_pending_and_its_counters_in_step(core):
     ledger = core.Ledger()
-    plain = core.Call(0, "a", 1, None, None, None)
-    timed = core.Call(1, "b", 1, None, None, time.monotonic() + 60)
-    held = core.Call(2, "c", 1, None, None, None)
+    plain = core.Call(0, "a", 1, None, None, None, core.settings)
+    timed = core.Call(1, "b", 1, None, None, time.monotonic() + 60, core.settings)
+    held = core.Call(2, "c", 1, None, None, None, core.settings)
     held.future = object()
     for call in (plain, timed, held):
         assert ledger.register(call)
@@ -554,13 +625,14 @@ def test_the_ledger_keeps_pending_and_its_counters_in_step(core):
     ledger.forget(plain)
     assert plain.done and plain.value is None and not ledger.pending
     ledger.open = False  # (the table stopped: no call registers)
-    late = core.Call(3, "d", 1, None, None, None)
+    late = core.Call(3, "d", 1, None, None, None, core.settings)
     assert not ledger.register(late) and not ledger.pending
 
 
 def test_the_ledger_settles_a_batch_until_a_call_needs_the_table(core):
     ledger = core.Ledger()
-    calls = [core.Call(i, "m", 1, None, None, time.monotonic() + 60) for i in range(4)]
+    calls = [core.Call(i, "m", 1, None, None, time.monotonic() + 60, core.settings)
+             for i in range(4)]
     calls[1].future = object()
     for c in calls:
         ledger.register(c)

@@ -167,6 +167,22 @@ def test_the_codec_imports_no_mpx_module_but_its_cython_shim():
         "mpx.mechanism", "mpx.mechanism._cython_shim", "mpx.mechanism.codec"}
 
 
+# the driver's futures core (mpx/_driver/__init__.py lists it): one source each, compiled
+# where built, told what it must know of the rest of mpx (CoreSettings)
+FUTURES_CORE = ("primitives", "locks", "meter", "core_settings", "ledger", "waiters",
+                "future_core")
+
+
+@pytest.mark.parametrize("module", FUTURES_CORE)
+def test_the_futures_core_imports_no_mpx_module_but_its_own_the_adapter_and_the_shim(module):
+    # (its .pxd and pure-mode cimports too)
+    allowed = {"mpx", "mpx._interp", "mpx._driver", "mpx.mechanism",
+               "mpx.mechanism._cython_shim"} | {f"mpx._driver.{m}" for m in FUTURES_CORE}
+    for suffix in (".py", ".pxd"):
+        wrong = _imports(ROOT / "_driver" / (module + suffix)) - allowed
+        assert not wrong, f"mpx/_driver/{module}{suffix} imports {sorted(wrong)}"
+
+
 def test_only_the_public_names_are_exported():
     import mpx
     assert all(not n.startswith("_") or n == "__version__" for n in mpx.__all__)

@@ -19,7 +19,7 @@ def _registry(n_ranks: int, n_calls: int) -> tuple[CallRegistry, list]:
                        lambda rank, err: None)
     calls = []
     for seq in range(n_calls):
-        call = Call(seq, "m", n_ranks, None, None, None)
+        call = Call(seq, "m", n_ranks, None, None, None, reg.settings)
         reg.pending[seq] = call
         calls.append(call)
     reg.next_seq = n_calls
@@ -92,7 +92,7 @@ def _pump(n_ranks: int, seqs: list[int], inbox: dict[int, list]):
     reg = CallRegistry(n_ranks, StallDiagnosis(mpx.Config(), lambda: [0] * n_ranks,
                                                lambda rank: False), lambda rank, err: None)
     pump = ReplyPump(reg, lambda err: None)
-    calls = {seq: Call(seq, "m", n_ranks, None, None, None) for seq in seqs}
+    calls = {seq: Call(seq, "m", n_ranks, None, None, None, reg.settings) for seq in seqs}
     pump.pending.update(calls)
     reg.next_seq = max(seqs) + 1
     asked: list = []

@@ -14,7 +14,7 @@ import _builds
 import pytest
 
 import mpx
-from mpx._driver import future_core
+from mpx._driver import meter as meter_mod
 from mpx._driver import stats as stats_mod
 
 
@@ -101,7 +101,7 @@ def test_stats_after_shutdown_keep_the_last_figures(executor):
 
 
 def test_quantiles_from_buckets():
-    core = future_core
+    core = meter_mod
     h = core.Histogram()
     for v in [1e-6 * (i + 1) for i in range(100)]:  # 1..100 us
         h.observe(v)
@@ -118,9 +118,9 @@ def test_quantiles_from_buckets():
 
 
 def test_compiled_and_plain_histograms_count_each_value_in_the_same_bucket():
-    # (compiled: from the value's binary exponent; plain: bisect over the bounds)
-    cores = {future_core, _builds.plain("mpx._driver.future_core")}
-    bounds = future_core.BOUNDS
+    # (both from the value's binary exponent: C's frexp compiled, math.frexp plain)
+    cores = {meter_mod, _builds.plain("mpx._driver.meter")}
+    bounds = meter_mod.BOUNDS
     values = [-1.0, 0.0, 5e-324, 1e-9, 1e6, 1e300, float("inf")] + [
         v for b in bounds
         for v in (math.nextafter(b, 0), b, math.nextafter(b, math.inf), b * 1.1)]
@@ -138,18 +138,31 @@ def test_compiled_and_plain_histograms_count_each_value_in_the_same_bucket():
 
 
 def test_the_window_rotates():
-    core = future_core
-    meter = core.Meter(1, TimeoutError, 0.05)
-    call = core.Call(0, "m", 1, None, None, None)
-    meter.reply(0, call, True)
+    meter = meter_mod.Meter(1, TimeoutError, 0.05)
+    started = time.monotonic()
+    assert started <= meter.reply(0, started, 0.0, True) <= time.monotonic()
     assert meter.recent[0].count == 1
     time.sleep(0.06)
-    call = core.Call(1, "m", 1, None, None, None)
-    meter.reply(0, call, True)  # a new window: the old one is kept as `previous`
+    meter.reply(0, time.monotonic(), 0.0, True)  # a new window: the old one is `previous`
     assert meter.recent[0].count == 1 and meter.previous[0].count == 1
     time.sleep(0.06)
-    meter.reply(0, core.Call(2, "m", 1, None, None, None), True)
+    meter.reply(0, time.monotonic(), 0.0, True)
     assert [h.count for h in stats_mod.rank_histograms(meter, 0)] == [1, 1, 1]
+
+
+def test_the_meter_records_skew_and_outcomes():
+    for core in (meter_mod, _builds.plain("mpx._driver.meter")):
+        meter = core.Meter(2, TimeoutError)
+        started = time.monotonic()
+        first = meter.reply(1, started, 0.0, False)
+        last = meter.reply(0, started, first, True)
+        assert meter.skew_recent.count == 1 and meter.skew_recent.sum == last - first
+        meter.settled("m", None, started, last)
+        meter.settled("m", TimeoutError(), started, 0.0)  # (not every rank answered)
+        meter.settled("m", KeyError(), started, 0.0)
+        m = meter.methods["m"]
+        assert (m.ok, m.timeout, m.error) == (1, 1, 1)
+        assert m.durations.count == 1 and m.durations.sum == last - started
 
 
 # ------------------------------------------------------------------ Prometheus

@@ -16,6 +16,7 @@ import importlib.util
 import multiprocessing
 import os
 from importlib import metadata
+from typing import Any
 
 from mpx._units import human_size
 
@@ -38,6 +39,15 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _core_implementation(modules: tuple[Any, ...]) -> str:
+    """The futures core's build ("cython" or "python"), or each module's where they
+    differ (a partial build)."""
+    builds = {m.__name__.rpartition(".")[2]: m.IMPLEMENTATION for m in modules}
+    if len(set(builds.values())) == 1:
+        return next(iter(builds.values()))
+    return ", ".join(f"{name} {build}" for name, build in builds.items())
+
+
 def machine_facts() -> list[tuple[str, str]]:
     """What mpx finds here, as (name, value) rows: versions, the ring, /dev/shm, CPUs."""
     import platform
@@ -45,12 +55,13 @@ def machine_facts() -> list[tuple[str, str]]:
 
     import mpx
     from mpx import _debug
-    from mpx._driver import future_core
+    from mpx._driver import core_settings, future_core, ledger, locks, meter, waiters
     from mpx.mechanism import segments
 
     rows = [("mpx", f"{mpx.__version__} ({os.path.dirname(mpx.__file__)})"),
             ("ring implementation", mpx.ring_implementation()),
-            ("futures core", future_core.IMPLEMENTATION),
+            ("futures core", _core_implementation(
+                (locks, meter, ledger, waiters, future_core, core_settings))),
             ("python", f"{platform.python_version()} ({sys.executable})"),
             ("platform", platform.platform())]
     try:

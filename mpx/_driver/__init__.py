@@ -13,9 +13,16 @@
 - :mod:`.lockorder`: every driver lock with its rank, the order they nest in, and the check
   of it (``MPX_CHECK_LOCKS=1``).
 - :mod:`.stalls`: why a rank has not answered (watchdog reports, dumps, process state).
-- :mod:`.futures`: ``RPCFuture``, awaitable, over :mod:`.future_core` (a call's record and
-  the future's hot part: one source, compiled where it was built, else run as plain Python;
-  it imports no other mpx module; its ``Meter`` measures the calls as they go).
+- :mod:`.futures`: ``RPCFuture``, awaitable, over the futures core.
+- The futures core, the hot parts of a call and its future, each module one source
+  (Cython's pure-Python mode, its C types in the ``.pxd`` beside it), compiled where it
+  was built, else run as plain Python; they import each other and :mod:`mpx._interp`, no
+  other mpx module, and are told the rest (:mod:`.core_settings`, ``CoreSettings``):
+  :mod:`.locks` (the C lock, the baton), :mod:`.meter` (what the calls measure as they
+  go), :mod:`.ledger` (a call's record of its replies, the calls in flight),
+  :mod:`.waiters` (what an awaiting asyncio task waits on), :mod:`.future_core` (the
+  future's state, completion and hand-off); :mod:`.primitives` holds the few primitives
+  whose C and Python forms differ (``primitives.pxd``, ``primitives.py``).
 - :mod:`.stats`: ``Executor.stats()``'s snapshot of the meter and the workers;
   :mod:`.stats_server`, the ``Config.stats_socket`` endpoint that ``python -m mpx top`` reads.
 - :mod:`.preflight`: the checks made before any worker starts.

@@ -8,8 +8,8 @@ import threading
 import weakref
 from typing import Any, Protocol
 
-from mpx._driver import future_core as _core
-from mpx.errors import NotOwnerError
+from mpx._driver.future_core import FINISHED, FutureCore
+from mpx._driver.waiters import runs_here
 
 
 class ReplySource(Protocol):
@@ -39,9 +39,10 @@ class _LoopDelivery:
     ``asyncio.wrap_future`` wakes it once for each future). While futures are awaited, the
     loop then reads the replies itself, a step per loop iteration, with no thread hand-off;
     when a step finds none, the background reader waits for the next one. While a step
-    reads (and while the core's LoopWakeups resumes the loop's tasks), ``running_thread``
-    is the loop's thread: a future completed there wakes its awaiting task at once, in the
-    loop's thread; one completed anywhere else goes through ``add``.
+    reads (and while the core's LoopWakeups, mpx/_driver/waiters.py, resumes the loop's
+    tasks), ``running_thread`` is the loop's thread: a future completed there wakes its
+    awaiting task at once, in the loop's thread; one completed anywhere else goes through
+    ``add``.
     """
 
     __slots__ = ("loop", "lock", "batch", "awaiting", "reading", "wakeups", "running_thread")
@@ -80,7 +81,7 @@ class _LoopDelivery:
         with self.lock:
             first = not self.batch
             self.batch.append((target, done, source))
-        if _runs_here(self):  # (where the loop runs now, not where it was made)
+        if runs_here(self):  # (where the loop runs now, not where it was made)
             if first:
                 loop.call_soon(self.deliver)  # (a step delivers before that)
             return
@@ -148,7 +149,9 @@ _deliveries_lock = threading.Lock()
 _last = threading.local()  # this thread's last loop's delivery, the common case's lookup
 
 
-def _delivery(loop: asyncio.AbstractEventLoop) -> _LoopDelivery:
+def loop_delivery(loop: asyncio.AbstractEventLoop) -> _LoopDelivery:
+    """The delivery of ``loop``, made on first use (the futures core is given this:
+    ``CoreSettings.delivery_of``, mpx/_driver/registry.py)."""
     found = getattr(_last, "delivery", None)
     if found is not None and found.loop() is loop:
         return found
@@ -160,19 +163,7 @@ def _delivery(loop: asyncio.AbstractEventLoop) -> _LoopDelivery:
     return found
 
 
-# the state, completion and asyncio hand-off, in C fields when the extension is built
-_core.configure_loops(_delivery)
-_core.configure_owner(NotOwnerError.of)
-_runs_here = _core.runs_here
-_FINISHED = _core.FINISHED
-# The call table sets the futures of the calls it settled with this: complete_each(completed,
-# due) completes each and wakes the loops that await it, in the thread that read the
-# replies, and appends to ``due`` the futures whose done callbacks are left to run (the
-# table runs each one's ``_run_callbacks()`` on its callback thread, outside every lock).
-complete_each = _core.complete_each
-
-
-class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[misc,name-defined,override]
+class RPCFuture(FutureCore, concurrent.futures.Future):  # type: ignore[misc,override]
     """The future of one ``collective_rpc(..., non_block=True)`` call.
 
     It completes when the call's replies arrive, whether or not anyone calls ``result()``:
@@ -208,7 +199,8 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
     # or the sleeper did: the Condition exists when the completer looks, and the sleeper is
     # already waiting on it (or will see FINISHED). No wake-up is lost, and the base class's
     # methods that use ``self._condition`` (wait, as_completed, repr) work unchanged.
-    # ``_core.FutureCore`` holds the state and does the completing and the awaiting.
+    # ``FutureCore`` (mpx/_driver/future_core.py) holds the state and does the completing
+    # and the awaiting; it is made with its executor's ``CoreSettings``.
 
     # (its fields, for the type checker: annotations only, no class attributes)
     _lock: Any  # (threading.Lock's acquire, release, locked and `with`)
@@ -221,8 +213,8 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
-        # (concurrent.futures.wait and as_completed sleep on it: in a forked child, never
-        # woken; NotOwnerError there instead)
+        # (concurrent.futures.wait and as_completed sleep on it: mpx/_interp.py's
+        # FUTURE_FIELDS; in a forked child, never woken: NotOwnerError there instead)
         self._check_owner()
         cond = self._cond
         if cond is None:  # (a thread inside ``with cond`` finds it: no re-entry of _lock)
@@ -237,11 +229,11 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
         The waiting thread reads the replies itself when no other thread does.
         NotOwnerError in any process but the one that made it (a forked child)."""
         self._check_owner()
-        if self._state != _FINISHED:
+        if self._state != FINISHED:
             call = self._call
             if call is not None:
                 self._source.wait(call, timeout)
-            if self._state != _FINISHED:  # set by another thread just now: wait for it
+            if self._state != FINISHED:  # set by another thread just now: wait for it
                 self._sleep(timeout)
         exc = self._exception
         if exc is not None:
@@ -254,11 +246,11 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The call's exception, or None; waits as :meth:`result` does."""
         self._check_owner()
-        if self._state != _FINISHED:
+        if self._state != FINISHED:
             call = self._call
             if call is not None:
                 self._source.wait(call, timeout)
-            if self._state != _FINISHED:
+            if self._state != FINISHED:
                 self._sleep(timeout)
         return self._exception
 
@@ -268,15 +260,15 @@ class RPCFuture(_core.FutureCore, concurrent.futures.Future):  # type: ignore[mi
         an interrupt can leave ``_lock`` held; see mpx/_driver/pump.py.)"""
         cond = self._condition
         with self._lock:
-            if self._state != _FINISHED:
+            if self._state != FINISHED:
                 cond.wait(timeout)
-        if self._state != _FINISHED:  # (raised here: the repr takes the lock)
+        if self._state != FINISHED:  # (raised here: the repr takes the lock)
             raise TimeoutError(f"{self!r} is not done after {timeout} s")
 
     def __repr__(self) -> str:
         # (the base class's takes _condition: a repr works in every process)
         state = self._state
-        if state == _FINISHED:
+        if state == FINISHED:
             outcome = (f"raised {type(self._exception).__name__}" if self._exception is not None
                        else f"returned {type(self._result).__name__}")
             return f"<{type(self).__name__} at {id(self):#x} state=finished {outcome}>"

@@ -27,7 +27,7 @@ rank  lock                          guards
 Innermost of all, taken with none of the above waited for inside it: the call ledger's lock
 (``Ledger.lock``, compiled; held for dict and counter updates only), the futures' own locks
 (mpx/_driver/futures.py, future_core.py) and each transport end's own lock. The baton
-(mpx/_driver/future_core.py) is never waited for while one of these locks is held, and no
+(mpx/_driver/locks.py) is never waited for while one of these locks is held, and no
 user code runs under any of them.
 
 With ``MPX_CHECK_LOCKS=1`` in the environment when mpx is imported, the locks are made as

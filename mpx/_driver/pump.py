@@ -5,7 +5,7 @@ Rules (see mpx/_driver/calls.py for the whole model):
 - One thread at a time holds the baton and reads. While it holds it, it only reads and
   records (mpx/_driver/registry.py); it runs no user code. The pump does the reading (the
   transport's read, serde's decode) and hands each reply to a record: the call's own
-  (``Call.take``, mpx/_driver/future_core.py) or the registry's; the records never read.
+  (``Call.take``, mpx/_driver/ledger.py) or the registry's; the records never read.
   Once it lets go (``Baton.let_go``, then ``handed_over``) it makes the outcomes of what it answered and sets
   their futures (``after_reading``).
 - A thread that waits for its call (a blocking ``collective_rpc``, ``future.result()``)
@@ -20,7 +20,7 @@ Rules (see mpx/_driver/calls.py for the whole model):
   deadline nudges the reading ends, and the wait ends (WaitNudged) to be computed again.
 - An interrupt (any BaseException) that escapes a read leaves the registry repaired
   (``repair``) and the baton released: it is taken inside the ``try`` and let go first
-  thing in its ``finally`` (``Baton``, mpx/_driver/future_core.py, says why); a wake-up
+  thing in its ``finally`` (``Baton``, mpx/_driver/locks.py, says why); a wake-up
   an interrupt cut short is made up by the waiters' recheck (TURN_RECHECK_S).
 - Locks are entered with ``with`` on the lock itself (never ``acquire()`` before a
   ``try``, nor a Condition's ``with``, whose ``__enter__`` is Python): an interrupt can
@@ -37,7 +37,8 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from mpx import _debug
-from mpx._driver import future_core as _core
+from mpx._driver.ledger import ALL_OK, ANSWERED, MORE  # (Call.take's)
+from mpx._driver.locks import Baton
 from mpx._driver.registry import Call, CallRegistry
 from mpx.errors import Cancelled, DeserializationError, ExecutorFailed, PeerDiedError, QueueTimeout
 from mpx.protocol import wire
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("mpx")
 
-_MORE, _ALL_OK, _ANSWERED = _core.MORE, _core.ALL_OK, _core.ANSWERED  # (Call.take's)
 
 # How long the background reader leaves the reading to an event loop (renewed at each of
 # the loop's reading steps): a loop whose thread is blocked elsewhere holds the replies of
@@ -64,7 +64,7 @@ LOOP_READ_WAIT_S = 50e-6
 _COMPUTING = -1.0
 # How often a thread sleeping on `turn` (for its call, or the background reader with
 # futures outstanding) looks again although nobody woke it: an interrupt can cut a hand-over
-# short before its wake-up (see Baton in mpx/_driver/future_core.py).
+# short before its wake-up (see Baton in mpx/_driver/locks.py).
 TURN_RECHECK_S = 0.1
 # While calls wait in the sender's queue (the broadcast ring is full), a reader waiting on
 # one rank looks at every rank this often: a worker blocked on its full response ring
@@ -96,7 +96,7 @@ class ReplyPump:
             registry.ledger, registry.pending, registry.next_reply
         self.turn, self.turn_lock, self.stalls = registry.turn, registry.turn_lock, registry.stalls
         self.resp: list[MessageQueue] = []
-        self.baton = _core.Baton()           # held by the one thread that reads replies
+        self.baton = Baton()                 # held by the one thread that reads replies
         self.reading_until: float | None = None  # the holder's read limit (see above)
         self.background: threading.Thread | None = None
         self._background_reads = False       # the background reader holds the baton
@@ -279,12 +279,12 @@ class ReplyPump:
                 e.rank = rank
                 raise
             answered = call.take(rank, reply, next_reply)
-            if answered == _ALL_OK:
+            if answered == ALL_OK:
                 self.registry.settle(call, call.ok_value())
-            elif answered == _MORE:
+            elif answered == MORE:
                 rank = call.first_missing()
                 continue
-            elif answered == _ANSWERED:
+            elif answered == ANSWERED:
                 self.registry.answer(call)
             else:  # (LEAVE) not this call's next reply: the table records it
                 seq, status, payload = reply

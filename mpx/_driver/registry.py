@@ -7,7 +7,7 @@ Rules (see mpx/_driver/calls.py for the whole model):
   mpx/_driver/sender.py, inside the section that numbers it). It is held for dict and
   counter updates only: never while reading or writing a queue, never while user code
   runs. The calls in flight and their counters are the ``ledger``'s
-  (mpx/_driver/future_core.py), whose hot changes (register, settle, forget, a batch's
+  (mpx/_driver/ledger.py), whose hot changes (register, settle, forget, a batch's
   settle_ok) take and release ``lock`` in C where compiled; the others are made here, in
   ``with lock``. ``ledger.open`` is False once ``stopping`` is set (``_stop``): no call
   registers after a failure or shutdown began.
@@ -18,11 +18,14 @@ Rules (see mpx/_driver/calls.py for the whole model):
   settled calls and queuing its callbacks one step, so that two threads completing at once
   (a caller after its send, the reader after its reads) cannot queue a later batch first.
   No user code runs under it.
-- One path records a reply: the compiled core's ``in_turn`` (a call's reply, the one its
-  rank owes next, advances that rank) then ``Call.add``, reached from ``Call.take`` (the
+- One path records a reply: the ledger's ``in_turn`` (a call's reply, the one its rank
+  owes next, advances that rank) then ``Call.add``, reached from ``Call.take`` (the
   pump, for the call it waits for), ``record_each`` (a batch) and ``record`` (this
-  registry's one entry for what the core leaves: a stall report, a reply after a gap, an
-  undecodable one's stand-in; it accounts for those, then records as the core does).
+  registry's one entry for what the ledger leaves: a stall report, a reply after a gap, an
+  undecodable one's stand-in; it accounts for those, then records as the ledger does).
+- The futures core is told what it must know of the rest of mpx (the wire's OK and ERR,
+  NotOwnerError, the event loops' deliveries) by ``settings``, one ``CoreSettings`` built
+  here for the executor, which the sender gives each ``Call`` and ``RPCFuture`` it makes.
 - The ledger's counters (``outstanding``, ``with_deadline``) are derived from ``pending``
   and can be rebuilt from it (``repair``), which an interrupt arriving mid-update relies on.
 """
@@ -33,15 +36,19 @@ import collections
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mpx._driver import future_core as _core
 from mpx._driver import lockorder
 from mpx._driver.callbacks import CallbackThread
-from mpx._driver.futures import complete_each
+from mpx._driver.core_settings import CoreSettings
+from mpx._driver.future_core import complete_each
+from mpx._driver.futures import loop_delivery
+from mpx._driver.ledger import Call, Ledger, record_each
+from mpx._driver.meter import Meter
 from mpx._driver.stalls import StallDiagnosis
 from mpx.errors import (
     ExecutorFailed,
+    NotOwnerError,
     PeerDiedError,
     ReplyLostError,
     RPCError,
@@ -49,15 +56,6 @@ from mpx.errors import (
     WorkerStalledError,
 )
 from mpx.protocol.wire import ERR, OK, STALL
-
-_core.configure_replies(OK, ERR)  # (the statuses of a call's reply that the core records)
-if TYPE_CHECKING:
-    from mpx._driver.future_core import Call
-else:
-    # one call in flight: its replies so far and, once done, its outcome (C fields when
-    # the extension is built)
-    Call = _core.Call
-_record_each = _core.record_each
 
 
 def _min(*limits: float | None) -> float | None:
@@ -73,10 +71,13 @@ class CallRegistry:
         self.n_ranks = n_ranks
         self.stalls = stalls
         self.on_peer_gone = on_peer_gone
+        # what the futures core is told: the statuses of a call's reply that it records, the
+        # error of a future used outside its process, the event loops' deliveries
+        self.settings = CoreSettings(OK, ERR, NotOwnerError.of, loop_delivery)
         # the calls in flight and their counters; its lock guards them and the end state
         # (and what they measure: mpx/_driver/stats.py reads it)
-        self.meter = _core.Meter(n_ranks, RPCTimeoutError)
-        self.ledger = _core.Ledger(self.meter)
+        self.meter = Meter(n_ranks, RPCTimeoutError)
+        self.ledger = Ledger(self.meter)
         self.lock = self.ledger.lock
         # a call done, or the baton free: sleep on `turn` holding `turn_lock`, entered with
         # `with turn_lock` (a Condition's own __enter__ is Python: an interrupt can leave
@@ -143,8 +144,8 @@ class CallRegistry:
 
     def record(self, rank: int, seq: int, status: int, payload: Any) -> None:
         """Record one reply of ``rank`` (the thread holding the baton): the one entry for
-        what the compiled core leaves to the table (a stall report, a reply after a gap, an
-        undecodable one's stand-in). Once the gap is accounted for, the reply of a call is
+        what the ledger's ``in_turn`` leaves to the table (a stall report, a reply after a
+        gap, an undecodable one's stand-in). Once the gap is accounted for, the reply of a call is
         recorded as every one is (``record_each``, through ``in_turn``)."""
         if status == STALL:
             self.stalls.report(rank, payload, self.next_reply[rank])
@@ -155,8 +156,8 @@ class CallRegistry:
             self._replies_lost(rank, seq)
             self.next_reply[rank] = seq  # (the lost ones failed: this one is owed now)
         answered: list[Call] = []
-        if not _record_each([(seq, status, payload)], 0, rank, self.next_reply,
-                            self.pending, answered):
+        if not record_each([(seq, status, payload)], 0, rank, self.next_reply,
+                           self.pending, answered, self.settings):
             self.next_reply[rank] = seq + 1  # (no status a worker sends: dropped)
         if answered:
             self.settle_answered(answered)
@@ -170,8 +171,8 @@ class CallRegistry:
                 stop = start
             else:
                 answered: list[Call] = []
-                stop = _record_each(replies, start, rank, self.next_reply, self.pending,
-                                    answered)
+                stop = record_each(replies, start, rank, self.next_reply, self.pending,
+                                   answered, self.settings)
                 if answered:
                     self.settle_answered(answered)
             if stop == n:

@@ -191,9 +191,9 @@ class Sender:
         if reply_rank is not None and reply_rank >= n_ranks:
             raise ValueError(f"unique_reply_rank must be in [0, {n_ranks}), got "
                              f"{reply_rank!r}: the group has {n_ranks} ranks now")
-        call = Call(seq, name, n_ranks, reply_rank, aggregator, deadline)
+        call = Call(seq, name, n_ranks, reply_rank, aggregator, deadline, reg.settings)
         if non_block:
-            call.future = RPCFuture(self.pump, call)
+            call.future = RPCFuture(self.pump, call, reg.settings)
         reg.next_seq = seq + 1
         if not self.ledger.register(call, parts):
             reg.check_usable()  # (raises: the table stopped)

@@ -1,5 +1,5 @@
 """``Executor.stats()``: a snapshot of what the executor's call table measured (its
-compiled ``Meter``, mpx/_driver/future_core.py) and of its workers.
+compiled ``Meter``, mpx/_driver/meter.py) and of its workers.
 
 Who records what: the thread holding the baton records each reply's latency as it reads
 it; the ledger records each call's outcome holding the table's lock; the reply channels
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from mpx._driver import future_core as _core
+from mpx._driver.meter import BOUNDS
 
 if TYPE_CHECKING:
     from mpx._driver.group import WorkerGroup
@@ -71,7 +71,7 @@ def quantile(counts: list[int], q: float, largest: float) -> float:
         return 0.0
     rank = q * total
     seen = 0
-    bounds = _core.BOUNDS
+    bounds = BOUNDS
     for i, n in enumerate(counts):
         if n and seen + n >= rank:
             lower = bounds[i - 1] if i else 0.0

@@ -1,0 +1,87 @@
+"""The interpreter adapter: the one place that names the private parts of CPython and its
+standard library that mpx relies on, with what mpx assumes of each. tests/test_interp.py
+checks every one of them on the running Python and on each Python that pyenv has
+(3.10 to 3.13). Plain Python, base layer: it imports no mpx module.
+
+A name that mpx only reads is taken from here. A name that mpx must *define* (a slot of
+a compiled class, a property of a subclass) is spelled where it is defined, as it must be,
+and listed here with who defines it; the test checks that the standard library still
+looks for exactly that name.
+
+concurrent.futures (``mpx.RPCFuture``, mpx/_driver/futures.py, is a
+``concurrent.futures.Future`` whose state is held by the compiled ``FutureCore``,
+mpx/_driver/future_core.py; it never runs ``Future.__init__``):
+
+- ``PENDING``, ``RUNNING``, ``CANCELLED``, ``CANCELLED_AND_NOTIFIED``, ``FINISHED``: the
+  values of a future's ``_state``, which the module's functions compare with ``==`` and
+  ``in``. An RPCFuture is RUNNING from the start and FINISHED once its call is settled.
+- ``FUTURE_FIELDS``: what ``wait``, ``as_completed`` (and their ``_AcquireFutures``) read
+  on any future they are given: ``_condition`` (entered, ``acquire()``/``release()``),
+  ``_state``, ``_waiters`` (a list they append a waiter to and remove it from, under the
+  condition's lock). FutureCore defines ``_state`` (a C field) and ``_waiters`` (a
+  property), RPCFuture ``_condition`` (a property).
+- ``WAITER_METHODS``: what a future calls on each of those waiters when it completes
+  (``add_result(future)``, ``add_exception(future)``; ``add_cancelled`` for a cancel,
+  which an RPCFuture never has): FutureCore's ``_finish_locked``.
+- ``FUTURES_LOGGER``: the module's logger, which logs what a done callback raised;
+  FutureCore logs there too.
+
+threading:
+
+- ``CONDITION_LOCK_NEEDS``: what ``threading.Condition(lock)`` needs of a lock that has no
+  ``_is_owned``, ``_release_save`` or ``_acquire_restore`` of its own (it then falls back to
+  ``acquire``/``release``, judges ownership by a non-blocking ``acquire``, and is entered
+  through the lock's ``__enter__``/``__exit__``): the C lock of a compiled future
+  (``CLock``, mpx/_driver/locks.py) is such a lock.
+
+asyncio (an RPCFuture is awaited through a ``Waiter``, mpx/_driver/waiters.py):
+
+- ``ASYNCIO_BLOCKING``: ``_asyncio_future_blocking``, the attribute by which a Task knows
+  that what a step yielded is a future to wait for (it must not be None; the Task sets it
+  False, then calls ``get_loop()``, ``add_done_callback(fn, context=...)`` and, to cancel,
+  ``cancel(msg=...)``), and by which ``asyncio.isfuture`` knows a future: the class has the
+  attribute and the instance's value is not None. ``Waiter`` defines it as a slot.
+- ``is_asyncio_callback(fn)``: whether ``fn`` is a callback of asyncio's own, such as the
+  one ``asyncio.wait`` (3.11 on) adds to each future it waits for, which must run in its
+  loop: a function whose ``__module__`` is asyncio or one of its submodules.
+
+The codec's pickler reference-count probe:
+
+- (reserved: the coordinator adds this entry)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures._base as _futures_base
+import logging
+from collections.abc import Callable
+from typing import Any
+
+# concurrent.futures.Future's states (equal strings since Python 3.2; taken from the module
+# itself, so that ``is`` holds too)
+PENDING: str = _futures_base.PENDING
+RUNNING: str = _futures_base.RUNNING
+CANCELLED: str = _futures_base.CANCELLED
+CANCELLED_AND_NOTIFIED: str = _futures_base.CANCELLED_AND_NOTIFIED
+FINISHED: str = _futures_base.FINISHED
+
+# what concurrent.futures.wait and as_completed read on a future
+FUTURE_FIELDS = ("_condition", "_state", "_waiters")
+# what a completing future calls on each waiter in its _waiters
+WAITER_METHODS = ("add_result", "add_exception", "add_cancelled")
+# concurrent.futures' logger (logging.getLogger("concurrent.futures"))
+FUTURES_LOGGER: logging.Logger = _futures_base.LOGGER
+
+# what threading.Condition uses of a lock with no _is_owned, _release_save and
+# _acquire_restore of its own
+CONDITION_LOCK_NEEDS = ("acquire", "release", "__enter__", "__exit__")
+
+# the attribute by which asyncio's Task and isfuture know a future
+ASYNCIO_BLOCKING = "_asyncio_future_blocking"
+
+
+def is_asyncio_callback(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is a function of asyncio's own (the done callback ``asyncio.wait``
+    adds, which must run in its event loop)."""
+    module = getattr(fn, "__module__", None)
+    return type(module) is str and (module == "asyncio" or module.startswith("asyncio."))
