@@ -65,7 +65,8 @@ extensions = [_extension("mpx.mechanism.codec", "mpx/mechanism/codec.py"), _exte
               _extension("mpx._driver.ledger", "mpx/_driver/ledger.py"),
               _extension("mpx._driver.waiters", "mpx/_driver/waiters.py"),
               _extension("mpx._driver.future_core", "mpx/_driver/future_core.py"),
-              _extension("mpx.mechanism.waiting", "mpx/mechanism/waiting.py")]
+              _extension("mpx.mechanism.waiting", "mpx/mechanism/waiting.py"),
+              _extension("mpx.transport.shm_end", "mpx/transport/shm_end.py")]
 
 setup(
     ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),

@@ -74,6 +74,7 @@ cdef class RingWriter(_RingEnd):
     cdef void _publish(self, uint64_t length, uint32_t flags, uint32_t kind,
                        uint64_t total) noexcept nogil
     cdef void _wake_parked(self) noexcept nogil
+    # (write(), at C level: mpx/transport/shm_primitives.pxd calls it)
     cdef int _write(self, uint32_t kind, parts, int64_t deadline_ns, int64_t total) except? -9
     cpdef bint has_room(self, pieces) except -1
     cpdef wake_readers(self)
@@ -95,5 +96,6 @@ cdef class RingReader(_RingEnd):
     cdef void _ack(self) noexcept nogil
     cdef void _drop_message(self) noexcept
     cdef tuple _read(self, int64_t deadline_ns, int64_t slice_end, bint keep_unallocated)
+    # (read_with(), at C level: mpx/transport/shm_primitives.pxd calls it)
     cdef tuple _read_with(self, consume, uint64_t in_place_min, int64_t deadline_ns,
                           int64_t slice_ns)

@@ -59,3 +59,4 @@ cdef enum:
     SLICE = 5
     NUDGED = 6
     NO_MEMORY = 7
+    CLOSED = 8  # (the shm end's, after close(); the ring never returns it)

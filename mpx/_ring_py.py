@@ -18,7 +18,6 @@ import os
 import platform
 import select
 import time
-from collections.abc import Callable
 from typing import Any
 
 from mpx.mechanism import layout
@@ -755,73 +754,3 @@ class RingReader(_RingEnd):
                 except MemoryError:  # (the copy into bytes; the message is consumed)
                     return self._skipped(kind, self._dest_total)
                 return (layout.OK, kind, out)
-
-
-class WriterEnd:
-    """See ``mpx._ring.WriterEnd``."""
-
-    _ring: RingWriter
-    _lock: Any
-    _closed: bool
-    _encode: Callable[[Any, bool], tuple[int, tuple]]
-
-    def write(self, kind: int, parts: Any, deadline_ns: int, total: int = -1) -> None:
-        """See ``mpx._ring.WriterEnd``."""
-        with self._lock:
-            if self._closed or self._ring._released:
-                self._check_open()  # type: ignore[attr-defined]
-                raise ValueError("write on a released ring")
-            st = self._ring.write(kind, parts, deadline_ns, total)
-            if st != layout.OK:
-                raise self._write_error(st)  # type: ignore[attr-defined]
-
-    def send(self, obj: Any, deadline_ns: int = -1) -> None:
-        """See ``mpx._ring.WriterEnd``."""
-        kind, parts = self._encode(obj, True)
-        self.write(kind, parts, deadline_ns)
-
-    def has_room(self, pieces: Any) -> bool:
-        """See ``mpx._ring.WriterEnd``."""
-        return self._ring.has_room(pieces)
-
-    def wake_readers(self) -> None:
-        """See ``mpx._ring.WriterEnd``."""
-        self._ring.wake_readers()
-
-
-class ReaderEnd:
-    """See ``mpx._ring.ReaderEnd``."""
-
-    _ring: RingReader
-    _lock: Any
-    _closed: bool
-    _decode: Callable[[int, Any], Any]
-    _in_place_min: int
-    _warn_ns: int
-
-    def read_into(self, deadline_ns: int, cancel: Any, warn: bool,
-                  decode: Callable[[int, Any], Any], in_place_min: int | None = None) -> Any:
-        """See ``mpx._ring.ReaderEnd``."""
-        return self._read(deadline_ns, cancel, warn, decode,
-                          self._in_place_min if in_place_min is None else in_place_min)
-
-    def recv(self, deadline_ns: int = -1) -> Any:
-        """See ``mpx._ring.ReaderEnd``."""
-        return self._read(deadline_ns, None, False, self._decode, self._in_place_min)
-
-    def _read(self, deadline_ns: int, cancel: Any, warn: bool,
-              decode: Callable[[int, Any], Any], in_place_min: int) -> Any:
-        started = time.monotonic_ns() if warn else -1
-        with self._lock:
-            if self._closed or self._ring._released:
-                self._check_open()  # type: ignore[attr-defined]
-                raise ValueError("read on a released ring")
-            if cancel is None:
-                st, _, got = self._ring.read_with(decode, in_place_min, deadline_ns,
-                                                  self._warn_ns if warn else -1)
-                if st == layout.OK:
-                    return got
-                if st != layout.SLICE:
-                    raise self._read_error(st)  # type: ignore[attr-defined]
-            return self._read_in_slices(  # type: ignore[attr-defined]
-                deadline_ns, cancel, warn, decode, in_place_min, started)

@@ -42,9 +42,8 @@ from mpx.errors import (
 )
 from mpx.mechanism import layout
 from mpx.protocol import serde
-from mpx.transport import shm as shm_transport
 from mpx.transport.base import Handle, Reader, Writer
-from mpx.transport.shm import ShmWriter
+from mpx.transport.shm import ShmReader, ShmWriter
 from mpx.transport.zmq_reader import ZmqReader
 from mpx.transport.zmq_writer import ZmqWriter
 
@@ -257,7 +256,7 @@ class MessageQueue:
         try:
             if shm_ranks:
                 try:
-                    shm_end = shm_transport.open_writer(shm_ranks, config)
+                    shm_end = ShmWriter(shm_ranks, config)
                 except ShmError as e:
                     if config.transport != "auto":
                         raise
@@ -325,8 +324,7 @@ class MessageQueue:
                                            max_chunks=handle.max_chunks or None)
         reader: Reader
         if handle.shm is not None and rank in handle.shm["shm_ranks"]:
-            reader = shm_transport.attach_reader(
-                handle.shm, handle.shm["shm_ranks"].index(rank), rank, config)
+            reader = ShmReader(handle.shm, handle.shm["shm_ranks"].index(rank), rank, config)
         elif handle.zmq is not None and rank in handle.zmq["zmq_ranks"]:
             reader = ZmqReader(handle.zmq, rank, config)
         else:

@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 
 import mpx
+from mpx import _impl
 from mpx.protocol import serde
 from mpx.queue import deadline_of
+from mpx.transport import shm_end
+from mpx.transport.shm import ShmReader, ShmWriter
 
 pytestmark = pytest.mark.usefixtures("impl")
 
@@ -119,6 +122,24 @@ def test_recv_ready_decodes_what_is_there_without_waiting_and_replaces_the_undec
             assert got == [1, ("bad", "DeserializationError"), (2, "two")]
             with pytest.raises(mpx.QueueTimeout):
                 end.recv(deadline_of(0.05))
+        finally:
+            r.close()
+
+
+def test_the_shm_ends_are_composed_statically_over_the_ring_their_queue_picked():
+    """A queue's shared-memory ends are ShmWriter and ShmReader themselves (no class made
+    at run time), each holding its ring, of the build the queue picked, and its end
+    (mpx/transport/shm_end.py) over that ring."""
+    with mpx.MessageQueue(1, 1) as q:
+        r = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+        try:
+            out, end = q.writing_end(), r.reading_end()
+            assert type(out) is ShmWriter and type(end) is ShmReader
+            rings = _impl.ring_module()
+            assert type(out._ring) is rings.RingWriter and type(end._ring) is rings.RingReader
+            assert type(out._end) is shm_end.WriterEnd and type(end._end) is shm_end.ReaderEnd
+            out.send(("x", 1))
+            assert end.recv(deadline_of(5)) == ("x", 1)
         finally:
             r.close()
 

@@ -5,8 +5,8 @@ talks to ``Writer`` and ``Reader`` only, never to a particular transport.
 The channel: ``Writer.send(obj, deadline_ns)`` encodes an object (serde's policy) and
 writes it; ``Reader.recv(deadline_ns)`` reads the next message and decodes it, and
 ``Reader.recv_ready()`` decodes every message already there. The driver and the workers
-use these; a shared-memory end runs each in one compiled call (the ring module's
-``WriterEnd`` and ``ReaderEnd`` are its base classes).
+use these; a shared-memory end runs each through the compiled end it holds
+(``mpx/transport/shm_end.py``), one call into it a message.
 
 Below the channel, a message is ``(kind, pieces)``: a kind the transport carries untouched
 (it looks only at ``layout.KIND_AS_BYTES``, which says whether the reader gets ``bytes`` or
@@ -81,15 +81,16 @@ class Handle:
 class Endpoint(abc.ABC):
     """The lifecycle every transport end shares: open, then shut down (this process's
     waiters are woken and end with Cancelled; the peers are not told), then closed
-    (resources released, once; the peers are told). ``_lock`` serialises the end's
-    operations with ``close()``."""
+    (resources released, once; the peers are told). ``_lock`` (``lock``, or a
+    ``threading.Lock``) serialises the end's operations with ``close()``."""
 
     #: the peers map this process's shared memory (serde may then send references)
     shares_memory: ClassVar[bool] = False
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config,
+                 lock: contextlib.AbstractContextManager[Any] | None = None) -> None:
         self.config = config
-        self._lock = threading.Lock()
+        self._lock = threading.Lock() if lock is None else lock
         self._closed = False
         self._shut = False
 

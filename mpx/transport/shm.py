@@ -3,13 +3,18 @@
 Policy around the ring mechanism (``RingWriter``/``RingReader``): segment lifetime (unlink
 once every reader attached, reap what dead creators left), readiness, and errors that name
 the peer. Only the ring reads and writes the segment's words.
+
+Each ``ShmWriter`` and ``ShmReader`` holds its ring (of the build ``ring_module()`` picks
+when it is made) and an end over that ring (``mpx/transport/shm_end.py``, compiled): the
+per-message hot path, which answers each call with a status code of
+``mpx.mechanism.layout``. The errors those codes mean, naming the ranks and pids, are made
+here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import logging
 import os
 import secrets
@@ -17,8 +22,7 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from types import ModuleType
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from mpx import _debug
@@ -36,8 +40,10 @@ from mpx.errors import (
     WaitNudged,
 )
 from mpx.mechanism import layout, segments
+from mpx.mechanism.layout import OK, SLICE
 from mpx.protocol import serde
 from mpx.transport.base import Reader, Writer
+from mpx.transport.shm_end import EndLock, ReaderEnd, WriterEnd
 
 logger = logging.getLogger("mpx")
 
@@ -120,14 +126,14 @@ class _Unlinker:
 class ShmWriter(Writer):
     """The writer end of a ring for ``ranks`` (global reader ranks, by ring index): the
     segment's lifetime, readiness and the errors that name a reader. Its hot path
-    (``write``, ``send``, ``has_room``, ``wake_readers``) is the ring module's
-    ``WriterEnd``, a base class of the end :func:`open_writer` makes."""
+    (``write``, ``send``) is its ``WriterEnd``'s; ``has_room`` and ``wake_readers`` the
+    ring's."""
 
     shares_memory = True
-    _rings: ModuleType  # the ring module (compiled or pure) of this end's class
 
     def __init__(self, ranks: list[int], config: Config) -> None:
-        super().__init__(config)
+        lock = EndLock()  # (its end's, which runs each call under it)
+        super().__init__(config, lock)
         self.ranks = list(ranks)
         n = len(ranks)
         segments.reap_stale()
@@ -138,13 +144,13 @@ class ShmWriter(Writer):
         try:
             layout.init_header(self._mm, config.max_chunk_bytes, config.max_chunks, n, self.token,
                           os.getpid())
-            self._ring = self._rings.RingWriter(self._mm, **_ring_args(config))
+            self._ring = ring_module().RingWriter(self._mm, **_ring_args(config))
         except BaseException:
             self._unlink()
             segments.close(self._mm)
             raise
         self._finalizer = weakref.finalize(self, self._unlink)
-        self._encode = serde.encode
+        self._end = WriterEnd(self._ring, lock, serde.encode)
         _debug.inc("rings")
         if n == 0:
             self._unlink()
@@ -182,6 +188,22 @@ class ShmWriter(Writer):
         return PeerDiedError(f"reader rank {rank} (pid {pid}) {what} while the writer {waiting_for}",
                              role="reader", rank=rank, pid=pid)
 
+    def write(self, kind: int, pieces: Iterable, deadline_ns: int, total: int = -1) -> None:
+        st = self._end.write(kind, pieces, deadline_ns, total)
+        if st:  # (not OK)
+            raise self._write_error(st)
+
+    def send(self, obj: Any, deadline_ns: int = -1) -> None:
+        st = self._end.send(obj, deadline_ns)
+        if st:
+            raise self._write_error(st)
+
+    def has_room(self, pieces: tuple) -> bool:
+        return self._ring.has_room(pieces)
+
+    def wake_readers(self) -> None:
+        self._ring.wake_readers()
+
     def capacity(self) -> int:
         return self.config.max_chunks * self.config.max_chunk_bytes
 
@@ -213,29 +235,36 @@ class ShmWriter(Writer):
         with self._lock:
             self._check_open()
             st = self._ring.begin_slot(deadline_ns)
-            if st != layout.OK:
-                raise self._write_error(st)
-            off = self._ring.payload_offset()
-            size = self.config.max_chunk_bytes
-            mv = memoryview(self._mm)[off:off + size]
-            try:
-                yield mv
-            finally:
-                _release_view(mv)
-            self._ring.commit_slot(size, kind)
+            if st == OK:
+                off = self._ring.payload_offset()
+                size = self.config.max_chunk_bytes
+                mv = memoryview(self._mm)[off:off + size]
+                try:
+                    yield mv
+                finally:
+                    _release_view(mv)
+                self._ring.commit_slot(size, kind)
+                return
+        raise self._write_error(st)
 
     def _write_error(self, st: int) -> Exception:
-        if st == layout.TIMEOUT:
-            seq = self._ring.seq_number
-            behind = [f"rank {rank} (pid {pid})" for rank, (pid, _, _, read) in
-                      zip(self.ranks, self._ring.readers())
-                      if seq - read >= self.config.max_chunks]
-            return QueueTimeout("enqueue timed out waiting for ring space; readers that "
-                                f"have not consumed older messages: {', '.join(behind) or 'none'}")
+        """The error of a write that ended with status ``st`` (takes the lock: what the
+        ring says of the readers names those it waited for)."""
         if st == layout.INTERRUPTED:
             return Cancelled("enqueue cancelled: the queue was shut down")
-        if st == layout.PEER_GONE:
-            return self._peer_error(self._ring.gone_index, "waited for ring space")
+        with self._lock:  # (close() releases the ring under it)
+            if st == layout.CLOSED or self._closed:
+                return Cancelled("the queue is closed")
+            if st == layout.TIMEOUT:
+                seq = self._ring.seq_number
+                behind = [f"rank {rank} (pid {pid})" for rank, (pid, _, _, read) in
+                          zip(self.ranks, self._ring.readers())
+                          if seq - read >= self.config.max_chunks]
+                return QueueTimeout("enqueue timed out waiting for ring space; readers that "
+                                    "have not consumed older messages: "
+                                    f"{', '.join(behind) or 'none'}")
+            if st == layout.PEER_GONE:
+                return self._peer_error(self._ring.gone_index, "waited for ring space")
         return RuntimeError(f"unexpected ring status {st}")
 
     def _wake(self) -> None:
@@ -247,6 +276,7 @@ class ShmWriter(Writer):
             pass
 
     def _release(self) -> None:
+        self._end.close()
         self._ring.set_state(layout.S_CLOSED)
         self._unlink()
         self._ring.release()
@@ -258,18 +288,17 @@ class ShmWriter(Writer):
 class ShmReader(Reader):
     """Reader ``index`` of the ring in ``info`` (global rank ``rank``): attaching,
     readiness, slices and warnings of long waits, and the errors that name the writer.
-    Its hot path (``read_into``, ``recv``) is the ring module's ``ReaderEnd``, a base class
-    of the end :func:`attach_reader` makes."""
+    Its hot path (``read_into``, ``recv``) is its ``ReaderEnd``'s."""
 
     shares_memory = True
-    _rings: ModuleType
 
     @property
     def bytes_read(self) -> int:
         return self._ring.bytes_read  # (kept by the ring once released, too)
 
     def __init__(self, info: dict[str, Any], index: int, rank: int, config: Config) -> None:
-        super().__init__(config)
+        lock = EndLock()
+        super().__init__(config, lock)
         self.index = index
         self.rank = rank
         self.writer_pid = info["writer_pid"]
@@ -279,15 +308,15 @@ class ShmReader(Reader):
         try:
             self._validate(info)
             try:
-                self._ring = self._rings.RingReader(self._mm, index, **_ring_args(config))
+                self._ring = ring_module().RingReader(self._mm, index, **_ring_args(config))
             except ValueError as e:
                 raise HandleError(f"reader rank {rank} cannot attach: {e}") from None
         except BaseException:
             segments.close(self._mm)
             raise
-        self._decode = serde.decode_lent
         self._in_place_min = IN_PLACE_MIN_BYTES
         self._warn_ns = WAIT_WARNING_NS
+        self._end = ReaderEnd(self._ring, lock, serde.decode_lent, IN_PLACE_MIN_BYTES)
         _debug.inc("rings")
         if self._ring.all_attached():
             segments.unlink(name)
@@ -348,8 +377,11 @@ class ShmReader(Reader):
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
 
-    def _gone(self) -> PeerDiedError:
-        closed = self._ring.state() & layout.S_CLOSED
+    def _gone(self) -> Exception:
+        with self._lock:  # (close() releases the ring under it)
+            if self._closed:
+                return Cancelled("the queue is closed")
+            closed = self._ring.state() & layout.S_CLOSED
         what = "closed the queue" if closed else "died"
         return PeerDiedError(f"the writer (pid {self.writer_pid}) {what}; reader rank {self.rank} "
                              "has read everything it published", role="writer", pid=self.writer_pid)
@@ -360,11 +392,34 @@ class ShmReader(Reader):
     def read(self, deadline_ns: int, cancel: threading.Event | None, warn: bool):
         return self.read_into(deadline_ns, cancel, warn, _as_read, _NEVER_IN_PLACE)
 
+    def read_into(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
+                  decode: Callable[[int, Any], Any], in_place_min: int | None = None) -> Any:
+        if in_place_min is None:
+            in_place_min = self._in_place_min
+        if cancel is not None:
+            return self._read_in_slices(deadline_ns, cancel, warn, decode, in_place_min, -1)
+        st, _, got = self._end.read_into(decode, in_place_min, deadline_ns,
+                                         self._warn_ns if warn else -1)
+        if st == OK:
+            return got
+        if st != SLICE:
+            raise self._read_error(st)
+        return self._read_in_slices(deadline_ns, None, warn, decode, in_place_min,
+                                    self._end.began_ns if warn else -1)
+
+    def recv(self, deadline_ns: int = -1) -> Any:
+        while True:
+            st, _, got = self._end.recv(deadline_ns)
+            if st == OK:
+                return got
+            if st != SLICE:  # (SLICE: a signal came while it was parked; its handler ran)
+                raise self._read_error(st)
+
     def _read_in_slices(self, deadline_ns: int, cancel: threading.Event | None, warn: bool,
                         decode: Callable[[int, Any], Any], in_place_min: int,
                         since_ns: int) -> Any:
-        """(lock held) read_into() that returns to Python every slice: to look at
-        ``cancel``, and to warn of a long wait; ``since_ns``: when the wait began (-1: now)."""
+        """read_into() that returns to Python every slice: to look at ``cancel``, and to
+        warn of a long wait; ``since_ns``: when the wait began (-1: now)."""
         slice_ns = CANCEL_POLL_NS if cancel is not None else (WAIT_WARNING_NS if warn else -1)
         warn_at = (time.monotonic_ns() if since_ns < 0 else since_ns) + WAIT_WARNING_NS
         while True:
@@ -375,10 +430,10 @@ class ShmReader(Reader):
                 logger.warning("reader rank %d (pid %d) has waited %g s for the writer "
                                "(pid %d), which is alive but sent nothing", self.rank,
                                os.getpid(), WAIT_WARNING_NS / 1e9, self.writer_pid)
-            st, _, got = self._ring.read_with(decode, in_place_min, deadline_ns, slice_ns)
-            if st == layout.OK:
+            st, _, got = self._end.read_into(decode, in_place_min, deadline_ns, slice_ns)
+            if st == OK:
                 return got
-            if st != layout.SLICE:  # (SLICE: a slice ended or a signal came; its handler ran)
+            if st != SLICE:  # (SLICE: a slice ended or a signal came; its handler ran)
                 raise self._read_error(st)
 
     def read_ready(self) -> list[tuple[int, Any]]:
@@ -393,6 +448,9 @@ class ShmReader(Reader):
         return got
 
     def _read_error(self, st: int) -> Exception:
+        """The error of a read that ended with status ``st``."""
+        if st == layout.CLOSED:
+            return Cancelled("the queue is closed")
         if st == layout.TIMEOUT:
             return QueueTimeout(f"dequeue on reader rank {self.rank} timed out: nothing "
                                 f"from the writer (pid {self.writer_pid})")
@@ -429,17 +487,18 @@ class ShmReader(Reader):
                 except ValueError as e:
                     raise ValueError(f"acquire_read on reader rank {self.rank}: {e}; use "
                                      "dequeue() for it (the message stays unread)") from None
-                if st == layout.OK:
+                if st != SLICE:
                     break
-                if st != layout.SLICE:
-                    raise self._read_error(st)
-            off = self._ring.payload_offset()
-            mv = memoryview(self._mm)[off:off + length].toreadonly()
-            try:
-                yield mv
-            finally:
-                _release_view(mv)
-                self._ring.release_slot()
+            if st == OK:
+                off = self._ring.payload_offset()
+                mv = memoryview(self._mm)[off:off + length].toreadonly()
+                try:
+                    yield mv
+                finally:
+                    _release_view(mv)
+                    self._ring.release_slot()
+                return
+        raise self._read_error(st)
 
     def nudge(self) -> None:
         # the ring's futex is bumped and woken: a parked read returns in microseconds
@@ -457,35 +516,8 @@ class ShmReader(Reader):
             pass
 
     def _release(self) -> None:
+        self._end.close()
         self._ring.mark_closed()
         self._ring.release()
         _debug.dec("rings")
         segments.close(self._mm)
-
-
-@functools.cache
-def _end_classes(rings: ModuleType) -> tuple[type[ShmWriter], type[ShmReader]]:
-    """The shared-memory ends over ``rings`` (mpx._ring or mpx._ring_py): the ring
-    module's end half first, so that its hot methods are the ones that run, then the
-    policy class."""
-
-    class ShmWriterEnd(rings.WriterEnd, ShmWriter):  # type: ignore[misc, name-defined]
-        __doc__ = ShmWriter.__doc__
-        _rings = rings
-
-    class ShmReaderEnd(rings.ReaderEnd, ShmReader):  # type: ignore[misc, name-defined]
-        __doc__ = ShmReader.__doc__
-        _rings = rings
-
-    return ShmWriterEnd, ShmReaderEnd
-
-
-def open_writer(ranks: list[int], config: Config) -> ShmWriter:
-    """A new ring's writer end for ``ranks``, on the ring implementation in use now."""
-    return _end_classes(ring_module())[0](ranks, config)
-
-
-def attach_reader(info: dict[str, Any], index: int, rank: int, config: Config) -> ShmReader:
-    """Reader ``index`` (global rank ``rank``) of the ring in ``info``, on the ring
-    implementation in use now."""
-    return _end_classes(ring_module())[1](info, index, rank, config)
