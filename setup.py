@@ -56,8 +56,9 @@ def _extension(name: str, source: str) -> Extension:
     )
 
 
-# _ring cimports _codec: both are built, or (without a compiler) neither is used (mpx/mechanism/codec.py
-# then runs as plain Python). The futures core's modules cimport each other in the same way.
+# Modules that cimport each other (the ring and waiting, the futures core's) are all built, or
+# (without a compiler) none is used: each .py then runs as plain Python. mpx/mechanism/buffers.pxd
+# is no module: its cdef inline functions compile into the codec and the ring, which cimport them.
 extensions = [_extension("mpx.mechanism.codec", "mpx/mechanism/codec.py"), _extension("mpx._ring", "mpx/_ring.pyx"),
               _extension("mpx._driver.locks", "mpx/_driver/locks.py"),
               _extension("mpx._driver.meter", "mpx/_driver/meter.py"),

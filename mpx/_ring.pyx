@@ -22,7 +22,7 @@ from libc.stdint cimport uint32_t, uint64_t, int64_t
 from posix.unistd cimport getpid
 from mpx.mechanism.waiting cimport adapt, judge, skips_yield, woke, yielded
 
-from mpx.mechanism.codec cimport owned_buffer
+from mpx.mechanism.buffers cimport owned_buffer
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals()

@@ -22,6 +22,8 @@ SIBLINGS = {
     "mpx._ring_py": ("mpx.mechanism.codec",),
     # the codec knows nothing of the ring that carries its messages
     "mpx.mechanism.codec": ("mpx._ring", "mpx._ring_py", "mpx.mechanism.segments"),
+    # the primitives that reach memory know neither the codec nor the ring that use them
+    "mpx.mechanism.buffers": ("mpx.mechanism.codec", "mpx._ring", "mpx._ring_py"),
     "mpx.mechanism.waiting": ("mpx.mechanism.layout", "mpx.mechanism.segments"),
     # each kind of process runs its own package: none imports another's
     "mpx._worker": ("mpx._driver", "mpx._node"),
@@ -161,10 +163,12 @@ def test_the_rule_reads_cython_sources():
         sample.unlink()
 
 
-def test_the_codec_imports_no_mpx_module_but_its_cython_shim():
-    # (and its own .pxd, which it cimports from in its compiled lines)
+def test_the_codec_imports_no_mpx_module_but_its_cython_shim_and_primitives():
+    # (buffers: imported where the codec runs plain, cimported from its .pxd where compiled)
     assert _imports(ROOT / "mechanism" / "codec.py") <= {
-        "mpx.mechanism", "mpx.mechanism._cython_shim", "mpx.mechanism.codec"}
+        "mpx.mechanism", "mpx.mechanism._cython_shim", "mpx.mechanism.buffers"}
+    assert _imports(ROOT / "mechanism" / "buffers.py") == set()
+    assert _imports(ROOT / "mechanism" / "buffers.pxd") == set()
 
 
 # the driver's futures core (mpx/_driver/__init__.py lists it): one source each, compiled

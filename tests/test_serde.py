@@ -3,10 +3,14 @@ errors on both sides. (Across real processes: test_queue.py, test_tensors.py.)""
 
 from __future__ import annotations
 
+import ast
 import copyreg
+import functools
 import importlib
 import os
+import pathlib
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -16,6 +20,8 @@ import tracemalloc
 import _builds
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mpx.errors import DeserializationError, SerializationError
 from mpx.protocol import serde
@@ -387,3 +393,145 @@ def test_pure_python_is_the_codec_s_source_run_plain_without_cython():
                          timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(serde.K_BYTES), "True"]
+
+
+# ------------------------------------------------------------------ one source, two builds
+
+MECHANISM = pathlib.Path(__file__).resolve().parent.parent / "mpx" / "mechanism"
+
+
+def _is_compiled_flag(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "compiled" and \
+        isinstance(node.value, ast.Name) and node.value.id == "cython"
+
+
+def test_the_codec_branches_on_its_build_only_to_choose_its_primitives():
+    """codec.py is one source: ``cython.compiled`` picks the primitives of
+    mpx/mechanism/buffers once, where it is imported (its .pxd's C, or its .py), and names
+    the build; no line of its logic asks which build runs it."""
+    tree = ast.parse((MECHANISM / "codec.py").read_text())
+    flags = [n for n in ast.walk(tree) if _is_compiled_flag(n)]
+    ifs = [n for n in ast.walk(tree) if isinstance(n, ast.If) and
+           any(_is_compiled_flag(t) for t in ast.walk(n.test))]
+    assert len(ifs) == 1 and ifs[0] in tree.body and _is_compiled_flag(ifs[0].test)
+    choice = ifs[0]
+    assert all(isinstance(s, ast.ImportFrom) for s in choice.body + choice.orelse)
+    assert [s.module for s in choice.body] == ["cython.cimports.mpx.mechanism.buffers"]
+    assert [s.module for s in choice.orelse] == ["mpx.mechanism.buffers"]
+    names = [sorted(a.name for s in arm for a in s.names) for arm in (choice.body, choice.orelse)]
+    assert names[0] == names[1]
+    implementation = [n for n in tree.body if isinstance(n, ast.Assign) and
+                      [t.id for t in n.targets if isinstance(t, ast.Name)] == ["IMPLEMENTATION"]]
+    assert len(implementation) == 1 and isinstance(implementation[0].value, ast.IfExp)
+    assert flags == [choice.test, implementation[0].value.test] or \
+        sorted(map(id, flags)) == sorted([id(choice.test), id(implementation[0].value.test)])
+    # and nothing else of Cython's (cython.address, cython.declare...) in its logic
+    assert {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and
+            isinstance(n.value, ast.Name) and n.value.id == "cython"} == {"compiled"}
+
+
+def _pxd_enum(text: str) -> dict[str, int]:
+    """The ``NAME = value`` entries of the ``cdef enum:`` blocks of a .pxd."""
+    out: dict[str, int] = {}
+    for block in re.findall(r"^cdef enum:\n((?:[ \t]+.*\n|\n)+)", text, re.M):
+        for name, value in re.findall(r"^\s+(\w+)\s*=\s*(\S+)", block, re.M):
+            out[name] = int(value, 0)
+    return out
+
+
+def test_the_primitives_are_the_same_names_and_constants_in_c_and_in_python():
+    from mpx.mechanism import buffers
+    pxd = (MECHANISM / "buffers.pxd").read_text()
+    enum = _pxd_enum(pxd)
+    assert enum == {"HUGE_ADVICE_MIN": buffers.HUGE_ADVICE_MIN}
+    in_c = set(re.findall(r"^cdef inline \w[\w ]*[\s*]+(\w+)\(", pxd, re.M))
+    in_c |= set(re.findall(r"^\s+\w[\w ]*[\s*]+(\w+) \"\w+\"\(", pxd, re.M))  # (C macros)
+    tree = ast.parse((MECHANISM / "buffers.py").read_text())
+    in_py = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    in_py |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+              if isinstance(t, ast.Name) and t.id.islower()}
+    assert in_c == {n for n in in_py if not n.startswith("_")}
+
+
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.floats(), st.binary(max_size=260),
+    st.integers(min_value=-(1 << 64), max_value=1 << 64),
+    st.sampled_from([(1 << 63) - 1, -(1 << 63), 1 << 63, -(1 << 63) - 1, 0.0, -0.0]),
+    st.text(max_size=260),  # (non-ASCII characters and surrogates too)
+    st.text(st.characters(max_codepoint=127), max_size=260),
+    st.sampled_from([_MyInt(1), _MyStr("s"), bytearray(b"x"), [1], 1j, {}]),
+)
+_OBJECTS = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=8).map(tuple) | st.lists(inner, max_size=2).map(_MyTuple),
+    max_leaves=40,
+) | st.sampled_from([tuple(range(256)), (None,) * 255, (1.0,) * 40, (((((1,),),),),)])
+
+
+def _shape(obj):
+    """``obj`` as exactly as equality can tell it: each item's type, a float's bits."""
+    if type(obj) is tuple:
+        return tuple(_shape(o) for o in obj)
+    return (type(obj), struct.pack("<d", obj) if type(obj) is float else obj)
+
+
+def _outcome(decode, data):
+    """What ``decode(data)`` makes of ``data`` (its ``_shape``), or the exception's type and
+    message."""
+    try:
+        return _shape(decode(data))
+    except Exception as e:
+        return (type(e), str(e))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_OBJECTS)
+def test_both_builds_make_the_same_small_messages_and_refuse_the_same_objects(obj):
+    plain, compiled = _builds.plain("mpx.mechanism.codec"), _compiled()
+    data = compiled.small_encode(obj)
+    assert plain.small_encode(obj) == data
+    if data is not None:
+        for form in (bytes, bytearray, memoryview):
+            outcomes = {_outcome(m.small_decode, form(data)) for m in (plain, compiled)}
+            assert outcomes == {_shape(obj)}
+
+
+@st.composite
+def _received(draw):
+    """A small message of an object, then damaged: bytes changed, cut short or added."""
+    obj = draw(st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=6).map(tuple),
+                            max_leaves=20).filter(lambda o: type(o) is tuple))
+    data = bytearray(_builds.plain("mpx.mechanism.codec").small_encode(obj) or b"\x07\x00")
+    for at, value in draw(st.lists(st.tuples(st.integers(0, len(data) - 1),
+                                             st.integers(0, 255)), max_size=3)):
+        data[at] = value
+    cut = draw(st.integers(0, len(data)))
+    return bytes(data[:cut]) + draw(st.binary(max_size=4))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(_received(), st.binary(max_size=40)))
+def test_both_builds_decode_any_bytes_alike_and_refuse_alike(data):
+    plain, compiled = _builds.plain("mpx.mechanism.codec"), _compiled()
+    for form in (bytes, bytearray, memoryview):
+        outcomes = [_outcome(m.small_decode, form(data)) for m in (plain, compiled)]
+        assert outcomes[0] == outcomes[1]
+
+
+def test_both_builds_refuse_the_same_inputs_that_are_no_contiguous_buffer():
+    plain, compiled = _builds.plain("mpx.mechanism.codec"), _compiled()
+    msg = compiled.small_encode((1, "x"))
+    assert msg is not None
+    for data in (5, "s", [7, 0], None, memoryview(msg * 2)[::2],
+                 np.frombuffer(msg * 2, dtype=np.uint8)[::2],  # (numpy's own error)
+                 memoryview(msg).cast("H"), np.frombuffer(msg, np.uint8).reshape(1, -1)):
+        outcomes = [_outcome(m.small_decode, data) for m in (plain, compiled)]
+        assert outcomes[0] == outcomes[1], data
+        outcomes = [_outcome(functools.partial(_assembled, m), data) for m in (plain, compiled)]
+        assert outcomes[0] == outcomes[1], data
+
+
+def _assembled(codec, piece) -> tuple:
+    out = codec.Assembler(64, True)
+    out.add(piece)
+    return (out.complete,)

@@ -1,35 +1,20 @@
-# The C types of mpx/mechanism/codec.py, which this file augments when Cython compiles it (plain
-# Python never reads it), and what mpx/_ring.pyx cimports (owned_buffer). The values and
-# the reasons of the constants are in the .py.
+# The C types of mpx/mechanism/codec.py, which this file augments when Cython compiles it
+# (plain Python never reads it). The values and the reasons of the constants are in the
+# .py; the primitives it reaches memory with are mpx/mechanism/buffers.pxd's.
 cimport cython
-from cpython.buffer cimport Py_buffer
 from libc.stdint cimport uint64_t
 
-cdef extern from "Python.h":
-    bint PyUnicode_IS_ASCII(object)
-
-cdef extern from "_ring_sync.h" nogil:
-    void mpx_advise_huge(void* p, size_t n)
-
-cdef uint64_t HUGE_ADVICE_MIN
 cdef Py_ssize_t FRESH_MEMO_BYTES, CHUNK_REFS
 cdef unsigned char SMALL_NONE, SMALL_FALSE, SMALL_TRUE, SMALL_INT, SMALL_FLOAT
 cdef unsigned char SMALL_STR, SMALL_BYTES, SMALL_TUPLE
 cdef Py_ssize_t SMALL_MAX_BYTES, SMALL_MAX_LEN, SMALL_MAX_DEPTH
 
-cdef object owned_buffer(bint as_bytes, uint64_t size, char** ptr)
-
-
 cdef class Assembler:
     cdef object dest
-    cdef char* ptr
     cdef uint64_t off, total
     cdef bint as_bytes
 
     cdef _fits(self, uint64_t n)
-
-
-cdef Py_ssize_t _refs(object o) noexcept
 
 
 cdef class Sink:
@@ -87,17 +72,17 @@ cdef class Decoder:
 cdef object _unframed(data)
 
 
-@cython.locals(buf=char[256], n=Py_ssize_t)  # (buf: SMALL_MAX_BYTES)
+@cython.locals(buf=cython.p_char, n=Py_ssize_t)
 cdef object _small_bytes(tuple obj)
 
-@cython.locals(n=Py_ssize_t, k=type)
+@cython.locals(n=Py_ssize_t, k=type, room=Py_ssize_t)
 cdef Py_ssize_t _put_tuple(tuple t, char* buf, Py_ssize_t pos, int depth) except -2
 
 cdef object _small_decode(data)
 
 @cython.locals(t=tuple, at=Py_ssize_t)
-cdef tuple _small_tuple(const unsigned char* p, Py_ssize_t end)
+cdef object _small_tuple(const unsigned char* p, Py_ssize_t end)  # (a buffers.Reader)
 
-@cython.locals(i=Py_ssize_t, tag=cython.uchar, m=Py_ssize_t)
+@cython.locals(i=Py_ssize_t, tag=cython.uchar, m=Py_ssize_t, inner=tuple)
 cdef Py_ssize_t _get_items(const unsigned char* p, Py_ssize_t at, Py_ssize_t end, Py_ssize_t n,
                            int depth, tuple items) except -1

@@ -2,16 +2,17 @@
 # cython: initializedcheck=False, annotation_typing=False
 """serde's mechanism, written once: ``setup.py`` compiles this file with Cython (its C types
 are in ``mpx/mechanism/codec.pxd``, which augments it), and where no compiler is, or under
-``MPX_PURE_PYTHON=1`` (see ``mpx/_impl.py``), the same file runs as plain Python. The
-lines that reach memory directly are ``if cython.compiled:`` branches beside the lines
-that do the same in Python; everything else is shared. Nothing here imports serde, the wire
-protocol or a transport, and nothing calls back into them: serde passes its settings in
-as constructor arguments and decides what this module cannot (see ``Encoder``).
+``MPX_PURE_PYTHON=1`` (see ``mpx/_impl.py``), the same file runs as plain Python. Its
+logic is the same in both: what reaches memory directly is ``mpx/mechanism/buffers``'
+primitives, chosen once below (compiled, the ``cdef inline`` functions of its .pxd; plain,
+its .py). Nothing here imports serde, the wire protocol or a transport, and nothing calls
+back into them: serde passes its settings in as constructor arguments and decides what
+this module cannot (see ``Encoder``).
 
-- ``owned_buffer``, ``Assembler``: memory a received message is copied into, owned by the
-  receiver (never aliasing a ring or a socket's frame): ``bytes`` or a writable
-  ``bytearray``, with huge-page advice when large. The compiled ring cimports
-  ``owned_buffer``; the ZeroMQ reader builds messages with an ``Assembler``.
+- ``Assembler``: a received message built from pieces in memory the receiver owns (never
+  aliasing a socket's frame): ``bytes`` or a writable ``bytearray``, with huge-page advice
+  when large (``buffers.owned_buffer``, which the compiled ring uses too). The ZeroMQ
+  reader builds messages with it.
 - ``Sink``: the pickler's file, which takes the caller's large bytes and bytearrays out of
   band as they are written.
 - ``Encoder``: ``serde.encode``'s mechanism: bytes as they are, a small tuple in the small
@@ -44,33 +45,48 @@ try:
 except ImportError:  # Cython is a build dependency only: plain Python needs cython.compiled
     from mpx.mechanism import _cython_shim as cython  # type: ignore[no-redef]
 
-if cython.compiled:  # the C API, for the lines that reach memory directly
-    from cython.cimports.cpython.buffer import (
-        Py_buffer,
-        PyBUF_SIMPLE,
-        PyBuffer_Release,
-        PyObject_GetBuffer,
+# The primitives that reach memory, chosen once: the one choice between the two builds.
+if cython.compiled:
+    from cython.cimports.mpx.mechanism.buffers import (
+        built_tuple,
+        bytes_of,
+        copy_into,
+        finished,
+        get_f64,
+        get_i64,
+        new_tuple,
+        put_ascii,
+        put_bytes,
+        put_f64,
+        put_i64,
+        read_buffer,
+        ref_count,
+        scratch,
+        set_item,
+        writable_buffer,
     )
-    from cython.cimports.cpython.bytearray import (
-        PyByteArray_AS_STRING,
-        PyByteArray_FromStringAndSize,
-        PyByteArray_Resize,
+else:
+    from mpx.mechanism.buffers import (
+        built_tuple,
+        bytes_of,
+        copy_into,
+        finished,
+        get_f64,
+        get_i64,
+        new_tuple,
+        put_ascii,
+        put_bytes,
+        put_f64,
+        put_i64,
+        read_buffer,
+        ref_count,
+        scratch,
+        set_item,
+        writable_buffer,
     )
-    from cython.cimports.cpython.bytes import PyBytes_AS_STRING, PyBytes_FromStringAndSize
-    from cython.cimports.cpython.float import PyFloat_AS_DOUBLE, PyFloat_FromDouble
-    from cython.cimports.cpython.long import PyLong_AsLongLongAndOverflow, PyLong_FromLongLong
-    from cython.cimports.cpython.pyport import PY_SSIZE_T_MAX
-    from cython.cimports.cpython.ref import Py_INCREF, Py_REFCNT
-    from cython.cimports.cpython.tuple import PyTuple_New, PyTuple_SET_ITEM
-    from cython.cimports.cpython.unicode import PyUnicode_DATA, PyUnicode_GET_LENGTH
-    from cython.cimports.libc.string import memcpy
-    from cython.cimports.mpx.mechanism.codec import PyUnicode_IS_ASCII, mpx_advise_huge  # (its .pxd)
 
 IMPLEMENTATION = "cython" if cython.compiled else "python"
 
-# Large buffers get transparent-huge-page advice: 4 KiB page faults would otherwise cap a
-# copy into fresh memory at ~3 GB/s.
-HUGE_ADVICE_MIN = 4 << 20
 # A pickler's memo table grows with the largest message it pickled and never shrinks, and
 # clear_memo() walks all of it: after one message of 20000 small lists, every later no-op
 # call took ~110 us to pickle. After a message this large (in band), the pickler gets a
@@ -80,12 +96,9 @@ FRESH_MEMO_BYTES = 512
 # The small-message codec (see small_encode): a tag byte per item.
 SMALL_NONE, SMALL_FALSE, SMALL_TRUE, SMALL_INT, SMALL_FLOAT = 0, 1, 2, 3, 4
 SMALL_STR, SMALL_BYTES, SMALL_TUPLE = 5, 6, 7   # each with a u8 length
-SMALL_MAX_BYTES = 256  # (compiled, _small_bytes encodes into a C array of this size)
+SMALL_MAX_BYTES = 256  # (a message is built in this much scratch memory)
 SMALL_MAX_LEN = 255
 SMALL_MAX_DEPTH = 4
-# plain Python packs and unpacks the 8-byte numbers with these (compiled: memcpy)
-_I64 = struct.Struct("<q")
-_F64 = struct.Struct("<d")
 
 # The out-of-band framing (see the module docstring).
 _ALIGN = 64
@@ -103,44 +116,15 @@ _LEN_MASK = (1 << _TAG_SHIFT) - 1
 _loads = pickle.loads
 
 
-def owned_buffer(as_bytes: bool, size: int, ptr: Any) -> bytes | bytearray:
-    """A new buffer of ``size`` bytes (bytes if ``as_bytes``, else a bytearray). Compiled:
-    uninitialised, its memory in ``*ptr`` (``char**``), for the compiled ring to copy into.
-    Plain Python: zeroed, ``ptr`` unused. MemoryError if it cannot be allocated."""
-    if cython.compiled:
-        if size > cython.cast(cython.ulonglong, PY_SSIZE_T_MAX):
-            raise MemoryError(f"cannot allocate a buffer of {size} bytes")
-        if as_bytes:
-            buf = PyBytes_FromStringAndSize(cython.NULL, size)
-            ptr[0] = PyBytes_AS_STRING(buf)
-        else:
-            # Not PyByteArray_FromStringAndSize(NULL, size): when its malloc fails it frees
-            # a bytearray whose export count it has not set yet, and CPython (3.11-3.13)
-            # prints "SystemError: deallocated bytearray object has exported buffers". An
-            # empty one resized fails cleanly.
-            buf = PyByteArray_FromStringAndSize(cython.NULL, 0)
-            PyByteArray_Resize(buf, size)
-            ptr[0] = PyByteArray_AS_STRING(buf)
-        if size >= HUGE_ADVICE_MIN:
-            mpx_advise_huge(ptr[0], size)
-        return buf
-    else:
-        return bytes(size) if as_bytes else bytearray(size)
-
-
 class Assembler:
     """Builds one message of ``total`` bytes from consecutive pieces (the ZeroMQ reader's
     chunks) in memory the caller will own: bytes if ``as_bytes``, else a bytearray."""
 
     dest: Any
-    ptr: Any  # (compiled: the dest's memory)
 
     def __init__(self, total: int, as_bytes: bool) -> None:
         self.as_bytes = as_bytes
-        if cython.compiled:
-            self.dest = owned_buffer(as_bytes, total, cython.address(self.ptr))
-        else:
-            self.dest = owned_buffer(False, total, None)  # (bytes cannot be written to)
+        self.dest = writable_buffer(as_bytes, total)
         self.off = 0
         self.total = total
 
@@ -149,23 +133,9 @@ class Assembler:
         message."""
         if self.dest is None:
             raise ValueError("the message was already taken")
-        if cython.compiled:
-            view = cython.declare(Py_buffer)
-            PyObject_GetBuffer(piece, cython.address(view), PyBUF_SIMPLE)
-            try:
-                self._fits(view.len)
-                if view.len:
-                    with cython.nogil:
-                        memcpy(self.ptr + self.off, view.buf, view.len)
-                self.off += view.len
-            finally:
-                PyBuffer_Release(cython.address(view))
-        else:
-            with memoryview(piece) as m:
-                n = m.nbytes
-                self._fits(n)
-                self.dest[self.off:self.off + n] = m.cast("B")
-            self.off += n
+        n = copy_into(self.dest, self.off, piece, self.total - self.off)  # (if it fits)
+        self._fits(n)
+        self.off += n
 
     def _fits(self, n: int) -> None:
         if n > self.total - self.off:
@@ -184,21 +154,10 @@ class Assembler:
         if self.dest is None:
             raise ValueError("the message was already taken")
         d, self.dest = self.dest, None
-        if not cython.compiled and self.as_bytes:
-            return bytes(d)
-        return d
+        return finished(d, self.as_bytes)
 
 
 # ------------------------------------------------------------------ the pickler's sink
-
-def _refs(o: object) -> int:
-    """``o``'s reference count as this implementation sees it in ``Sink.write`` (compiled
-    and plain Python count differently: CHUNK_REFS is measured the same way)."""
-    if cython.compiled:
-        return Py_REFCNT(o)
-    else:
-        return sys.getrefcount(o)
-
 
 class Sink:
     """The pickler's file: the pickle's parts as the pickler writes them, never joined. A
@@ -216,7 +175,7 @@ class Sink:
 
     def write(self, b: Any) -> None:
         n = len(b)
-        if n >= self.big and self._out_of_band(b, n, _refs(b)):
+        if n >= self.big and self._out_of_band(b, n, ref_count(b)):
             return
         self.parts.append(b)
         self.size += n
@@ -296,7 +255,8 @@ class _RefProbe(Sink):
 
 
 def _chunk_refs() -> int:
-    """The reference count (as ``_refs`` sees it in ``Sink.write``) above which a write is
+    """The reference count (as ``ref_count`` sees it in ``Sink.write``: each build counts its
+    own way, so this is measured there) above which a write is
     an object of the caller's, not a chunk the pickler made for it; 0 when this Python's
     pickler does not hand large bytes over as they are (everything then stays in band)."""
     probe = _RefProbe()
@@ -547,20 +507,16 @@ def small_encode(obj: Any) -> bytes | None:
 
 
 def _small_bytes(obj: tuple) -> bytes | None:
-    if not cython.compiled:
-        buf: Any = bytearray(SMALL_MAX_BYTES)  # (compiled: a C array, see the .pxd)
+    buf = scratch(SMALL_MAX_BYTES)
     n = _put_tuple(obj, buf, 0, 0)
     if n < 0:
         return None
-    if cython.compiled:
-        return buf[:n]
-    else:
-        return bytes(buf[:n])
+    return bytes_of(buf, n)
 
 
 def _put_tuple(t: tuple, buf: Any, pos: int, depth: int) -> int:
-    """``t``'s encoding written at ``buf[pos:]``: the position after it, or -1 if ``t`` is
-    not small."""
+    """``t``'s encoding written at ``buf[pos:]`` (scratch memory of SMALL_MAX_BYTES): the
+    position after it, or -1 if ``t`` is not small."""
     n = len(t)
     if depth >= SMALL_MAX_DEPTH or n > SMALL_MAX_LEN:
         return -1
@@ -576,33 +532,22 @@ def _put_tuple(t: tuple, buf: Any, pos: int, depth: int) -> int:
             continue
         k = type(o)
         if k is int:
+            if not put_i64(buf, pos + 1, o):  # (past int64)
+                return -1
             buf[pos] = SMALL_INT
-            if cython.compiled:
-                overflow = cython.declare(cython.int, 0)
-                v = cython.declare(cython.longlong,
-                                   PyLong_AsLongLongAndOverflow(o, cython.address(overflow)))
-                if overflow:
-                    return -1
-                memcpy(buf + pos + 1, cython.address(v), 8)
-            else:
-                try:
-                    _I64.pack_into(buf, pos + 1, o)
-                except struct.error:  # past int64
-                    return -1
             pos += 9
-        elif k is str:
-            if cython.compiled:
-                n = PyUnicode_GET_LENGTH(o)
-                if n > SMALL_MAX_LEN or pos + 2 + n > SMALL_MAX_BYTES or \
-                        not PyUnicode_IS_ASCII(o):
-                    return -1
-                memcpy(buf + pos + 2, PyUnicode_DATA(o), n)
+        elif k is str or k is bytes:
+            room = SMALL_MAX_BYTES - 2 - pos
+            if room > SMALL_MAX_LEN:
+                room = SMALL_MAX_LEN
+            if k is str:
+                n = put_ascii(buf, pos + 2, o, room)
+                buf[pos] = SMALL_STR
             else:
-                n = len(o)
-                if n > SMALL_MAX_LEN or pos + 2 + n > SMALL_MAX_BYTES or not o.isascii():
-                    return -1
-                buf[pos + 2:pos + 2 + n] = o.encode()
-            buf[pos] = SMALL_STR
+                n = put_bytes(buf, pos + 2, o, room)
+                buf[pos] = SMALL_BYTES
+            if n < 0:  # (too long, or not ASCII)
+                return -1
             buf[pos + 1] = n
             pos += 2 + n
         elif k is tuple:
@@ -614,66 +559,38 @@ def _put_tuple(t: tuple, buf: Any, pos: int, depth: int) -> int:
             pos += 1
         elif k is float:
             buf[pos] = SMALL_FLOAT
-            if cython.compiled:
-                d = cython.declare(cython.double, PyFloat_AS_DOUBLE(o))
-                memcpy(buf + pos + 1, cython.address(d), 8)
-            else:
-                _F64.pack_into(buf, pos + 1, o)
+            put_f64(buf, pos + 1, o)
             pos += 9
-        elif k is bytes:
-            n = len(o)
-            if n > SMALL_MAX_LEN or pos + 2 + n > SMALL_MAX_BYTES:
-                return -1
-            if cython.compiled:
-                memcpy(buf + pos + 2, PyBytes_AS_STRING(o), n)
-            else:
-                buf[pos + 2:pos + 2 + n] = o
-            buf[pos] = SMALL_BYTES
-            buf[pos + 1] = n
-            pos += 2 + n
         else:
             return -1
     return pos
 
 
 def small_decode(data: Any) -> tuple:
-    """The tuple a ``small_encode`` message holds (``data``: any contiguous buffer).
-    Raises ValueError for a malformed one."""
+    """The tuple a ``small_encode`` message holds (``data``: any C-contiguous buffer).
+    Raises ValueError for a malformed one (TypeError if ``data`` is no buffer, BufferError
+    if it is not contiguous)."""
     return _small_decode(data)
 
 
 def _small_decode(data: Any) -> tuple:
-    if cython.compiled:
-        view = cython.declare(Py_buffer)
-        PyObject_GetBuffer(data, cython.address(view), PyBUF_SIMPLE)
-        try:
-            return _small_tuple(cython.cast(cython.p_uchar, view.buf), view.len)
-        finally:
-            PyBuffer_Release(cython.address(view))
-    else:
-        p = data if type(data) is bytes else bytes(data)
-        return _small_tuple(p, len(p))
+    return read_buffer(data, _small_tuple)
 
 
 def _small_tuple(p: Any, end: int) -> tuple:
+    """The small message at ``p[:end]`` (memory: compiled, a pointer; plain, a bytes)."""
     if end < 2 or p[0] != SMALL_TUPLE:
         raise ValueError("small message malformed")
-    if cython.compiled:
-        t = PyTuple_New(p[1])
-        at = _get_items(p, 2, end, p[1], 1, t)
-    else:
-        items: list = []
-        at = _get_items(p, 2, end, p[1], 1, items)
-        t = tuple(items)
+    t = new_tuple(p[1])
+    at = _get_items(p, 2, end, p[1], 1, t)
     if at != end:
         raise ValueError("small message malformed")
-    return t
+    return built_tuple(t)
 
 
 def _get_items(p: Any, at: int, end: int, n: int, depth: int, items: Any) -> int:
-    """The ``n`` items at ``p[at:end]``, nested ``depth`` deep, into ``items`` (compiled: a
-    new tuple of ``n``, set in place; plain Python: a list, appended to): the position
-    after them."""
+    """The ``n`` items at ``p[at:end]``, nested ``depth`` deep, set into ``items`` (a
+    ``new_tuple`` of ``n``): the position after them."""
     for i in range(n):
         if at >= end:
             raise ValueError("small message truncated")
@@ -684,17 +601,7 @@ def _get_items(p: Any, at: int, end: int, n: int, depth: int, items: Any) -> int
         elif tag <= SMALL_FLOAT:
             if at + 8 > end:
                 raise ValueError("small message truncated")
-            if cython.compiled:
-                if tag == SMALL_INT:
-                    v = cython.declare(cython.longlong)
-                    memcpy(cython.address(v), p + at, 8)
-                    item = PyLong_FromLongLong(v)
-                else:
-                    d = cython.declare(cython.double)
-                    memcpy(cython.address(d), p + at, 8)
-                    item = PyFloat_FromDouble(d)
-            else:
-                item = (_I64 if tag == SMALL_INT else _F64).unpack_from(p, at)[0]
+            item = get_i64(p, at) if tag == SMALL_INT else get_f64(p, at)
             at += 8
         elif tag <= SMALL_TUPLE:  # (a length byte)
             if at >= end:
@@ -704,13 +611,9 @@ def _get_items(p: Any, at: int, end: int, n: int, depth: int, items: Any) -> int
             if tag == SMALL_TUPLE:
                 if depth >= SMALL_MAX_DEPTH:
                     raise ValueError("small message nested too deep")
-                if cython.compiled:
-                    item = PyTuple_New(m)
-                    at = _get_items(p, at, end, m, depth + 1, item)
-                else:
-                    inner: list = []
-                    at = _get_items(p, at, end, m, depth + 1, inner)
-                    item = tuple(inner)
+                inner = new_tuple(m)
+                at = _get_items(p, at, end, m, depth + 1, inner)
+                item = built_tuple(inner)
             else:
                 if at + m > end:
                     raise ValueError("small message truncated")
@@ -718,9 +621,5 @@ def _get_items(p: Any, at: int, end: int, n: int, depth: int, items: Any) -> int
                 at += m
         else:
             raise ValueError(f"small message has an unknown tag {tag}")
-        if cython.compiled:
-            Py_INCREF(item)
-            PyTuple_SET_ITEM(items, i, item)
-        else:
-            items.append(item)
+        set_item(items, i, item)
     return at
