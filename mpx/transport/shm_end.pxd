@@ -12,7 +12,7 @@ cdef tuple _CLOSED_READ
 @cython.final
 @cython.auto_pickle(False)
 cdef class EndLock:
-    cdef bytearray _flag
+    cdef bytearray _gate
     cdef int _waiting
     cdef object _cond
 

@@ -33,13 +33,24 @@ except ImportError:  # Cython is a build dependency only: plain Python needs cyt
 
 if cython.compiled:
     from cython.cimports.mpx.transport.shm_primitives import (
+        give_back,
+        is_taken,
+        new_gate,
         now_ns,
         ring_read_with,
         ring_write,
         take_if_free,
     )
 else:
-    from mpx.transport.shm_primitives import now_ns, ring_read_with, ring_write, take_if_free
+    from mpx.transport.shm_primitives import (
+        give_back,
+        is_taken,
+        new_gate,
+        now_ns,
+        ring_read_with,
+        ring_write,
+        take_if_free,
+    )
 
 from mpx.mechanism import layout
 
@@ -54,43 +65,41 @@ class EndLock:
     ``threading.Lock`` is (not reentrant; a wait for it ends early only by a signal
     handler's exception), for ``with`` and the end's calls.
 
-    Taken and given back without contention, as nearly every call does, it is a flag set
-    and cleared: compiled, in C under the GIL (``take_if_free``), where ``threading.Lock``
-    cost the end two Python calls a message. A thread that finds the flag set waits on a
-    condition, where it tests and sets the flag again; ``release()`` notifies it."""
+    Held is its gate taken (``shm_primitives``): without contention, as nearly every call
+    runs, taking and giving it back is, compiled, a byte tested and set in C under the GIL,
+    where ``threading.Lock`` cost the end two Python calls a message. A thread that finds
+    the gate taken waits on a condition until it takes it; ``release()`` notifies one."""
 
     def __init__(self) -> None:
-        self._flag = bytearray(1)  # [0]: 1 while held
+        self._gate = new_gate()
         self._waiting = 0  # threads in _wait()
         self._cond = threading.Condition(threading.Lock())
 
     def acquire(self) -> bool:
         """Take the lock, waiting while another thread holds it."""
-        if not take_if_free(self._flag):
+        if not take_if_free(self._gate):
             self._wait()
         return True
 
     def release(self) -> None:
         """Give the lock back (RuntimeError if it is not held)."""
-        if not self._flag[0]:
+        if not is_taken(self._gate):
             raise RuntimeError("release of an end lock that is not held")
-        self._flag[0] = 0
-        if self._waiting:
+        give_back(self._gate)
+        if self._waiting:  # (read after the gate is free: see _wait)
             with self._cond:
                 self._cond.notify()
 
     def _wait(self) -> None:
-        # (the flag is tested and set here with the condition's lock held, as every taker
-        # that does not take the fast path holds it: plain Python's every taker)
+        # (a waiter counts itself before it tries the gate, a releaser frees the gate
+        # before it counts the waiters: one that counted none left a gate the waiter takes)
         with self._cond:
             self._waiting += 1
             try:
-                while self._flag[0]:
+                while not take_if_free(self._gate):
                     self._cond.wait()
-                self._flag[0] = 1
             except BaseException:  # (a signal handler raised: a wake-up it took goes on)
-                if not self._flag[0]:
-                    self._cond.notify()
+                self._cond.notify()
                 raise
             finally:
                 self._waiting -= 1

@@ -26,11 +26,24 @@ cdef inline int64_t now_ns() noexcept nogil:
     return mpx_now_ns()
 
 
-cdef inline bint take_if_free(bytearray flag) noexcept:
-    # (the GIL held, and no Python code between the test and the set: no other thread can
-    # come in between)
-    cdef char* p = PyByteArray_AS_STRING(flag)
+# A gate is a byte, 1 while taken: tested and set under the GIL, with no Python code
+# between the test and the set, so that no other thread can come in between.
+
+cdef inline bytearray new_gate():
+    return bytearray(1)
+
+
+cdef inline bint take_if_free(bytearray gate) noexcept:
+    cdef char* p = PyByteArray_AS_STRING(gate)
     if p[0]:
         return False
     p[0] = 1
     return True
+
+
+cdef inline bint is_taken(bytearray gate) noexcept:
+    return PyByteArray_AS_STRING(gate)[0] != 0
+
+
+cdef inline void give_back(bytearray gate) noexcept:
+    PyByteArray_AS_STRING(gate)[0] = 0
