@@ -31,9 +31,11 @@ One call, end to end (``ex.collective_rpc("execute_model", args=(batch,))``)::
         encode (protocol/serde: the small codec
         or pickle 5 + out-of-band buffers),
         register its Call (_driver/registry)
-      MessageQueue.enqueue (queue.py)
-        shm end: write the slots (transport/shm,
-        _ring.pyx), wake parked readers  ------>  ring read (park, then woken) -> decode
+      write to the broadcast queue's writing
+        end (queue.py): ShmWriter (transport/
+        shm) -> WriterEnd.write (transport/
+        shm_end) -> the ring's slots (_ring.pyx);
+        wake parked readers              ------>  ring read (park, then woken) -> decode
                                                   -> the method, in the main thread
                                                   -> encode the reply -> the rank's
       ReplyPump.wait (_driver/pump): read the  <------ reply ring (inline, or from the
@@ -52,7 +54,7 @@ wakes its task through ``call_soon_threadsafe`` only when another thread complet
 zmq end (transport/zmq_writer.py, zmq_reader.py) in place of the shm end.
 
 Layers, bottom up (each imports only from its own layer and those below; this list holds
-every file and package of mpx/, and tests/test_layers.py holds the tree and every import,
+every file and package of mpx/, and tests/tree/test_layers.py holds the tree and every import,
 ``cimport`` included, to it):
 
     base:       errors.py config.py auth.py dumps.py watchdog.py _addresses.py _units.py

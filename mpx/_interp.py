@@ -1,5 +1,5 @@
 """The interpreter adapter: the one place that names the private parts of CPython and its
-standard library that mpx relies on, with what mpx assumes of each. tests/test_interp.py
+standard library that mpx relies on, with what mpx assumes of each. tests/tree/test_interp.py
 checks every one of them on the running Python and on each Python that pyenv has
 (3.10 to 3.13). Plain Python, base layer: it imports no mpx module.
 
@@ -45,9 +45,20 @@ asyncio (an RPCFuture is awaited through a ``Waiter``, mpx/_driver/waiters.py):
   one ``asyncio.wait`` (3.11 on) adds to each future it waits for, which must run in its
   loop: a function whose ``__module__`` is asyncio or one of its submodules.
 
-The codec's pickler reference-count probe:
+pickle, as mpx/mechanism/codec.py's ``Sink`` uses it (the codec imports no mpx module, so
+it measures what it needs at import, ``CHUNK_REFS``, and keeps everything in band where the
+measure fails; these are what it assumes, and the test checks each):
 
-- (reserved: the coordinator adds this entry)
+- ``PICKLER_HANDS_OVER_FROM``: the C pickler hands a bytes or bytearray of this size or
+  more to ``file.write`` as the caller's own object, not a copy, right after a write that
+  ends with its opcode and length (BINBYTES, BINBYTES8, BYTEARRAY8): the codec takes it
+  out of band there. The pickler's own chunks are fresh objects that only it holds, so a
+  reference count (``sys.getrefcount``; ``Py_REFCNT`` compiled) tells the two apart.
+- ``PICKLER_MEMO``: a pickler's ``memo`` may be replaced by a new dict (``pickler.memo =
+  {}``), which the codec does after a large message since ``clear_memo()`` walks the
+  whole table, and the pickler binds ``file.write`` when it is built.
+- ``copyreg.dispatch_table`` stays the one dict that ``pickle`` reads for a Pickler with no
+  dispatch table of its own (the codec's kept pickler watches it for registrations).
 """
 
 from __future__ import annotations
@@ -85,3 +96,10 @@ def is_asyncio_callback(fn: Callable[..., Any]) -> bool:
     adds, which must run in its event loop)."""
     module = getattr(fn, "__module__", None)
     return type(module) is str and (module == "asyncio" or module.startswith("asyncio."))
+
+
+# the size from which CPython's C pickler hands a caller's bytes or bytearray to
+# file.write as they are (its _Pickler_write_bytes: payloads of 64 KiB and up)
+PICKLER_HANDS_OVER_FROM = 64 << 10
+# the pickler attribute the codec replaces to shrink the memo table
+PICKLER_MEMO = "memo"

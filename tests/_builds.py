@@ -12,7 +12,14 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import types
 from types import ModuleType
+
+import pytest
+
+from mpx._driver import futures as F
+from mpx.errors import NotOwnerError
+from mpx.protocol import wire
 
 
 def _source(name: str) -> str | None:
@@ -62,3 +69,26 @@ def plain(name: str) -> ModuleType:
                 else:
                     sys.modules[dep] = was
     return sys.modules[alias]
+
+
+# the futures core's modules, in the order they import each other
+CORE_MODULES = ("locks", "meter", "core_settings", "ledger", "waiters", "future_core")
+
+
+def load_core(impl: str) -> types.SimpleNamespace:
+    """The core of ``impl``, its modules' names in one namespace: "cython", the compiled
+    extensions (skipped where they were not built), or "python", their sources run as
+    plain Python (as MPX_PURE_PYTHON=1 loads them). ``settings``: a CoreSettings of that
+    build, as the call registry makes one."""
+    if impl == "cython":
+        modules = [importlib.import_module(f"mpx._driver.{m}") for m in CORE_MODULES]
+        if any(m.IMPLEMENTATION != "cython" for m in modules):
+            pytest.skip("extensions not built")
+    else:
+        modules = [plain(f"mpx._driver.{m}") for m in CORE_MODULES]
+    assert {m.IMPLEMENTATION for m in modules} == {impl}
+    core = types.SimpleNamespace(modules=modules)
+    for m in modules:
+        vars(core).update((k, v) for k, v in vars(m).items() if not k.startswith("__"))
+    core.settings = core.CoreSettings(wire.OK, wire.ERR, NotOwnerError.of, F.loop_delivery)
+    return core

@@ -1,4 +1,4 @@
-"""Child processes of tests/test_channel.py: readers that answer through the channel."""
+"""Child processes of tests/transport/test_channel.py: readers that answer through the channel."""
 
 from __future__ import annotations
 

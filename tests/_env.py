@@ -10,3 +10,6 @@ _PURE = os.environ.get("MPX_PURE_PYTHON", "").strip().lower() in {"1", "true", "
 IMPLS = [i for i in ("cython", "python")
          if os.environ.get("MPX_TEST_IMPL", "python" if _PURE else i) == i]
 START_METHOD = os.environ.get("MPX_TEST_START_METHOD", "spawn")
+# the tests' root folder (tests/): where the support modules (_workers.py, _procs.py, ...)
+# are, which processes a test starts put on their path
+TESTS = os.path.dirname(os.path.abspath(__file__))

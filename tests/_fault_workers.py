@@ -1,4 +1,4 @@
-"""Worker classes and results of tests/test_worker_faults.py: results that user code makes
+"""Worker classes and results of tests/failures/test_worker_faults.py: results that user code makes
 awkward to probe, and methods that raise what is not an Exception; module level so that
 every start method imports them."""
 

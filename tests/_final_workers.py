@@ -1,4 +1,5 @@
-"""Workers and child processes of tests/test_final_replies.py and tests/test_zmq_hostile.py;
+"""Workers and child processes of tests/executor/test_final_replies.py and
+tests/transport/test_zmq_hostile.py;
 module level so that every start method imports them."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The checks of mpx/_interp.py: each private part of CPython's standard library that it
 names still exists and behaves as mpx assumes. Imports nothing but the standard library,
-so that tests/test_interp.py runs it under every Python it finds, as a script:
+so that tests/tree/test_interp.py runs it under every Python it finds, as a script:
 
     python tests/_interp_check.py mpx/_interp.py
 
@@ -257,9 +257,55 @@ def check_asyncio_wait_callbacks(interp: ModuleType) -> None:
         assert added and all(interp.is_asyncio_callback(fn) for fn in added), added
 
 
+class _Writes:
+    """A pickler's file: each write as it came, and its reference count then."""
+
+    def __init__(self) -> None:
+        self.parts: list = []
+        self.refs: list[int] = []
+
+    def write(self, b: Any) -> None:
+        self.refs.append(sys.getrefcount(b))
+        self.parts.append(b)
+
+
+def check_pickler_hands_large_bytes_over(interp: ModuleType) -> None:
+    import copyreg
+    import pickle
+    import struct
+    n = interp.PICKLER_HANDS_OVER_FROM
+    for obj, opcode, size in ((bytes(n), pickle.BINBYTES, "<I"),
+                              (bytes(5 << 20), pickle.BINBYTES, "<I"),
+                              (bytearray(n), pickle.BYTEARRAY8, "<Q")):
+        out = _Writes()
+        pickle.Pickler(out, protocol=5).dump([obj])
+        at = [i for i, part in enumerate(out.parts) if part is obj]
+        assert len(at) == 1, f"the pickler copied a {type(obj).__name__} of {len(obj)}"
+        head = out.parts[at[0] - 1]
+        width = struct.calcsize(size)
+        assert head[-1 - width] == opcode[0] and \
+            struct.unpack(size, head[-width:])[0] == len(obj)
+        # its own chunks are fresh, held by the pickler alone as it writes them: a count
+        # below the caller's object's, which its container holds too
+        assert max(r for i, r in enumerate(out.refs) if i != at[0]) < out.refs[at[0]]
+    small = _Writes()
+    pickle.Pickler(small, protocol=5).dump([bytes(n // 4)])
+    assert not any(len(p) == n // 4 and type(p) is bytes for p in small.parts[1:] if p)
+    pickler = pickle.Pickler(_Writes(), protocol=5)
+    setattr(pickler, interp.PICKLER_MEMO, {})
+    pickler.dump((1, "a"))
+    table_id = id(copyreg.dispatch_table)
+    copyreg.pickle(_Writes, lambda w: (_Writes, ()))
+    try:
+        assert id(copyreg.dispatch_table) == table_id
+        assert type(pickle.loads(pickle.dumps(_Writes()))) is _Writes
+    finally:
+        del copyreg.dispatch_table[_Writes]
+
+
 CHECKS = [check_future_states, check_future_fields_and_waiters, check_futures_logger,
           check_condition_on_a_bare_lock, check_asyncio_future_protocol,
-          check_asyncio_wait_callbacks]
+          check_asyncio_wait_callbacks, check_pickler_hands_large_bytes_over]
 
 
 def load(path: str) -> ModuleType:

@@ -1,4 +1,4 @@
-"""Workers and helper processes of tests/test_ring_limits.py (module level so that every
+"""Workers and helper processes of tests/ring/test_ring_limits.py (module level so that every
 start method imports them); ``main()`` runs a helper process (see the test)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Worker classes and payloads of the fault-injection matrix (tests/test_matrix.py) and the
-soak (tests/test_soak.py); module level so that every start method imports them."""
+"""Worker classes and payloads of the fault-injection matrix (tests/failures/test_matrix.py) and the
+soak (tests/failures/test_soak.py); module level so that every start method imports them."""
 
 from __future__ import annotations
 

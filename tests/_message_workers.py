@@ -1,4 +1,4 @@
-"""Worker classes of tests/test_messages.py (module level, so that every start method
+"""Worker classes of tests/executor/test_messages.py (module level, so that every start method
 imports them)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A worker that leaves a mark when it starts (tests/test_config_paths.py: nothing starts
+"""A worker that leaves a mark when it starts (tests/config/test_config_paths.py: nothing starts
 before a bad path or address is refused)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker classes of tests/test_restart.py (module level, so that every start method
+"""Worker classes of tests/membership/test_restart.py (module level, so that every start method
 imports them)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker classes of tests/test_startup_exit.py: workers that end at a chosen moment, and
+"""Worker classes of tests/failures/test_startup_exit.py: workers that end at a chosen moment, and
 workers that join a gloo group. Module level so that every start method imports them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Workers for the tracing tests (tests/test_stats.py, tests/test_observers.py): each sets up
+"""Workers for the tracing tests (tests/observe/test_stats.py, tests/observe/test_observers.py): each sets up
 its own OpenTelemetry tracer provider whose spans go, one JSON line each, to a file of its
 rank; ``RaisingSpans`` adds a span processor whose hooks raise, and logs mpx's log records to
 a file of its rank."""

@@ -1,4 +1,4 @@
-"""Child-process functions for tests/test_vllm_compat.py (module level, so every start method
+"""Child-process functions for tests/queue/test_vllm_compat.py (module level, so every start method
 finds them). Each reports to the test over ``conn`` and never raises out of the process."""
 
 from __future__ import annotations

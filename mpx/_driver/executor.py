@@ -56,7 +56,7 @@ def _shutdown_before_thread_join(finalizer: Callable[[], Any]) -> None:
 
     CPython's private ``threading._register_atexit`` is the only hook that runs then: the
     public ``atexit`` runs its functions after those threads were joined, too late
-    (tests/test_matrix.py's interpreter exit with calls pending); a thread of mpx's joining
+    (tests/failures/test_matrix.py's interpreter exit with calls pending); a thread of mpx's joining
     the main thread would see it too, but would be one more thread in every process."""
     try:
         threading._register_atexit(finalizer)  # type: ignore[attr-defined]

@@ -33,7 +33,7 @@ user code runs under any of them.
 With ``MPX_CHECK_LOCKS=1`` in the environment when mpx is imported, the locks are made as
 ``CheckedLock``s, which raise :class:`LockOrderError` (and record it in ``violations``) on
 an acquire that could block out of order; the stateful stress test runs so
-(tests/test_membership_stress.py). Otherwise they are plain ``threading`` locks.
+(tests/membership/test_membership_stress.py). Otherwise they are plain ``threading`` locks.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The Cython ring takes its numbers from ``mpx/_ring_layout.pxi``; this module carries the
 same names and values for Python, the pure twin (``mpx/_ring_py.py``) and the shm end
-(``mpx/transport/shm.py``) among its readers; tests/test_ring.py checks that they agree.
+(``mpx/transport/shm.py``) among its readers; tests/ring/test_ring.py checks that they agree.
 
 A segment is a header, one 64-byte block per reader, then ``max_chunks`` slots from
 ``slots_offset`` (the first multiple of ``SLOTS_ALIGN``, 4096, after the blocks). Every

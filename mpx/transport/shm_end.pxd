@@ -14,6 +14,7 @@ cdef tuple _CLOSED_READ
 cdef class EndLock:
     cdef bytearray _gate
     cdef int _waiting
+    cdef object _cond_lock
     cdef object _cond
 
     cpdef bint acquire(self) except -1

@@ -73,7 +73,10 @@ class EndLock:
     def __init__(self) -> None:
         self._gate = new_gate()
         self._waiting = 0  # threads in _wait()
-        self._cond = threading.Condition(threading.Lock())
+        # (what `with` enters: the Condition's own __enter__ is Python, and an interrupt
+        # there would leave its lock held)
+        self._cond_lock = threading.Lock()
+        self._cond = threading.Condition(self._cond_lock)
 
     def acquire(self) -> bool:
         """Take the lock, waiting while another thread holds it."""
@@ -87,13 +90,13 @@ class EndLock:
             raise RuntimeError("release of an end lock that is not held")
         give_back(self._gate)
         if self._waiting:  # (read after the gate is free: see _wait)
-            with self._cond:
+            with self._cond_lock:
                 self._cond.notify()
 
     def _wait(self) -> None:
         # (a waiter counts itself before it tries the gate, a releaser frees the gate
         # before it counts the waiters: one that counted none left a gate the waiter takes)
-        with self._cond:
+        with self._cond_lock:
             self._waiting += 1
             try:
                 while not take_if_free(self._gate):

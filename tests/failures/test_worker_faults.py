@@ -17,7 +17,7 @@ import pytest
 
 import mpx
 
-# A worker's death is reported within a second; twice that here (see tests/test_matrix.py).
+# A worker's death is reported within a second; twice that here (see tests/failures/test_matrix.py).
 DEATH_BOUND = 2.0
 # Long enough that a call answered late (or never) shows as a timeout, not as a death.
 CALL_TIMEOUT_S = 10.0

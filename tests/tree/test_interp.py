@@ -11,14 +11,14 @@ import os
 import pathlib
 import subprocess
 
+import _builds
 import _interp_check
 import pytest
-import test_future_core
 from _env import IMPLS
 
 from mpx import _interp
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ADAPTER = ROOT / "mpx" / "_interp.py"
 
 
@@ -51,7 +51,7 @@ def test_each_named_internal_behaves_as_assumed_on_every_python(version):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_the_names_mpx_must_define_are_defined_in_both_builds(impl):
     from mpx._driver.futures import RPCFuture
-    core = test_future_core.load_core(impl)
+    core = _builds.load_core(impl)
     # (asyncio looks for the flag on the class; concurrent.futures reads these on a future)
     assert hasattr(core.Waiter, _interp.ASYNCIO_BLOCKING)
     assert {"_state", "_waiters"} <= set(dir(core.FutureCore))

@@ -1,7 +1,7 @@
 """A reader over ZeroMQ waits as a ring's reader does (mpx.mechanism.waiting, ZmqReader's docstring):
 it looks at its socket with sched_yield for its yield budget before it blocks in libzmq,
 the budget adapts to how long its waits are, and ``yield_us=0`` blocks at once. (A reader
-whose yields hand its core away parks at once: tests/test_waiting.py, for both transports.)"""
+whose yields hand its core away parks at once: tests/ring/test_waiting.py, for both transports.)"""
 
 from __future__ import annotations
 

@@ -18,10 +18,11 @@ import subprocess
 import sys
 import textwrap
 
+import _env
 import pytest
 from _env import START_METHOD
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = _env.TESTS
 
 _SCRIPT = textwrap.dedent("""
     import asyncio, faulthandler, os, random, signal, sys, threading, time

@@ -1,7 +1,7 @@
 """Restart and resize as a hostile user meets them (issue 49): from threads that end, with
 deaths at awkward moments, with callbacks that raise BaseExceptions, with calls naming a
 rank that is leaving, with snapshots taken meanwhile, and with sizes the group cannot hold.
-Each test is one class of defect; tests/test_restart.py has the happy paths."""
+Each test is one class of defect; tests/membership/test_restart.py has the happy paths."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import textwrap
 import threading
 import time
 
+import _env
 import pytest
 from _env import START_METHOD
 from _restart_workers import Member
@@ -22,7 +23,7 @@ import mpx
 from mpx.metrics import Collector
 
 RING = dict(max_chunk_bytes=64 << 10, max_chunks=8)
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = _env.TESTS
 
 
 def _kill(ex, rank):

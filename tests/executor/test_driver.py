@@ -18,15 +18,13 @@ import textwrap
 import threading
 import time
 
+import _env
 import _procs
 import pytest
 from _env import START_METHOD
 
 import mpx
 from mpx import errors
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
-
 
 # ----------------------------------------------------------------- futures on their own
 
@@ -105,24 +103,6 @@ def test_an_asyncio_ticker_keeps_ticking_during_a_1s_call(executor):
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
     assert len(ticks) > 40, len(ticks)
     assert max(gaps) < 0.25, f"the event loop was blocked for {max(gaps):.3f} s"
-
-
-def test_wait_for_timeouts_then_correct_results_then_clean_shutdown(executor):
-    e = executor()
-
-    async def main():
-        for _ in range(3):
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    e.collective_rpc("sleep", args=(0.3,), non_block=True), 0.05)
-        # the late replies of the calls above are never handed to these
-        return [await e.collective_rpc("ident", args=(i,), non_block=True) for i in range(5)]
-
-    assert asyncio.run(main()) == [[i, i] for i in range(5)]
-    assert e.collective_rpc("ident", args=("blocking",)) == ["blocking", "blocking"]
-    pids = e.worker_pids
-    e.shutdown()  # never raises because of the cancelled asyncio futures
-    assert not _procs.wait_gone(pids, 5)
 
 
 def test_a_blocked_event_loop_holds_up_no_other_future(executor):
@@ -312,49 +292,7 @@ def test_12_threads_mix_blocking_and_non_blocking_calls(executor):
     assert not errors_seen, errors_seen[:3]
 
 
-def test_a_future_with_a_deadline_fails_on_its_own(executor):
-    e = executor()
-    fut = e.collective_rpc("sleep", args=(1.0,), kwargs={"ranks": [1]}, timeout=0.2,
-                           non_block=True)
-    failed = threading.Event()
-    fut.add_done_callback(lambda f: failed.set())
-    assert failed.wait(2)
-    with pytest.raises(mpx.RPCTimeoutError) as ei:
-        fut.result(timeout=0)
-    assert ei.value.ranks == [1]
-    assert e.collective_rpc("ident", args=(1,)) == [1, 1]
-
-
-def test_a_call_that_finds_the_broadcast_ring_full_times_out_unsent(executor):
-    """Every worker busy and the broadcast ring full: a call with a timeout waits for room
-    up to it, then RPCTimeoutError naming every rank, and nothing of it was sent; the
-    calls before it complete and the executor stays usable."""
-    e = executor(max_chunks=2)
-    busy = e.collective_rpc("sleep", args=(1.0,), non_block=True)
-    queued = [e.collective_rpc("ident", args=(i,), non_block=True) for i in range(2)]
-    t0 = time.monotonic()
-    with pytest.raises(mpx.RPCTimeoutError) as ei:
-        e.collective_rpc("ident", args=("late",), timeout=0.2)
-    assert 0.2 <= time.monotonic() - t0 < 0.9
-    assert ei.value.ranks == [0, 1] and "could take the call" in str(ei.value)
-    assert busy.result(timeout=10) == [0, 1]
-    assert [f.result(timeout=10) for f in queued] == [[0, 0], [1, 1]]
-    assert e.collective_rpc("ident", args=("after",)) == ["after", "after"]
-    assert not e.is_failed
-
-
 # ----------------------------------------------------------------- deaths
-
-def test_sigkill_while_a_future_is_pending_runs_its_callback(executor):
-    e = executor()
-    fut = e.collective_rpc("sleep", args=(30,), kwargs={"ranks": [0]}, non_block=True)
-    seen = concurrent.futures.Future()
-    fut.add_done_callback(lambda f: seen.set_result((time.monotonic(), f.exception(0))))
-    os.kill(e.worker_pids[1], signal.SIGKILL)
-    t0 = time.monotonic()
-    at, exc = seen.result(timeout=2)
-    assert at - t0 < 2
-    assert isinstance(exc, mpx.WorkerDiedError) and exc.rank == 1 and "SIGKILL" in str(exc)
 
 
 @pytest.mark.parametrize("reply_rank", [None, 1], ids=["every rank", "dying rank only"])
@@ -405,46 +343,6 @@ def test_keep_running_after_a_death_then_dump_stacks(executor):
 
 
 # ----------------------------------------------------------------- shutdown and exit
-
-EXIT_AFTER_WAIT_FOR = textwrap.dedent("""
-    import asyncio, sys
-    sys.path.insert(0, {tests!r})
-    import mpx, _workers
-
-    async def main(ex):
-        try:
-            await asyncio.wait_for(ex.collective_rpc("sleep", args=(30,), non_block=True), 0.2)
-        except asyncio.TimeoutError:
-            print("timed out", flush=True)
-
-    if __name__ == "__main__":
-        with mpx.Executor(_workers.Echo, 2, start_method={method!r},
-                          shutdown_grace_s=0.5, terminate_grace_s=0.5) as ex:
-            print("pids", *ex.worker_pids, flush=True)
-            asyncio.run(main(ex))
-            fut = ex.collective_rpc("sleep", args=(30,), non_block=True)
-        print("exited the with block", flush=True)
-""")
-
-
-def test_leaving_the_with_block_after_a_wait_for_timeout_never_hangs(tmp_path):
-    script = tmp_path / "driver.py"
-    script.write_text(EXIT_AFTER_WAIT_FOR.format(tests=TESTS, method=_start_method()))
-    t0 = time.monotonic()
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=60)
-    took = time.monotonic() - t0
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "timed out" in out.stdout and "exited the with block" in out.stdout, out.stdout
-    assert "InvalidStateError" not in out.stderr, out.stderr
-    pids = [int(p) for p in next(ln for ln in out.stdout.splitlines()
-                                 if ln.startswith("pids")).split()[1:]]
-    assert not _procs.wait_gone(pids, 2)
-    assert took < 30
-
-
-def _start_method():
-    return START_METHOD
 
 
 # ----------------------------------------------------------------- errors pickle
@@ -581,7 +479,7 @@ CTRL_C_DURING_SHUTDOWN = textwrap.dedent("""
 
 def test_ctrl_c_during_shutdown_still_ends_every_worker(tmp_path):
     script = tmp_path / "driver.py"
-    script.write_text(CTRL_C_DURING_SHUTDOWN.format(tests=TESTS, method=_start_method()))
+    script.write_text(CTRL_C_DURING_SHUTDOWN.format(tests=_env.TESTS, method=START_METHOD))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -611,61 +509,6 @@ def test_a_process_forked_by_a_worker_method_dies_with_the_group(executor):
     assert all(_procs.running(c) for c in children)
     e.shutdown()
     assert not _procs.wait_gone(children, 2)
-
-
-KILLED_DRIVER_WITH_A_HELPER = textwrap.dedent("""
-    import ctypes, os, signal, sys, threading, time
-    sys.path.insert(0, {tests!r})
-    import mpx, _workers
-
-    def build(out):
-        out.append(mpx.Executor(_workers.Echo, 2, start_method={method!r}))
-
-    if __name__ == "__main__":
-        made = []
-        t = threading.Thread(target=build, args=(made,))  # off the main thread: no PDEATHSIG
-        t.start(); t.join()
-        ex = made[0]
-        ex.collective_rpc("sleep", args=(60,), non_block=True)  # calls are out
-        how = {how!r}
-        if how == "python":
-            helper = os.fork()
-        else:  # from C: Python's at-fork handlers do not run
-            helper = ctypes.CDLL(None).fork()
-        if helper == 0:
-            os.close(1); os.close(2)  # (so that the test does not wait for it)
-            ctypes.CDLL(None).sleep(30)
-            os._exit(0)
-        print("pids", *ex.worker_pids, helper, flush=True)
-        time.sleep(0.3)
-        os.kill(os.getpid(), signal.SIGKILL)
-""")
-
-
-@pytest.mark.parametrize("how", ["python", "c"])
-def test_workers_outlive_no_sigkilled_driver_whose_helper_holds_the_pipe(tmp_path, how):
-    script = tmp_path / "driver.py"
-    script.write_text(KILLED_DRIVER_WITH_A_HELPER.format(tests=TESTS, method=_start_method(),
-                                                         how=how))
-    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    workers, helper = [], None
-    try:
-        line = driver.stdout.readline()
-        assert line.startswith("pids"), line
-        *workers, helper = [int(p) for p in line.split()[1:]]
-        driver.wait(30)  # it SIGKILLs itself
-        t0 = time.monotonic()
-        assert not _procs.wait_gone(workers, 3), "workers outlived their driver"
-        assert time.monotonic() - t0 < 3
-    finally:
-        driver.kill()
-        driver.wait()
-        driver.stdout.close()
-        for pid in workers + ([helper] if helper else []):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def test_special_method_names_are_refused_but_callables_work(executor):

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 
+import _env
 import _procs
 import _workers
 import pytest
@@ -24,7 +25,7 @@ from _env import START_METHOD
 
 import mpx
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = _env.TESTS
 
 
 class Signals(_workers.Echo):

@@ -31,7 +31,7 @@ SAMPLES = 20
 RSS_SLACK = 48 << 20
 
 
-# Threads gRPC leaves in a process that ran Ray (tests/test_ray_launcher.py runs in this
+# Threads gRPC leaves in a process that ran Ray (tests/nodes/test_ray_launcher.py runs in this
 # one): its event-engine pool grows and shrinks on its own, so they are not counted.
 GRPC_THREADS = {"event_engine", "grpc_global_tim", "timer_manager", "default-executo",
                 "resolver-execut", "client.poll0", "gcs_client_io_s"}

@@ -2,7 +2,7 @@
 and ``complete_each`` with its ``due`` list), and asyncio over it, in one process, against
 the core compiled and as plain Python (mpx/_driver/future_core.py and waiters.py):
 asyncio.wait, as_completed, shield, a loop that closed, a loop that moved threads, uvloop.
-tests/test_asyncio_executor.py runs the same across real worker processes."""
+tests/executor/test_asyncio_executor.py runs the same across real worker processes."""
 
 from __future__ import annotations
 
@@ -311,7 +311,7 @@ def test_a_callback_runs_where_concurrent_futures_runs_it_but_asyncios_own_in_it
         t.start()
         t.join()
         # a user's callback runs in the completing thread, even one added in a coroutine
-        # (the loop's thread may be blocked: tests/test_driver.py); asyncio's in its loop,
+        # (the loop's thread may be blocked: tests/executor/test_driver.py); asyncio's in its loop,
         # which the other thread woke
         assert seen == [("user", t.ident)]
         await asyncio.sleep(0.01)

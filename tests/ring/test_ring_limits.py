@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 
+import _env
 import _limits_workers as LW
 import pytest
 from _env import START_METHOD
@@ -19,7 +20,7 @@ from mpx import _impl
 from mpx.errors import MessageTooLargeError
 from mpx.mechanism import layout
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = _env.TESTS
 # a helper process: python -c this driver|reader (it imports mpx from where the tests do)
 HELPER = [sys.executable, "-c", "import _limits_workers; _limits_workers.main()"]
 

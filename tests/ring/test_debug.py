@@ -16,13 +16,14 @@ import subprocess
 import sys
 import textwrap
 
+import _env
 import pytest
 from _env import START_METHOD
 
 from mpx import _debug
 from mpx.mechanism import segments
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = _env.TESTS
 ROOT = os.path.dirname(TESTS)
 
 COUNTING = textwrap.dedent("""

@@ -397,7 +397,7 @@ def test_pure_python_is_the_codec_s_source_run_plain_without_cython():
 
 # ------------------------------------------------------------------ one source, two builds
 
-MECHANISM = pathlib.Path(__file__).resolve().parent.parent / "mpx" / "mechanism"
+MECHANISM = pathlib.Path(__file__).resolve().parents[2] / "mpx" / "mechanism"
 
 
 def _is_compiled_flag(node: ast.AST) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import concurrent.futures
-import importlib
 import os
 import pathlib
 import subprocess
@@ -19,6 +18,7 @@ import time
 import types
 
 import _builds
+import _env
 import pytest
 from _env import IMPLS
 
@@ -26,33 +26,11 @@ from mpx._driver import futures as F
 from mpx.errors import NotOwnerError
 from mpx.protocol import wire
 
-# the futures core's modules, in the order they import each other
-CORE_MODULES = ("locks", "meter", "core_settings", "ledger", "waiters", "future_core")
-
-
-def load_core(impl: str) -> types.SimpleNamespace:
-    """The core of ``impl``, its modules' names in one namespace: "cython", the compiled
-    extensions (skipped where they were not built), or "python", their sources run as
-    plain Python (as MPX_PURE_PYTHON=1 loads them). ``settings``: a CoreSettings of that
-    build, as the call registry makes one."""
-    if impl == "cython":
-        modules = [importlib.import_module(f"mpx._driver.{m}") for m in CORE_MODULES]
-        if any(m.IMPLEMENTATION != "cython" for m in modules):
-            pytest.skip("extensions not built")
-    else:
-        modules = [_builds.plain(f"mpx._driver.{m}") for m in CORE_MODULES]
-    assert {m.IMPLEMENTATION for m in modules} == {impl}
-    core = types.SimpleNamespace(modules=modules)
-    for m in modules:
-        vars(core).update((k, v) for k, v in vars(m).items() if not k.startswith("__"))
-    core.settings = core.CoreSettings(wire.OK, wire.ERR, NotOwnerError.of, F.loop_delivery)
-    return core
-
 
 @pytest.fixture(params=IMPLS)
 def core(request):
     """The compiled core module, or the same source run as plain Python."""
-    return load_core(request.param)
+    return _builds.load_core(request.param)
 
 
 class Source:
@@ -225,7 +203,6 @@ def test_awaiting_outside_a_running_loop_is_refused(make):
 
 def test_complete_each_sets_the_settled_futures_in_order(make):
     import collections
-    import types
     order = []
     calls = collections.deque()
     for i in range(4):
@@ -336,7 +313,7 @@ def test_the_core_chooses_its_build_only_where_it_imports():
     # picks the C or the Python primitives and the others' types, and IMPLEMENTATION names
     # the build; the rest is one source)
     folder = pathlib.Path(F.__file__).parent
-    for name in CORE_MODULES + ("primitives",):
+    for name in _builds.CORE_MODULES + ("primitives",):
         tree = ast.parse((folder / f"{name}.py").read_text())
         allowed = set()
         for node in tree.body:
@@ -356,7 +333,7 @@ def test_the_states_are_concurrent_futures_own():
     # (concurrent.futures' Future compares _state with these: wait, as_completed, repr)
     from concurrent.futures import _base
     for impl in IMPLS:
-        core = load_core(impl)
+        core = _builds.load_core(impl)
         assert (core.RUNNING, core.FINISHED) == (_base.RUNNING, _base.FINISHED)
 
 
@@ -368,7 +345,7 @@ def test_the_plain_core_runs_from_its_source_without_cython(tmp_path):
         "sys.modules['cython'] = None  # (import cython fails)\n"
         "import mpx, mpx._impl\n"
         "import importlib\n"
-        f"for name in {CORE_MODULES!r}:\n"
+        f"for name in {_builds.CORE_MODULES!r}:\n"
         "    core = importlib.import_module('mpx._driver.' + name)\n"
         "    assert core.IMPLEMENTATION == 'python' and core.__file__.endswith(name + '.py')\n"
         "from _workers import Echo\n"
@@ -379,7 +356,7 @@ def test_the_plain_core_runs_from_its_source_without_cython(tmp_path):
         "finally:\n"
         "    ex.shutdown()\n"
         "print('ok', 'cython' in sys.modules and sys.modules['cython'] is None)\n")
-    tests = os.path.dirname(os.path.abspath(__file__))
+    tests = _env.TESTS
     root = os.path.dirname(tests)
     env = dict(os.environ, MPX_PURE_PYTHON="1",
                PYTHONPATH=os.pathsep.join([root, tests, os.environ.get("PYTHONPATH", "")]))
@@ -649,7 +626,7 @@ def test_the_compiled_table_lock_is_entered_with_with_and_an_interrupt_ends_its_
     import signal
     if "cython" not in IMPLS:
         pytest.skip("extension not built")
-    core = load_core("cython")
+    core = _builds.load_core("cython")
     lock = core.Ledger().lock
     assert isinstance(lock, core.CLock)
     with lock:
@@ -677,4 +654,4 @@ def test_the_compiled_table_lock_is_entered_with_with_and_an_interrupt_ends_its_
         leave.set()
         holder.join(10)
     with pytest.raises(TypeError, match="compiled"):
-        load_core("python").CLock()
+        _builds.load_core("python").CLock()

@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 
+import _env
 import pytest
 from _env import START_METHOD
 from _rules_workers import Journal
@@ -20,7 +21,7 @@ from _rules_workers import Journal
 import mpx
 from mpx.errors import WaitNudged
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = _env.TESTS
 
 
 # ----------------------------------------------------------------- rule 2: never wait for room

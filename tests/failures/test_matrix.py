@@ -14,7 +14,7 @@ Tested elsewhere and not repeated here: SIGKILL of an idle worker and of one mid
 ``os._exit`` in a method, arguments that fail to pickle in the driver or to unpickle in the
 worker, results that fail to pickle, a method that raises (remote traceback), SIGKILL of
 the driver with calls in flight, exit without ``shutdown()``, stale segments of a dead
-queue writer (tests/test_executor.py, tests/test_failures.py). The 100-failing-calls case
+queue writer (tests/executor/test_executor.py, tests/failures/test_failures.py). The 100-failing-calls case
 below runs most of them again, back to back, to show that none of them leaks.
 """
 
@@ -32,6 +32,7 @@ import textwrap
 import threading
 import time
 
+import _env
 import _matrix_workers as MW
 import _procs
 import psutil
@@ -41,7 +42,7 @@ from _env import START_METHOD
 import mpx
 from mpx.mechanism import segments
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = _env.TESTS
 # A worker's death is reported within a second (the monitor's sentinel wait answers at
 # once; the rest is scheduling). Twice that here: two cores, shared with other test runs.
 DEATH_BOUND = 2.0
