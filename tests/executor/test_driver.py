@@ -386,23 +386,6 @@ def test_every_error_pickles_with_its_message_and_attributes(err):
     assert vars(back) == vars(err)
 
 
-def test_a_worker_error_crosses_a_process_boundary(executor, ctx):
-    e = executor()
-    with pytest.raises(mpx.RPCError) as ei:
-        e.collective_rpc("fail", kwargs={"ranks": [1]})
-    parent, child = ctx.Pipe()
-    p = ctx.Process(target=_procs.echo_object, args=(child,))
-    p.start()
-    try:
-        parent.send(ei.value)
-        back = parent.recv()
-    finally:
-        p.join(10)
-    assert isinstance(back, mpx.RPCError) and back.ranks == [1]
-    assert back.exc_type == "ValueError" and "bad value on rank 1" in str(back)
-    assert "raise ValueError" in back.remote_traceback
-
-
 def test_finished_event_loops_are_not_kept(executor):
     import gc
     import weakref

@@ -97,7 +97,7 @@ def test_an_exception_the_driver_cannot_rebuild_keeps_its_traceback(executor):
     assert e.collective_rpc("rank") == [0, 1]  # (the executor goes on)
 
 
-def test_the_cause_crosses_a_process_boundary_with_the_error(executor, ctx):
+def test_a_worker_error_and_its_cause_cross_a_process_boundary(executor, ctx):
     e = executor()
     with pytest.raises(mpx.RPCError) as ei:
         e.collective_rpc("fail", kwargs={"ranks": [1]})
@@ -110,6 +110,8 @@ def test_the_cause_crosses_a_process_boundary_with_the_error(executor, ctx):
     finally:
         p.join(10)
     assert type(back) is mpx.RPCError and str(back) == str(ei.value)
+    assert back.ranks == [1] and back.exc_type == "ValueError"
+    assert "bad value on rank 1" in str(back)
     assert vars(back) == vars(ei.value)
     assert type(back.__cause__) is RemoteTraceback and back.__cause__.tb == back.remote_traceback
 
