@@ -85,7 +85,14 @@ class Config:
                                repr=False)  # a logged or printed Config must not show it
     allow_insecure: bool = _env_field(False, "accept remote traffic without a key")
     host: str = _env_field("127.0.0.1", "address this node's sockets bind to and peers reach")
-    heartbeat_s: float = _env_field(3.0, "a remote peer silent this long is lost")
+    # Liveness between nodes rides its own channel (UDP probes every heartbeat_s / 4,
+    # mpx/_node/liveness.py), not the data's TCP connections, whose retransmissions back
+    # off (0.2, 0.4, 0.8 s...) and would make a short cut look long. A queue's TCP link that
+    # breaks is reconnected and what the reader missed is resent (mpx/transport/zmq_link.py).
+    heartbeat_s: float = _env_field(3.0, "how often remote peers prove they are alive "
+                                    "(probes every heartbeat_s / 4)")
+    link_grace_s: float = _env_field(0.0, "a remote peer silent, or whose link stays broken, "
+                                     "this long is lost; 0: 2 x heartbeat_s")
     curve: bool = _env_field(False, "encrypt remote queue traffic with CURVE (libzmq with curve)")
     # relay: a follower node takes each call once off the network and relays it to its
     # workers through its own ring (one network copy and one HMAC check per node, not per
@@ -166,6 +173,11 @@ class Config:
             if why:
                 raise _invalid(name, getattr(self, name), why)
 
+    @property
+    def link_grace(self) -> float:
+        """The effective ``link_grace_s``: the field, or twice ``heartbeat_s`` when it is 0."""
+        return self.link_grace_s or 2 * self.heartbeat_s
+
     def relays(self, local_world_size: int) -> bool:
         """Whether follower nodes with ``local_world_size`` ranks relay calls."""
         return self.relay == "on" or self.relay == "auto" and local_world_size > 1
@@ -208,6 +220,7 @@ _LIMITS: dict[str, tuple] = {
     "max_restarts": (0, 1_000_000),
     "watchdog_timeout_s": (0.0, 86_400.0),
     "heartbeat_s": (0.01, 3_600.0),
+    "link_grace_s": (0.0, 86_400.0),
     "nnodes": (1, 65_536),
     "master_port": (1, 65_535),
     "ray_cpus_per_worker": (0.0, 1024.0),

@@ -13,7 +13,10 @@ ending in ``_total``, labels of low cardinality):
 - ``mpx_calls_in_flight``: gauge, calls sent and not settled (``Executor.stats().queued``
   counts those still waiting in the driver);
 - ``mpx_worker_up{rank}``: gauge, 1 while the worker lives, 0 once it died or was stopped;
-- ``mpx_worker_deaths_total{rank}``: times the worker's process was found dead.
+- ``mpx_worker_deaths_total{rank}``: times the worker's process was found dead;
+- ``mpx_link_events_total{event}``: the links to remote ranks: ``integrity_failure``
+  (a reply frame failed authentication: its link was reset), ``resume`` (a broken link
+  taken up again where it broke), ``frame_resent`` (call frames sent again for that).
 
 The histograms' buckets are powers of two seconds, from 2**-20 (~1 us) to 256 s. A
 collector whose executor was shut down reports its last values; one whose executor was
@@ -101,12 +104,16 @@ class Collector(_CollectorBase):
             GaugeMetricFamily("mpx_worker_up", "1 while the worker lives", labels=["rank"]),
             CounterMetricFamily("mpx_worker_deaths_total",
                                 "Times the worker's process was found dead", labels=["rank"]),
+            CounterMetricFamily("mpx_link_events_total",
+                                "What the links to remote ranks went through: frames that "
+                                "failed authentication, links taken up again where they "
+                                "broke, frames resent", labels=["event"]),
         )
 
     def _read(self, ex: Executor) -> tuple[Any, ...]:
         group = ex._group
         meter = group.calls.meter
-        calls, durations, replies, nbytes, in_flight, up, deaths = self._families()
+        calls, durations, replies, nbytes, in_flight, up, deaths, links = self._families()
         with group.members.lock:  # (one membership: a resize waits for this scrape)
             snap = _stats.snapshot(group)
             per_rank = [_buckets(*_stats.rank_histograms(meter, rank.rank))
@@ -126,4 +133,7 @@ class Collector(_CollectorBase):
         for r in snap.ranks:
             up.add_metric([str(r.rank)], 1 if r.alive else 0)
             deaths.add_metric([str(r.rank)], r.deaths)
-        return calls, durations, replies, nbytes, in_flight, up, deaths
+        links.add_metric(["integrity_failure"], snap.links.integrity_failures)
+        links.add_metric(["resume"], snap.links.resumes)
+        links.add_metric(["frame_resent"], snap.links.frames_resent)
+        return calls, durations, replies, nbytes, in_flight, up, deaths, links

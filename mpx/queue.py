@@ -114,6 +114,10 @@ class _Broadcast:
         self.ends = sorted(ends, key=lambda e: not e.shares_memory)
         self.shares_memory = all(e.shares_memory for e in ends)
 
+    def link_counts(self) -> tuple[int, int, int]:
+        """The ends' Endpoint.link_counts, added up."""
+        return tuple(map(sum, zip(*(e.link_counts() for e in self.ends))))  # type: ignore
+
     def capacity(self) -> int | None:
         """The least of the ends' capacities (see Writer.capacity)."""
         caps = [c for c in (e.capacity() for e in self.ends) if c is not None]
@@ -422,6 +426,13 @@ class MessageQueue:
         """``"cython"`` or ``"python"``: the implementation of the ring (and of the
         ZeroMQ reassembler) this end of the queue runs on."""
         return self._implementation
+
+    def link_counts(self) -> tuple[int, int, int]:
+        """What this process's end of the queue saw of its network links (remote readers,
+        or a remote writer): frames that failed authentication, times a broken link was
+        taken up again where it broke, frames sent again for that (zeros over shared
+        memory; see mpx/transport/zmq_link.py)."""
+        return self._own_end.link_counts()
 
     def export_handle(self) -> Handle:
         """The picklable handle readers attach with; on a reader end, the handle it

@@ -86,7 +86,7 @@ class CallTable:
     """
 
     def __init__(self, n_ranks: int, stalls: StallDiagnosis,
-                 on_peer_gone: Callable[[int, PeerDiedError], None]) -> None:
+                 on_peer_gone: Callable[[int, PeerDiedError], ExecutorFailed | None]) -> None:
         self.registry = CallRegistry(n_ranks, stalls, on_peer_gone)
         self.pump = ReplyPump(self.registry, self.fail)
         self.sender = Sender(self.registry, self.pump)

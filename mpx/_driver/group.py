@@ -227,18 +227,28 @@ class WorkerGroup:
         a single-node group's)."""
         return self.members.may_restart(rank, self.config.max_restarts)
 
-    def _peer_gone(self, rank: int, error: PeerDiedError) -> None:
-        """A reader found ``rank``'s queue dead: the monitor thread fails the group."""
+    def _peer_gone(self, rank: int, error: PeerDiedError) -> ExecutorFailed | None:
+        """A queue's end found its peer gone: ``rank`` is the worker whose reply queue's
+        writer is gone (``error.role`` "writer"), or the broadcast's reader that is
+        (``error.role`` "reader": a local rank's, a remote rank's, or a follower's relay).
+        The monitor thread fails the group; a remote peer's loss is its node's
+        (NodeLostError, returned)."""
         monitor = self.process_monitor
         if monitor is None:
-            return
-        if self.is_local(rank):  # (died_error waits for its exit: not in this thread)
+            return None
+        local = self.world_size // self.config.nnodes
+        if rank < local:  # (died_error waits for its exit: not in this thread)
             monitor.report_death(rank, self.members.read_incarnation(rank))
-        else:
-            self.members.found_dead(rank)
-            pid = self.leader.pids.get(rank) if self.leader is not None else None
-            monitor.report(WorkerDiedError(f"worker rank {rank} (pid {pid}) is gone: {error}",
-                                           rank=rank, pid=pid))
+            return None
+        # a follower's relay reads the broadcast as reader local + node - 1
+        relayed = error.role == "reader" and self.config.relays(local)
+        node = rank - local + 1 if relayed else rank // local
+        assert self.leader is not None
+        lost = self.leader.lost_error(node, f"its link to the driver failed: {error}")
+        for r in lost.ranks:
+            self.members.found_dead(r)
+        monitor.report(lost)
+        return lost
 
     def fail(self, err: ExecutorFailed) -> None:
         """The group failed (a monitor thread calls this): settle the calls, stop the

@@ -130,6 +130,12 @@ class ReplyPump:
         that are gone too)."""
         return self.gone_bytes + sum([end.bytes_read for end in self.ends])
 
+    def link_counts(self) -> tuple[int, int, int]:
+        """The reply ends' Endpoint.link_counts, added up (those of live processes)."""
+        counts = [end.link_counts() for end in self.ends]
+        return (sum(c[0] for c in counts), sum(c[1] for c in counts),
+                sum(c[2] for c in counts))
+
     def nudge_reader(self) -> None:
         """End the wait of the thread that reads replies now (or its next wait), so that it
         looks at the deadlines and at who waits again."""

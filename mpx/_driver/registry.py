@@ -67,7 +67,7 @@ class CallRegistry:
     """The calls in flight and their bookkeeping (see the module docstring)."""
 
     def __init__(self, n_ranks: int, stalls: StallDiagnosis,
-                 on_peer_gone: Callable[[int, PeerDiedError], None]) -> None:
+                 on_peer_gone: Callable[[int, PeerDiedError], ExecutorFailed | None]) -> None:
         self.n_ranks = n_ranks
         self.stalls = stalls
         self.on_peer_gone = on_peer_gone

@@ -223,11 +223,14 @@ class Sender:
         if isinstance(e, QueueTimeout):
             return RPCTimeoutError(f"collective_rpc {name!r} timed out before every worker "
                                    f"could take the call: {e}", list(range(self.registry.n_ranks)))
+        lost = None
         if isinstance(e, PeerDiedError) and e.rank is not None:
-            self.registry.on_peer_gone(e.rank, e)  # the monitor may not have seen it yet
+            lost = self.registry.on_peer_gone(e.rank, e)  # the monitor may not have seen it yet
         if isinstance(e, (PeerDiedError, Cancelled)):
             if self.registry.failure is not None:
                 return self.registry.failure
+            if lost is not None:
+                return lost
             if isinstance(e, PeerDiedError) and e.rank is not None:  # (restarted, or fails next)
                 return WorkerDiedError(f"collective_rpc {name!r} could not be sent: worker rank "
                                        f"{e.rank} is gone: {e}", rank=e.rank, pid=e.pid)

@@ -47,6 +47,16 @@ class RankStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class LinkStats:
+    """What the driver's network links to remote ranks went through (zeros without remote
+    ranks; mpx/transport/zmq_link.py): the calls' and the replies' links, as seen here."""
+
+    integrity_failures: int  #: reply frames that failed authentication (each reset its link)
+    resumes: int             #: times a broken link was taken up again where it broke
+    frames_resent: int       #: call frames sent again to remote readers whose link broke
+
+
+@dataclasses.dataclass(frozen=True)
 class Stats:
     """A snapshot of an executor (``Executor.stats()``)."""
 
@@ -61,6 +71,7 @@ class Stats:
     ranks: tuple[RankStats, ...]  #: per worker, in rank order
     skew: Latency           #: per call, from its first rank's reply to its last, over the window
     window_s: float         #: the window of the latency figures: the last 1 to 2 times this
+    links: LinkStats        #: the links to remote ranks
 
 
 def quantile(counts: list[int], q: float, largest: float) -> float:
@@ -122,8 +133,12 @@ def snapshot(group: WorkerGroup) -> Stats:
                       sum(h.count for h in rank_histograms(meter, rank)), view.deaths[rank],
                       latency(meter.recent[rank], meter.previous[rank]))
             for rank in range(view.world_size))
+    failures, reply_resumes, _ = calls.pump.link_counts()
+    broadcast = group.members.broadcast
+    _, call_resumes, resent = broadcast.link_counts() if broadcast is not None else (0, 0, 0)
     return Stats(
         calls=MappingProxyType({k: MappingProxyType(v) for k, v in by_method.items()}),
         in_flight=in_flight, queued=queued, bytes_sent=meter.bytes_sent,
         bytes_received=calls.bytes_received(), ranks=ranks,
-        skew=latency(meter.skew_recent, meter.skew_previous), window_s=meter.window_s)
+        skew=latency(meter.skew_recent, meter.skew_previous), window_s=meter.window_s,
+        links=LinkStats(failures, reply_resumes + call_resumes, resent))

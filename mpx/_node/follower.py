@@ -3,8 +3,10 @@ driver's).
 
 It joins the leader (:mod:`mpx._node.leader`), receives the group's spec, starts its local
 workers (which read calls over ZeroMQ, or through a :class:`~mpx._node.relay.Relay`, and
-answer over their own ZeroMQ queues), reports their handles, then beats and reports worker
-deaths until the leader stops it or goes away; its workers end with it.
+answer over their own ZeroMQ queues), reports their handles, then probes the leader
+(:mod:`mpx._node.liveness`) and reports worker deaths until the leader stops it or is silent
+for ``Config.link_grace``; its workers end with it. Its control connection keeps one routing
+id, so that when the link breaks and libzmq reconnects, the leader knows it again.
 
 It says on stderr, once, that it joined and which ranks it runs. A leader that cannot
 authenticate its hello answers ``control.BAD_KEY``; that hint is not authenticated, so
@@ -18,6 +20,7 @@ import dataclasses
 import logging
 import os
 import queue
+import secrets
 import sys
 import threading
 import time
@@ -26,6 +29,7 @@ import zmq
 
 from mpx import _debug, dumps
 from mpx._node import control
+from mpx._node.liveness import FOLLOWER, Probes
 from mpx._node.local_workers import LocalWorkers
 from mpx._node.relay import Relay
 from mpx._procinfo import describe_stall
@@ -57,11 +61,13 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
                          "MPX_ALLOW_INSECURE=1)")
     key = config.auth_key.encode()
     sock = control.control_socket(zmq.DEALER)
+    sock.setsockopt(zmq.ROUTING_ID, b"\x01" + secrets.token_bytes(15))
     sock.connect(f"tcp://{master_addr}:{master_port}")
     wait_s = config.startup_timeout_s if leader_wait_s is None else leader_wait_s
     deadline = time.monotonic() + wait_s
     at = f"{master_addr}:{master_port}"
     spec = None
+    nonce = b""
     hello_at = 0.0
     bad_key = False  # the leader answered with a frame this node's key does not verify
     try:
@@ -81,7 +87,8 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
                           "this node's hello: its MPX_AUTH_KEY does not match this node's; "
                           "still trying", file=sys.stderr, flush=True)
                 if isinstance(msg, wire.Challenge):
-                    sock.send(control.pack(key, wire.Join(node_rank, msg.nonce)))
+                    nonce = msg.nonce
+                    sock.send(control.pack(key, wire.Join(node_rank, nonce)))
                 elif isinstance(msg, wire.NodeSpec):
                     spec = msg
     except BaseException:
@@ -119,7 +126,12 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
             relay.start()
         for rank, pid in zip(workers.ranks, workers.pids):
             sock.send(control.pack(key, wire.WorkerReady(rank, handles[rank], pid)))
-        return _serve_follower(sock, key, workers, cfg)
+        probes = Probes(key, FOLLOWER, config.host, 0, cfg.heartbeat_s)
+        try:
+            probes.expect(node_rank, nonce, (master_addr, master_port))
+            return _serve_follower(sock, probes, node_rank, key, workers, cfg)
+        finally:
+            probes.close()
     finally:
         if relay is not None:
             relay.stop()
@@ -170,31 +182,47 @@ def _dump_in_background(workers: LocalWorkers, cfg: Config, token: int, timeout:
     threading.Thread(target=_debug.counted_thread(run), name="mpx-dump", daemon=True).start()
 
 
-def _serve_follower(sock: zmq.Socket, key: bytes, workers: LocalWorkers, cfg: Config) -> int:
-    # The leader beats once its own startup is done (its workers may take longer to spawn
-    # than ours): until its first word, only startup_timeout_s bounds its silence.
-    last_seen = time.monotonic() + max(0.0, cfg.startup_timeout_s - cfg.heartbeat_s)
-    beat_at = 0.0
+def _serve_follower(sock: zmq.Socket, probes: Probes, node_rank: int, key: bytes,
+                    workers: LocalWorkers, cfg: Config) -> int:
+    # The leader says Beat once its own startup is done (its workers may take longer to
+    # spawn than ours): until that word, only startup_timeout_s bounds its silence; from
+    # then on, link_grace_s does.
+    started = time.monotonic()
+    serving = False
+    last_seen = 0.0
+    grace = cfg.link_grace
     reported: set[int] = set()
     answers: queue.SimpleQueue = queue.SimpleQueue()  # to "dump", from their threads
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(probes.fileno(), zmq.POLLIN)
     while True:
-        now = time.monotonic()
-        if now >= beat_at:
-            beat_at = now + cfg.heartbeat_s / 3
-            sock.send(control.pack(key, wire.Beat()))
-        if sock.poll(control.POLL_MS):
+        probes.tick()
+        ready = dict(poller.poll(control.POLL_MS))
+        if probes.fileno() in ready:
+            probes.take()
+        if sock in ready:
             msg = control.unpack(key, sock.recv())
             # (a late answer to a repeated hello is no sign of life of the leader's watch)
             if msg is not None and not isinstance(msg, (wire.Challenge, wire.NodeSpec)):
                 last_seen = time.monotonic()
+                serving = serving or isinstance(msg, wire.Beat)
                 if isinstance(msg, wire.StopNode):
                     return 0
                 if isinstance(msg, wire.DumpStacks):
                     _dump_in_background(workers, cfg, msg.token, msg.timeout, answers)
         while not answers.empty():
             sock.send(control.pack(key, answers.get()))
-        if time.monotonic() - last_seen > cfg.heartbeat_s:
-            logger.error("mpx node: the leader sent nothing for %.1f s; stopping", cfg.heartbeat_s)
+        now = time.monotonic()
+        if serving:
+            if now - max(last_seen, probes.heard.get(node_rank, 0.0)) > grace:
+                why = f"the leader sent nothing for {grace:g} s (link_grace_s)"
+                logger.error("mpx node: %s; stopping", why)
+                sock.send(control.pack(key, wire.NodeLeaving(why)))
+                return 1
+        elif now - started > cfg.startup_timeout_s:
+            logger.error("mpx node: the leader did not finish its startup within %.1f s "
+                         "(startup_timeout_s); stopping", cfg.startup_timeout_s)
             return 1
         for rank, p in zip(workers.ranks, workers.procs):
             if rank not in reported and p.exitcode is not None:

@@ -6,8 +6,9 @@ only by signing a fresh nonce from the leader, so a replayed hello is useless. A
 once: a second follower for a joined node (the first died, and its launcher started
 another) is refused and the node counted lost, and so is a node rank beyond nnodes. The
 leader sends each follower the worker class, kwargs, config and the broadcast queue's
-handle, collects its workers' response-queue handles, then exchanges heartbeats with it
-and hears of its workers' deaths.
+handle, collects its workers' response-queue handles, then watches it: each side probes
+the other over UDP (:mod:`mpx._node.liveness`), and a node silent for
+``Config.link_grace`` is lost; the follower tells it of its workers' deaths.
 
 A control frame sealed under another key (a node started with another ``MPX_AUTH_KEY``) is
 answered with ``control.BAD_KEY`` and nothing else, and its sender's address is kept for
@@ -29,6 +30,7 @@ import zmq
 
 from mpx import _addresses
 from mpx._node import control
+from mpx._node.liveness import LEADER, Probes
 from mpx._procinfo import describe_exit
 from mpx.config import Config
 from mpx.errors import NodeLostError, WorkerDiedError, WorkerStartupError
@@ -60,6 +62,20 @@ class Leader:
             raise _addresses.bind_failed(
                 "Config.master_addr and master_port, MPX_MASTER_ADDR and MPX_MASTER_PORT",
                 at, e) from None
+        # (a follower that reconnects after its link broke keeps its routing id: the new
+        # connection takes the place of the old one, which may not have noticed yet)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        try:
+            self.probes = Probes(self.key, LEADER, config.master_addr, config.master_port,
+                                 config.heartbeat_s)
+        except OSError as e:
+            self.sock.close(linger=0)
+            raise _addresses.bind_failed(
+                "Config.master_addr and master_port (UDP, for the liveness probes)", at,
+                e) from None
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
+        self._poller.register(self.probes.fileno(), zmq.POLLIN)
         self.nodes: dict[int, bytes] = {}       # node rank -> routing id
         self.last_seen: dict[int, float] = {}
         self.pids: dict[int, int] = {}          # global rank -> pid
@@ -71,7 +87,7 @@ class Leader:
         self._bad_key_from: list[str] = []  # addresses of nodes with another key (_unauthentic)
         self._rejoined: list[int] = []      # joined nodes that another follower joined for
         self._strays: list[int] = []        # node ranks outside [1, nnodes) that joined
-        self._beat_at = 0.0
+        self._serving = False  # poll() told the followers that startup is over
         self.lost: set[int] = set()
         # Executor.dump_stacks: a request for the watch thread to send, and the answers
         self._dumps_lock = threading.Lock()  # (entered itself: see mpx/_driver/pump.py)
@@ -92,7 +108,11 @@ class Leader:
     def _recv(self, timeout_ms: int) -> tuple[int | None, Any]:
         """(node, message) of the next authenticated message from a joined node. A hello
         gets a fresh nonce to sign back ("join"): a replayed hello or join joins nothing."""
-        if not self.sock.poll(timeout_ms):
+        self.probes.tick()
+        ready = dict(self._poller.poll(timeout_ms))
+        if self.probes.fileno() in ready:
+            self.probes.take()
+        if self.sock not in ready:
             return None, None
         frames = self.sock.recv_multipart(copy=False)
         ident = frames[0].bytes
@@ -174,6 +194,7 @@ class Leader:
                            msg.node_rank, self.config.nnodes)
             return False
         self.nodes[msg.node_rank] = ident
+        self.probes.expect(msg.node_rank, msg.nonce)
         return True
 
     def _rejoined_error(self, node: int) -> str:
@@ -194,13 +215,7 @@ class Leader:
     def collect(self, deadline: float) -> dict[int, Any]:
         """The response-queue handles of every follower worker, once all are ready."""
         self._wait(deadline, lambda: len(self.handles) == self.local * (self.config.nnodes - 1))
-        self._beat()  # a follower's silence bound is startup_timeout_s until the first beat
         return self.handles
-
-    def _beat(self) -> None:
-        self._beat_at = time.monotonic() + self.config.heartbeat_s / 3
-        for n in self.nodes:
-            self.send(n, wire.Beat())
 
     def _wait(self, deadline: float, done: Any) -> None:
         while not done():
@@ -242,10 +257,14 @@ class Leader:
                                          msg.traceback)
 
     def poll(self) -> WorkerDiedError | NodeLostError | None:
-        """One step of the leader's watch: heartbeats out, a failure if one was reported."""
-        now = time.monotonic()
-        if now >= self._beat_at:
-            self._beat()
+        """One step of the leader's watch: probes out and in, a failure if one was reported
+        or a node was silent for ``Config.link_grace``."""
+        if not self._serving:
+            # a follower's silence bound is startup_timeout_s until this word, its probes'
+            # grace from then on
+            self._serving = True
+            for n in self.nodes:
+                self.send(n, wire.Beat())
         with self._dumps_lock:
             asks, self._dump_asks = self._dump_asks, []
         for ask in asks:
@@ -262,6 +281,8 @@ class Leader:
                 if msg.token == self._dump_token:
                     self._dump_answers[node] = msg.stacks
                     self._dumps.notify_all()
+        if isinstance(msg, wire.NodeLeaving) and node is not None and node not in self.lost:
+            return self.lost_error(node, f"its follower stopped: {msg.why}")
         if isinstance(msg, wire.WorkerDead) and node is not None:
             # a whole node going down (Ray kills an actor's children first) can show as
             # its workers dying: ask the launcher before blaming the worker
@@ -275,13 +296,23 @@ class Leader:
             lost = self._lost(n, 0.0)
             if lost is not None:
                 return lost
+        grace = self.config.link_grace
         for n, seen in list(self.last_seen.items()):
-            if n not in self.lost and time.monotonic() - seen > self.config.heartbeat_s:
+            seen = max(seen, self.probes.heard.get(n, 0.0))
+            if n not in self.lost and time.monotonic() - seen > grace:
                 self.lost.add(n)
+                self.probes.forget(n)
                 return NodeLostError(f"node {n} (ranks {self.node_ranks(n)}) sent nothing for "
-                                     f"{self.config.heartbeat_s} s: it died or its link was cut",
+                                     f"{grace:g} s (link_grace_s): it died or its link was cut",
                                      n, self.node_ranks(n))
         return None
+
+    def lost_error(self, node: int, why: str) -> NodeLostError:
+        """The error of follower ``node`` lost for ``why`` (noted: it is reported once by
+        the watch; another thread, a queue's end whose peer there is gone, may ask too)."""
+        self.lost.add(node)
+        return NodeLostError(f"node {node} (ranks {self.node_ranks(node)}) is lost: {why}",
+                             node, self.node_ranks(node))
 
     def _lost(self, node: int, wait_s: float) -> NodeLostError | None:
         if self.gone_check is None or node in self.lost:
@@ -319,3 +350,4 @@ class Leader:
             except zmq.ZMQError:
                 pass
         self.sock.close(linger=100)
+        self.probes.close()

@@ -205,7 +205,8 @@ class NodeStartupFailed:
 
 @dataclasses.dataclass(frozen=True)
 class Beat:
-    """Either way: I am alive (a peer silent for Config.heartbeat_s is lost)."""
+    """Leader -> follower: the leader's startup is over (from now on the follower judges it
+    by its liveness probes, mpx._node.liveness)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +237,14 @@ class Stacks:
 @dataclasses.dataclass(frozen=True)
 class StopNode:
     """Leader -> follower: stop the workers and exit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeLeaving:
+    """Follower -> leader: the leader was silent past the grace, so this node stops (said
+    in case only the leader's direction of the link is cut: then the leader hears it)."""
+
+    why: str
 
 
 # ----------------------------------------------------------------------- launch control

@@ -94,6 +94,12 @@ class Endpoint(abc.ABC):
         self._closed = False
         self._shut = False
 
+    def link_counts(self) -> tuple[int, int, int]:
+        """What this end's network link went through: frames that failed authentication
+        (each one reset the link), times the link was taken up again where it broke, and
+        frames sent again for that; zeros for an end without one (shared memory)."""
+        return 0, 0, 0
+
     def shutdown(self) -> None:
         """Wake this process's waiters on this end (Cancelled, also for later waits)."""
         if self._closed or self._shut:

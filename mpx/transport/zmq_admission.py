@@ -1,15 +1,17 @@
 """Who may connect to a ZeroMQ queue writer, and which connection is which reader.
 
-A writer expects nothing from its readers but their HELLO (``zmq_framing.HELLO``, sealed
-with the deployment's key): its socket takes frames of at most ``MAX_CONTROL_FRAME`` bytes
-(a peer that sends a larger one is disconnected), holds at most ``CONTROL_HWM`` per
-connection, and the writer reads and drops what comes as it writes, so that no peer,
-authenticated or not, makes it hold more than a few KiB. It takes new connections only
-until the queue is ready: libzmq asks the writer (ZAP) whether to let each one in, the
-writer says yes while it waits for its readers' HELLOs, then closes its ZAP handler, after
-which libzmq refuses every new connection at its handshake. So a storm of connections costs
-nothing (an idle writer reads nothing, and each connection let in held ~20 KiB until read),
-and a reader whose connection drops is not let back in: its heartbeat declares it lost.
+A writer expects nothing from its readers but ``zmq_framing.CONTROL`` frames sealed with
+the deployment's key (HELLO, ACK, RESUME): its socket takes frames of at most
+``MAX_CONTROL_FRAME`` bytes (a peer that sends a larger one is disconnected), holds at
+most ``CONTROL_HWM`` per connection, and the writer reads and drops the rest as it writes
+and every ``POLL_MS`` while idle (zmq_writer), so that no peer, authenticated or not, makes
+it hold more than a few KiB. libzmq asks the writer (ZAP) whether to let each connection
+in: until the queue is ready, every one; then only those from the addresses its readers
+said HELLO from, where a reader whose link broke comes back from (zmq_link). A HELLO binds
+a rank once: another connection's HELLO for a rank already bound is dropped. A reader whose
+link broke comes back on a new connection, with a new routing id, and its RESUME binds its
+rank to that connection, if no connection of this writer ever had that routing id: so a
+RESUME replayed, from the connection it names or another, binds nothing.
 
 Concurrency: an ``Admission`` is its writer's, called by one thread at a time, as the writer's
 own docstring says (zmq_writer).
@@ -21,7 +23,8 @@ import zmq
 
 from mpx.auth import Signer
 from mpx.transport.zmq_drops import DropLog
-from mpx.transport.zmq_framing import HELLO, MAGIC, VERSION
+from mpx.transport.zmq_framing import ACK, CONTROL, HELLO, MAGIC, RESUME, VERSION
+from mpx.transport.zmq_link import ResendWindow
 
 # What a writer receives (HELLOs; junk): the largest frame it takes (a HELLO is 68 bytes;
 # the limit holds for handshake commands too, and CURVE's INITIATE is ~350), and how many
@@ -47,15 +50,21 @@ def guard(sock: zmq.Socket) -> None:
 class Admission:
     """The readers of the writer's ``sock`` (set up by ``guard``): ``peers`` maps each reader
     rank that said HELLO to the routing id of its connection; ``need`` of ``ranks`` make the
-    writer ready. Until it is, a ZAP handler bound in ``ctx`` lets every connection in.
-    The HELLOs it drops are counted in ``drops``."""
+    writer ready. A ZAP handler bound in ``ctx`` lets connections in (see the module's
+    docstring). The readers' ACKs go to ``window``; their RESUMEs wait in ``resumes`` as
+    ``(rank, last frame, nonce)`` for the writer to answer. What it drops is counted in
+    ``drops``."""
 
     def __init__(self, ctx: zmq.Context, sock: zmq.Socket, ranks: list[int], need: int,
-                 signer: Signer, token: int, drops: DropLog) -> None:
+                 signer: Signer, token: int, drops: DropLog, window: ResendWindow) -> None:
         self.ranks = list(ranks)
         self.need = need
         self.peers: dict[int, bytes] = {}    # rank -> routing id
         self.drops = drops
+        self.window = window
+        self.resumes: list[tuple[int, int, int]] = []
+        self._addresses: set[str] = set()  # where the readers said HELLO from
+        self._bound: set[bytes] = set()     # every routing id a rank was ever bound to
         self._sock, self._signer, self._token = sock, signer, token
         self._zap: zmq.Socket | None = ctx.socket(zmq.ROUTER)
         try:
@@ -76,62 +85,91 @@ class Admission:
         """Reader ``rank`` is gone for good: the messages from now on go to the others alone."""
         if self.peers.pop(rank, None) is not None:
             self.need -= 1
+            self.window.leave(rank)
 
     def take(self, timeout_ms: int) -> None:
-        """Take the HELLOs that came (waiting up to ``timeout_ms`` for one), and drop
-        anything else: TAKE_MAX messages at most. Until the writer is ready, let the new
-        connections in; once it is, refuse them."""
-        if self._zap is not None:
-            poller = zmq.Poller()
-            poller.register(self._sock, zmq.POLLIN)
-            poller.register(self._zap, zmq.POLLIN)
-            poller.poll(timeout_ms)
-            self._admit(self._zap)
-        elif not self._sock.poll(timeout_ms, zmq.POLLIN):
+        """Take what the readers sent (waiting up to ``timeout_ms`` for something), and drop
+        anything else; answer libzmq's questions about new connections: TAKE_MAX messages
+        of each at most."""
+        if self._zap is None:
             return
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._zap, zmq.POLLIN)
+        poller.poll(timeout_ms)
+        self._admit(self._zap)
         for _ in range(TAKE_MAX):
             try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            self._hello(frames)
-        if self._zap is not None and self.ready():
-            self.close()
+            self._control(frames)
 
     def close(self) -> None:
         """Close the ZAP handler: libzmq refuses every new connection from now on."""
         if self._zap is not None:
+            try:  # (at once: a close frees the endpoint later, in libzmq's reaper)
+                self._zap.unbind(_ZAP_ENDPOINT)
+            except zmq.ZMQError:
+                pass  # (its bind failed)
             self._zap.close()
             self._zap = None
 
-    @staticmethod
-    def _admit(zap: zmq.Socket) -> None:
-        """Let in the connections that libzmq asks about (ZAP requests: routing id, empty,
-        version, request id, ...), TAKE_MAX at most."""
+    def _admit(self, zap: zmq.Socket) -> None:
+        """Answer the questions libzmq asks about new connections (ZAP requests: routing
+        id, empty, version, request id, domain, address, ...), TAKE_MAX at most: until the
+        writer is ready every one is let in, then those from its readers' addresses."""
         for _ in range(TAKE_MAX):
             try:
                 request = zap.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if len(request) >= 4:
-                zap.send_multipart([request[0], b"", b"1.0", request[3], b"200", b"", b"", b""])
+            if len(request) >= 6:
+                ok = not self.ready() or request[5].decode(errors="replace") in self._addresses
+                zap.send_multipart([request[0], b"", b"1.0", request[3],
+                                    b"200" if ok else b"400", b"", b"", b""])
 
-    def _hello(self, frames: list[bytes]) -> None:
-        peer = frames[0]
-        body = self._signer.unseal(frames[1]) if len(frames) == 2 else None
-        if body is None or body.nbytes != HELLO.size:
-            self.drops.drop(peer, "malformed or unsigned hello (wrong key?)")
+    def _control(self, frames: list[zmq.Frame]) -> None:
+        peer = frames[0].bytes
+        body = self._signer.unseal(frames[1].buffer) if len(frames) == 2 else None
+        if body is None or body.nbytes != CONTROL.size:
+            self.drops.drop(peer, "malformed or unsigned control frame (wrong key?)")
             return
-        magic, version, _, token, rank, routing_id = HELLO.unpack(body)
+        magic, version, what, token, rank, routing_id, number, nonce = CONTROL.unpack(body)
         if magic != MAGIC or version != VERSION or token != self._token or rank not in self.ranks:
-            self.drops.drop(peer, f"hello for another queue or rank {rank}")
+            self.drops.drop(peer, f"control frame for another queue or rank {rank}")
             return
         if routing_id != peer:
-            self.drops.drop(peer, f"hello for rank {rank} from another connection than the one "
-                            "it names (replayed?)")
+            self.drops.drop(peer, f"control frame for rank {rank} from another connection than "
+                            "the one it names (replayed?)")
             return
-        if rank not in self.peers and len(self.peers) >= self.need:
+        if what == RESUME and rank in self.peers and peer not in self._bound:
+            self.peers[rank] = peer  # (its link broke: this is its new connection)
+            self._bound.add(peer)
+            self.resumes.append((rank, number, nonce))
+            return
+        if what != HELLO:
+            if self.peers.get(rank) != peer:
+                self.drops.drop(peer, f"control frame for rank {rank}, which is not connected "
+                                "by this connection")
+            elif what == ACK:
+                self.window.ack(rank, number)
+            elif what == RESUME:  # (again: its first went unanswered)
+                self.resumes.append((rank, number, nonce))
+            return
+        if rank in self.peers:
+            if self.peers[rank] != peer:
+                self.drops.drop(peer, f"hello from rank {rank}, which is connected by another "
+                                "connection")
+            return
+        if len(self.peers) >= self.need:
             self.drops.drop(peer, f"hello from rank {rank}: all {self.need} readers are "
                             f"already connected (ranks {sorted(self.peers)})")
             return
         self.peers[rank] = peer
+        self._bound.add(peer)
+        self.window.join(rank)
+        try:
+            self._addresses.add(str(frames[1].get("Peer-Address")))
+        except (zmq.ZMQError, ValueError):
+            pass

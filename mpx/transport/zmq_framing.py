@@ -1,13 +1,20 @@
-"""The frames of the ZeroMQ transport: a chunk's header and a reader's HELLO, their version,
-and a message cut into chunks.
+"""The frames of the ZeroMQ transport: a chunk's header and what a reader says to its
+writer, their version, and a message cut into chunks.
 
 A message travels as chunks of at most ``Config.max_chunk_bytes``, so that a large one is
 signed, sent, checked and copied out in a pipeline. Every chunk is one frame: ``HEADER``
-(queue token, message sequence number, chunk index and count, message length) and its
-bytes, sealed with an HMAC-SHA256 under the deployment's key (``mpx.auth.Signer``). A chunk
-count of 0 ends the writer's stream (readers skip it). A reader introduces itself with a
-sealed ``HELLO`` naming its rank and its connection (a routing id of ``ID_BYTES`` drawn
-afresh by each reader), so that a HELLO replayed from another connection binds nothing.
+(queue token, message sequence number, chunk index and count, message length, and the
+frame's number in the writer's stream, which only grows) and its bytes, sealed with an
+HMAC-SHA256 under the deployment's key (``mpx.auth.Signer``). A chunk count of 0 marks a
+frame of the link, not of a message (readers read none of it as data): ``index`` 0 ends the
+writer's stream, ``index`` 1 (``RESUMED``) answers a reader's RESUME, its ``seq`` the
+RESUME's nonce: the frames after it are those the reader missed (zmq_link).
+
+A reader speaks to its writer in sealed ``CONTROL`` frames that name its rank and its
+connection (a routing id of ``ID_BYTES`` drawn afresh by each reader, kept across the
+reconnections of its link), so that one replayed from another connection binds nothing:
+``HELLO`` introduces it, ``ACK`` says up to which frame it has read, ``RESUME`` (after its
+link broke) asks for the frames after the one it names.
 
 Nothing here holds state: the ends that use it keep their own.
 """
@@ -19,12 +26,16 @@ import struct
 from collections.abc import Iterable, Iterator
 
 MAGIC = b"MPXZ"
-VERSION = 5  # 3: kinds are opaque but for layout.KIND_AS_BYTES; 4: a HELLO names its connection;
-# 5: a chunk count of 0 ends the stream
-# magic, version, kind, token, seq, chunk index, chunk count, message length
-HEADER = struct.Struct("<4sHHQQIIQ")
+VERSION = 6  # 3: kinds are opaque but for layout.KIND_AS_BYTES; 4: a HELLO names its connection;
+# 5: a chunk count of 0 ends the stream; 6: frame numbers, ACK and RESUME (links that break)
+# magic, version, kind, token, seq, chunk index, chunk count, message length, frame number
+HEADER = struct.Struct("<4sHHQQIIQQ")
 ID_BYTES = 16
-HELLO = struct.Struct(f"<4sHHQI{ID_BYTES}s")   # magic, version, 0, token, rank, routing id
+# magic, version, what (HELLO, ACK, RESUME), token, rank, routing id, frame number, nonce
+CONTROL = struct.Struct(f"<4sHHQI{ID_BYTES}sQQ")
+HELLO, ACK, RESUME = 0, 1, 2
+# (a chunk count of 0:) the index of the end of the stream, and of the answer to a RESUME
+END, RESUMED = 0, 1
 
 
 @dataclasses.dataclass(slots=True)  # (not frozen: its __init__ then costs ~1 us less)
@@ -37,6 +48,7 @@ class Chunk:
     count: int
     total: int
     data: memoryview
+    number: int  # the frame's number in the writer's stream
 
 
 def split(parts: Iterable, size: int, total: int) -> Iterator[list]:

@@ -3,8 +3,14 @@ says HELLO, checks every frame's HMAC before anything is unpickled, and waits fo
 chunk with every exit (shutdown, a cancel, a nudge, the writer lost, the deadline); its
 Reassembly (``zmq_reassembly``) gathers the chunks into messages.
 
-Forged, altered, truncated and replayed frames are dropped and counted, and the connection
-keeps working for honest peers. A reader drained after its writer's death
+Its link outlives its TCP connection (zmq_link): it acknowledges what it read, and when
+the connection breaks (libzmq connects again) it asks for what it missed (RESUME) and
+reads on from there. A frame that fails its HMAC on the link is treated as a broken link
+(the bytes were altered on the way, or someone else's): it is dropped and counted
+(``integrity_failures``), the connection reset and the frame read again from the resend.
+A link that stays broken, or keeps delivering frames that fail, for ``Config.link_grace``
+loses the writer (PeerDiedError, saying which). Forged, altered, truncated and replayed
+frames never reach the application. A reader drained after its writer's death
 (``Reader.drain``) reads what was on its way.
 
 Concurrency: a read holds the reader's lock (``Endpoint._lock``) while it waits and
@@ -42,7 +48,18 @@ from mpx.mechanism.waiting import AdaptiveWait
 from mpx.transport.base import Reader
 from mpx.transport.zmq_context import CONTEXTS, POLL_MS, configure, inherited
 from mpx.transport.zmq_drops import DropLog
-from mpx.transport.zmq_framing import HEADER, HELLO, ID_BYTES, MAGIC, VERSION, Chunk
+from mpx.transport.zmq_framing import (
+    ACK,
+    CONTROL,
+    HEADER,
+    HELLO,
+    ID_BYTES,
+    MAGIC,
+    RESUME,
+    RESUMED,
+    VERSION,
+    Chunk,
+)
 from mpx.transport.zmq_reassembly import Reassembly
 
 # A drained reader (Reader.drain) whose writer is still connected waits this long after
@@ -50,6 +67,8 @@ from mpx.transport.zmq_reassembly import Reassembly
 # began comes in faster than that); one whose writer disconnected, POLL_MS (libzmq
 # reports the disconnect just before it hands over the last frames).
 _DRAIN_QUIET_NS = 100_000_000
+# A RESUME that got no answer is sent again after this long (with a fresh nonce).
+_RESUME_AGAIN_S = 0.5
 _NOBLOCK = int(zmq.NOBLOCK)
 
 
@@ -74,13 +93,12 @@ class ZmqReader(AdaptiveWait, Reader):
         self._signer = Signer(config.auth_key.encode())
         self.token = info["token"]
         self.endpoint = info["endpoint"]
-        self._heartbeat_s = info.get("heartbeat_s", config.heartbeat_s)
+        self._grace = info.get("link_grace_s", config.link_grace)
+        self._ack_every = info.get("ack_every", config.max_chunks)
         self._ctx, self._ctx_pid = CONTEXTS.take(writer=False), os.getpid()
         self._sock = self._ctx.socket(zmq.DEALER)
         configure(self._sock, config)
-        # (its first byte not 0: libzmq keeps those for the ids it makes up)
-        self._routing_id = b"\x01" + secrets.token_bytes(ID_BYTES - 1)
-        self._sock.setsockopt(zmq.ROUTING_ID, self._routing_id)
+        self._new_routing_id()
         self._sock.setsockopt(zmq.RCVHWM, config.max_chunks)
         self._sock.setsockopt(zmq.RCVTIMEO, POLL_MS)
         if info.get("curve_server_key"):  # the writer encrypts: so must we
@@ -91,8 +109,7 @@ class ZmqReader(AdaptiveWait, Reader):
         self._monitor = self._sock.get_monitor_socket(
             zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._sock.connect(self.endpoint)
-        self._sock.send(self._signer.seal(HELLO.pack(MAGIC, VERSION, 0, self.token, rank,
-                                                     self._routing_id), ()))
+        self._say(HELLO, 0, 0)
         self._stash: Chunk | None = None  # a chunk read ahead: the start of a message
         self._too_large: MessageTooLargeError | None = None  # for the next read to raise
         self._nudged = False  # set by nudge(); taken by the wait it ends
@@ -100,6 +117,17 @@ class ZmqReader(AdaptiveWait, Reader):
         self._heard_ns = 0      # while drained: when the drain began, or the last frame came
         self._connected = False
         self._lost_since: float | None = time.monotonic()
+        # the link (zmq_link): the last frame read, those read since the last ACK, the
+        # nonce of the RESUME waiting for its answer (and when it was sent), and since when
+        # frames have been failing their HMAC (and after which frame)
+        self._last = 0
+        self._unacked = 0
+        self._resume: int | None = None
+        self._resume_at = 0.0
+        self._failing_since: float | None = None
+        self._failed_after = 0
+        self.integrity_failures = 0  # frames that failed their HMAC on the link
+        self.resumes = 0             # times the link was taken up again where it broke
         self.drops = DropLog(f"queue reader rank {rank}")
         self._messages = Reassembly(self.drops, self.endpoint, rank)
         self._bytes = 0  # the bytes of the authentic chunks read
@@ -107,6 +135,9 @@ class ZmqReader(AdaptiveWait, Reader):
     @property
     def bytes_read(self) -> int:
         return self._bytes
+
+    def link_counts(self) -> tuple[int, int, int]:
+        return self.integrity_failures, self.resumes, 0
 
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         """Return once connected to the writer. Ends with Cancelled on shutdown() or
@@ -130,13 +161,75 @@ class ZmqReader(AdaptiveWait, Reader):
                                    f"{self.endpoint}")
             time.sleep(0.005)
 
+    def _new_routing_id(self) -> None:
+        """A routing id for the next connection (never one before: zmq_admission)."""
+        # (its first byte not 0: libzmq keeps those for the ids it makes up)
+        self._routing_id = b"\x01" + secrets.token_bytes(ID_BYTES - 1)
+        self._sock.setsockopt(zmq.ROUTING_ID, self._routing_id)
+
+    def _say(self, what: int, number: int, nonce: int) -> None:
+        """Send the writer a CONTROL frame (never waits: one that finds no room is lost,
+        and said again later where it matters)."""
+        try:
+            self._sock.send(self._signer.seal(CONTROL.pack(
+                MAGIC, VERSION, what, self.token, self.rank, self._routing_id, number, nonce),
+                ()), _NOBLOCK)
+        except zmq.Again:
+            pass
+
     def _watch_link(self) -> None:
         while self._monitor.poll(0):
             event = zmq.utils.monitor.recv_monitor_message(self._monitor)["event"]
             if event == zmq.EVENT_CONNECTED:
-                self._connected, self._lost_since = True, None
-            elif event == zmq.EVENT_DISCONNECTED:
-                self._lost_since = time.monotonic()
+                if not self._connected:  # (the first connection: nothing to take up again)
+                    self._connected, self._lost_since = True, None
+                elif self._resume is not None:
+                    self._ask_resume()
+            elif event == zmq.EVENT_DISCONNECTED and self._connected and self._resume is None:
+                self._reconnect()
+        if self._resume is not None and time.monotonic() - self._resume_at > _RESUME_AGAIN_S:
+            self._ask_resume()
+
+    def _reconnect(self) -> None:
+        """The link broke (or carried a frame that failed): connect again, on a new
+        connection with a new routing id, and ask for what follows the last frame read
+        once connected (frames until the answer are dropped: the resend has them)."""
+        if self._lost_since is None:
+            self._lost_since = time.monotonic()
+        self._resume, self._resume_at = secrets.randbits(63), time.monotonic()
+        self._sock.disconnect(self.endpoint)
+        self._new_routing_id()
+        self._sock.connect(self.endpoint)
+
+    def _ask_resume(self) -> None:
+        """Ask the writer for the frames after the last one read (zmq_link), with a fresh
+        nonce: an answer to an earlier RESUME is not taken for this one's."""
+        self._resume = secrets.randbits(63)
+        self._resume_at = time.monotonic()
+        self._say(RESUME, self._last, self._resume)
+
+    def _reset_link(self) -> None:
+        """A frame failed its HMAC: take the link down and up again (once the RESUME that
+        follows is answered, a new failure resets it again)."""
+        if self._failing_since is None:
+            self._failing_since, self._failed_after = time.monotonic(), self._last
+        if self._resume is None:
+            self._reconnect()
+
+    def _link_error(self) -> PeerDiedError | None:
+        """The error of a link broken, or failing, for longer than the grace, else None."""
+        now = time.monotonic()
+        if self._failing_since is not None and now - self._failing_since > self._grace:
+            return PeerDiedError(
+                f"reader rank {self.rank}: the frames from the writer at {self.endpoint} "
+                f"failed authentication (HMAC) for more than {self._grace:g} s "
+                f"(link_grace_s; {self.integrity_failures} frames failed): the link alters "
+                "data, or someone else sends on it", role="writer")
+        if self._lost_since is not None and now - self._lost_since > self._grace:
+            return PeerDiedError(
+                f"reader rank {self.rank} lost the writer at {self.endpoint} for more than "
+                f"{self._grace:g} s (link_grace_s: it died, or the link was cut)", role="writer")
+        return None
 
     def poll(self) -> bool:
         # (EVENTS, not a Poller: no poller to build, and no wait to set up)
@@ -272,12 +365,10 @@ class ZmqReader(AdaptiveWait, Reader):
                         self.drops.drop(self.endpoint, "malformed message (multipart)")
                     # (on to the deadline: a stream of forged frames holds no reader past it)
                 self._watch_link()
-                if self._lost_since is not None and \
-                        time.monotonic() - self._lost_since > self._heartbeat_s:
-                    raise PeerDiedError(
-                        f"reader rank {self.rank} lost the writer at {self.endpoint} for more "
-                        f"than {self._heartbeat_s} s (it died, or the link was cut)",
-                        role="writer")
+                if self._lost_since is not None or self._failing_since is not None:
+                    lost = self._link_error()
+                    if lost is not None:
+                        raise lost
                 if 0 <= deadline_ns <= time.monotonic_ns():
                     raise QueueTimeout(f"dequeue on remote reader rank {self.rank} timed out: "
                                        f"nothing from the writer at {self.endpoint}")
@@ -343,16 +434,37 @@ class ZmqReader(AdaptiveWait, Reader):
         body = self._signer.unseal(frame.buffer)
         if body is None or body.nbytes < HEADER.size:
             self.drops.drop(self.endpoint, "malformed or unsigned message (wrong key, altered?)")
+            self.integrity_failures += 1
+            self._reset_link()
             return None
-        magic, version, kind, token, seq, index, count, total = HEADER.unpack_from(body)
+        magic, version, kind, token, seq, index, count, total, number = HEADER.unpack_from(body)
         if magic != MAGIC or version != VERSION or token != self.token:
             self.drops.drop(self.endpoint, "message of another queue or version")
             return None
-        if not count:
-            return None  # the end of the writer's stream (ZmqWriter._flush): nothing to read
+        if not count:  # a frame of the link
+            if index == RESUMED and seq == self._resume:
+                # the frames after it: the ``total`` frames missed, then new ones
+                self._resume = self._lost_since = None
+                self.resumes += 1
+                if not total:
+                    self._failing_since = None  # (nothing to read again: nothing failed)
+            return None  # (else the end of the writer's stream: ZmqWriter._flush)
+        if self._resume is not None:
+            return None  # (the resend after the RESUMED brings it again)
+        if number <= self._last:
+            self.drops.drop(self.endpoint, f"frame {number} again, after frame {self._last} "
+                            "(replayed?)")
+            return None
+        self._last = number
+        if self._failing_since is not None and number > self._failed_after:
+            self._failing_since = None  # (past the frame that failed)
+        self._unacked += 1
+        if self._unacked >= self._ack_every:
+            self._unacked = 0
+            self._say(ACK, number, 0)
         data = body[HEADER.size:]
         self._bytes += data.nbytes
-        return Chunk(kind, seq, index, count, total, data)
+        return Chunk(kind, seq, index, count, total, data, number)
 
     def nudge(self) -> None:
         # a waiting read looks at it every receive timeout (POLL_MS)

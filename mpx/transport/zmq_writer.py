@@ -2,27 +2,34 @@
 sealed chunks (``zmq_framing``), to every remote reader's DEALER over TCP.
 
 The remote transport, module by module: ``zmq_framing`` (the frames and their HMAC),
-``zmq_admission`` (who may connect; the readers' HELLO), ``zmq_context`` (the context a
+``zmq_admission`` (who may connect; what the readers say), ``zmq_link`` (a link that
+outlives its TCP connection: the frames held for resends), ``zmq_context`` (the context a
 process's ends share; fork), ``zmq_drops`` (what was thrown away), this writer, and the
 reader: ``zmq_reader`` (receiving and waiting) with ``zmq_reassembly`` (chunks into
 messages). With ``Config.curve`` the traffic is also encrypted (CURVE; the writer's public
 key travels in the handle; authentication stays with the HMAC).
 
 High-water marks never drop a call: the writer sends with ROUTER_MANDATORY, so a full
-pipe to a slow reader makes it wait (until its deadline, then QueueTimeout naming the rank)
-and a reader that disconnected makes it raise PeerDiedError. A message the writer gave up
-on part way is discarded by the readers that got its start.
+pipe to a slow reader makes it wait (until its deadline, then QueueTimeout naming the rank).
+A reader whose connection broke gets what it missed when it is back (zmq_link); one that
+stays away for ``Config.link_grace`` makes the writer raise PeerDiedError. A message the
+writer gave up on part way is discarded by the readers that got its start.
 
 What a writer has written reaches its readers even when its process exits next: close()
 waits (up to ``Config.heartbeat_s``) until libzmq has handed it all to the kernel, which
 sends it after the process is gone (``_flush``: terminating a context, libzmq's own wait,
 needs every socket in it closed, and the others of the process may still be in use).
 
-Concurrency: write(), missing_readers(), release_reader() and close() hold the writer's lock
-(``Endpoint._lock``): the sockets and the Admission see one of them at a time. wait_ready()
-called on its own (the queue's wait_until_ready) takes the readers' HELLOs without it; a
-write that finds readers missing waits for them under the lock. shutdown() only sets
-``_shut``, which a send waiting for room and wait_ready() look at between tries.
+Concurrency: write(), missing_readers(), release_reader(), close() and the link's thread
+(``mpx-zmq-link``: every ``_LINK_POLL_S``, if the lock is free, it takes what readers sent,
+answers their RESUMEs and libzmq's questions about new connections, so that a reader whose
+link broke is let back in while the writer is idle) hold the writer's lock
+(``Endpoint._lock``): the sockets, the Admission and the ResendWindow see one of them at a
+time. wait_ready() called on its own (the queue's wait_until_ready) takes the readers'
+HELLOs without it, before the thread starts; a write that finds readers missing waits for
+them under the lock. shutdown() only sets ``_shut``, which a send waiting for room and
+wait_ready() look at between tries; close() stops the thread before it releases the
+sockets.
 """
 
 from __future__ import annotations
@@ -33,11 +40,11 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
-from mpx import _addresses
+from mpx import _addresses, _debug
 from mpx.auth import Signer
 from mpx.config import Config
 from mpx.errors import Cancelled, PeerDiedError, QueueTimeout
@@ -45,12 +52,16 @@ from mpx.transport.base import Writer
 from mpx.transport.zmq_admission import Admission, guard
 from mpx.transport.zmq_context import CONTEXTS, POLL_MS, configure, inherited
 from mpx.transport.zmq_drops import DropLog
-from mpx.transport.zmq_framing import HEADER, MAGIC, VERSION, split
+from mpx.transport.zmq_framing import END, HEADER, MAGIC, RESUMED, VERSION, split
+from mpx.transport.zmq_link import WINDOW_PER_CHUNKS, ResendWindow
 
 logger = logging.getLogger("mpx")
 
 # A writer reads (and drops) what came every this many messages (a look costs ~3 us).
 _READ_EVERY = 64
+# How often the link's thread looks at what readers sent, while the writer is idle: a
+# reader whose link broke waits this long at most to be let back in and resent to.
+_LINK_POLL_S = 0.1
 # How long a writer sleeps between tries while a reader's pipe is full.
 _BACKOFF_S = 0.0005
 # A frame smaller than this is sent by copy, as two plain sends with int flags (pyzmq's
@@ -88,13 +99,21 @@ class ZmqWriter(Writer):
         try:
             self._open(config, host)
             self.drops = DropLog(f"queue writer {self.endpoint}")
+            self._window = ResendWindow(WINDOW_PER_CHUNKS * config.max_chunks)
             self._admission = Admission(self._ctx, self._sock, ranks,
                                         len(ranks) if need is None else need,
-                                        self._signer, self.token, self.drops)
+                                        self._signer, self.token, self.drops, self._window)
         except BaseException:
             self._close_sockets()
             raise
         self._seq = 0
+        self._frame = 0  # the number of the last frame sealed
+        self._grace_ns = int(config.link_grace * 1e9)
+        self.resumes = 0  # RESUMEs answered: readers whose link broke, taken up again
+        self.resent = 0   # frames sent again to them
+        self._serving = False  # (_serve_resumes is sending)
+        self._link_stop = threading.Event()
+        self._link_thread: threading.Thread | None = None
 
     def _open(self, config: Config, host: str) -> None:
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -117,8 +136,12 @@ class ZmqWriter(Writer):
 
     def handle_info(self) -> dict[str, Any]:
         return dict(endpoint=self.endpoint, token=self.token,
-                    zmq_ranks=tuple(self._admission.ranks), heartbeat_s=self.config.heartbeat_s,
+                    zmq_ranks=tuple(self._admission.ranks), link_grace_s=self.config.link_grace,
+                    ack_every=self.config.max_chunks,
                     curve_server_key=self._curve_key)
+
+    def link_counts(self) -> tuple[int, int, int]:
+        return 0, self.resumes, self.resent
 
     def missing_readers(self) -> list[int]:
         with self._lock:
@@ -131,6 +154,8 @@ class ZmqWriter(Writer):
 
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         admission = self._admission
+        if self._link_thread is None and admission.ready():
+            self._keep_link()
         while not admission.ready():
             if self._closed or self._shut:
                 raise Cancelled("wait_until_ready cancelled: the queue was shut down")
@@ -142,15 +167,101 @@ class ZmqWriter(Writer):
                 raise QueueTimeout(f"remote readers never connected: ranks "
                                    f"{admission.missing()}{also}")
             admission.take(POLL_MS)
+        self._keep_link()
+
+    def _keep_link(self) -> None:
+        """Start the link's thread (once, when the writer is first ready)."""
+        if self._link_thread is None and not self._closed:
+            self._link_thread = threading.Thread(target=_debug.counted_thread(self._link),
+                                                 name="mpx-zmq-link", daemon=True)
+            self._link_thread.start()
+
+    def _link(self) -> None:
+        """(the link's thread) See the module's docstring."""
+        lock = cast(threading.Lock, self._lock)  # (the Endpoint's own: a writer gives none)
+        while not self._link_stop.wait(_LINK_POLL_S):
+            if not lock.acquire(blocking=False):
+                continue  # (a write or a close: a write takes what came itself)
+            try:
+                if self._closed:
+                    return
+                self._admission.take(0)
+                self._serve_resumes(time.monotonic_ns() + self._grace_ns)
+            except (zmq.ZMQError, PeerDiedError, QueueTimeout, Cancelled):
+                pass  # (the next write meets it, and says so)
+            finally:
+                lock.release()
+
+    def _serve_resumes(self, deadline_ns: int) -> None:
+        """Answer the readers back after their link broke: to each, a RESUMED frame with
+        its RESUME's nonce, then every frame held after the last one it has."""
+        admission = self._admission
+        self._serving = True
+        try:
+            while admission.resumes:
+                self._serve_resume(*admission.resumes.pop(0), deadline_ns)
+        finally:
+            self._serving = False
+
+    def _serve_resume(self, rank: int, last: int, nonce: int, deadline_ns: int) -> None:
+        """Answer reader ``rank``'s RESUME (``nonce``): it has every frame up to ``last``."""
+        window = self._window
+        oldest = window.oldest()
+        if oldest is not None and last + 1 < oldest:
+            # (cannot be: a frame is held until that reader acknowledges it)
+            self._admission.release(rank)
+            raise PeerDiedError(f"remote reader rank {rank} came back after its link broke, "
+                                f"but frames {last + 1}-{oldest - 1} it missed are no longer "
+                                "held", role="reader", rank=rank)
+        window.down.pop(rank, None)
+        missed = window.after(last)
+        mark = self._signer.seal(HEADER.pack(MAGIC, VERSION, 0, self.token, nonce, RESUMED, 0,
+                                             len(missed), last), ())
+        self._send(rank, mark, deadline_ns)
+        self.resumes += 1
+        for _, frame in missed:
+            self._send(rank, frame, deadline_ns)
+            self.resent += 1
+
+    def _make_room(self, deadline_ns: int) -> None:
+        """Wait until the resend window has room: the readers acknowledge what they read."""
+        admission, window = self._admission, self._window
+        while True:
+            admission.take(0)
+            self._serve_resumes(deadline_ns)
+            if not window.full():
+                return
+            self._check_links()
+            if self._shut:
+                raise Cancelled("enqueue cancelled: the queue was shut down")
+            if 0 <= deadline_ns <= time.monotonic_ns():
+                raise QueueTimeout(f"enqueue timed out: remote reader rank {window.behind()} "
+                                   f"has not acknowledged frame {window.oldest()}")
+            admission.take(1)
+
+    def _check_links(self) -> None:
+        """PeerDiedError if a reader's link has been broken for longer than the grace."""
+        window = self._window
+        for rank, since in list(window.down.items()):
+            if time.monotonic_ns() - since > self._grace_ns:
+                self._admission.release(rank)
+                raise PeerDiedError(f"remote reader rank {rank} disconnected (died, or its link "
+                                    f"was cut) for more than {self.config.link_grace:g} s "
+                                    "(link_grace_s)", role="reader", rank=rank)
 
     def write(self, kind: int, pieces: Iterable, deadline_ns: int, total: int = -1) -> None:
         with self._lock:
             self._check_open()
             admission = self._admission
+            window = self._window
             if not admission.ready() or not self._seq % _READ_EVERY:
                 admission.take(0)
                 if not admission.ready():
                     self.wait_ready(deadline_ns)
+                if admission.resumes:
+                    self._serve_resumes(deadline_ns)
+                if window.down:
+                    self._check_links()
             size = self.config.max_chunk_bytes
             if total < 0:
                 pieces = tuple(pieces)
@@ -163,8 +274,12 @@ class ZmqWriter(Writer):
             seal = self._signer.seal
             try:
                 for index, chunk in enumerate(chunks):
+                    if window.full():
+                        self._make_room(deadline_ns)
+                    self._frame += 1
                     frame = seal(HEADER.pack(MAGIC, VERSION, kind, self.token, self._seq, index,
-                                             count, total), chunk)
+                                             count, total, self._frame), chunk)
+                    window.hold(self._frame, frame)
                     for rank in admission.peers:
                         self._send(rank, frame, deadline_ns)
             finally:
@@ -201,10 +316,14 @@ class ZmqWriter(Writer):
                     credit_taken = True
                     continue
             except zmq.ZMQError as e:
-                if e.errno == zmq.EHOSTUNREACH:
-                    raise PeerDiedError(f"remote reader rank {rank} disconnected (died, or its "
-                                        "link was cut)", role="reader", rank=rank) from None
-                raise
+                if e.errno != zmq.EHOSTUNREACH:
+                    raise
+                # that reader's connection broke: what it misses is held for it until it
+                # is back (RESUME), for the grace at most
+                self._window.down.setdefault(rank, time.monotonic_ns())
+                if not past_shutdown:
+                    self._check_links()
+                return None
             if self._shut and not past_shutdown:
                 raise Cancelled("enqueue cancelled: the queue was shut down")
             if 0 <= deadline_ns <= time.monotonic_ns():
@@ -212,14 +331,25 @@ class ZmqWriter(Writer):
                                    "taking messages")
             time.sleep(_BACKOFF_S)
             credit_taken = False
+            if not self._serving:
+                # the reader may be back on a new connection (this one broke, and the
+                # writer has not seen it yet): its RESUME brings this frame again
+                self._admission.take(0)
+                if self._admission.peers.get(rank) != peer:
+                    self._serve_resumes(deadline_ns)
+                    return None
 
     def _wake(self) -> None:
-        """Nothing to do: an enqueue waiting for a slow reader polls ``_shut`` (Cancelled);
-        the readers are not told (that is close())."""
+        """Stop the link's thread; an enqueue waiting for a slow reader polls ``_shut``
+        (Cancelled); the readers are not told (that is close())."""
+        self._link_stop.set()
 
     def _release(self) -> None:
         if inherited(self._ctx_pid):
             return
+        thread = self._link_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()  # (it takes the lock only if free: close holds it)
         # the messages still queued go out first: this process may exit next (a worker
         # whose call ended it, right after its reply); a reader that takes nothing for
         # heartbeat_s is lost, and what is queued for it with it
@@ -234,18 +364,19 @@ class ZmqWriter(Writer):
         first, too large for one batch, to the connection, after all that came before. A
         reader that disconnected is skipped; one whose pipe stays full ends the wait at the
         deadline, as a context's linger would."""
-        frame = self._signer.seal(HEADER.pack(MAGIC, VERSION, 0, self.token, self._seq, 0, 0, 0),
-                                  (_END_PAD,))
+        frame = self._signer.seal(HEADER.pack(MAGIC, VERSION, 0, self.token, self._seq, END, 0, 0,
+                                              0), (_END_PAD,))
         trackers = []
         for rank in list(self._admission.peers):
+            if rank in self._window.down:
+                continue  # gone for now: nothing more reaches it
             try:
                 self._send(rank, frame, deadline_ns, past_shutdown=True)
-                trackers.append(self._send(rank, frame, deadline_ns, track=True,
-                                           past_shutdown=True))
-            except PeerDiedError:
-                continue  # gone: nothing more reaches it
+                tracker = self._send(rank, frame, deadline_ns, track=True, past_shutdown=True)
             except QueueTimeout:
                 return
+            if tracker is not None:
+                trackers.append(tracker)
         for tracker in trackers:
             try:
                 tracker.wait(max((deadline_ns - time.monotonic_ns()) / 1e9, 0.0))

@@ -1,0 +1,144 @@
+"""A 2-node group across a link that blips, rots and breaks (tests/_netfault.py's forwarder
+between this namespace and the follower's; needs root, iproute2 and /dev/net/tun, skipped
+otherwise): partitions shorter than the grace are ridden out, a frame altered on the way is
+resent, a link that keeps altering frames or stays cut loses the node, named, in both
+directions. ``MPX_TEST_PARTITIONS`` sets how many partitions the ride-out test makes (5 by
+default; the soak env makes 50)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+
+import _workers
+import pytest
+from _env import TESTS
+from _netfault import faulty_link
+from _nodes import KEY, free_port
+from _procs import wait_gone
+
+import mpx
+
+HEARTBEAT_S = 1.0
+GRACE_S = 2 * HEARTBEAT_S  # (link_grace_s's default)
+
+
+@contextlib.contextmanager
+def group_across(link, **kw):
+    """A 2-node, 4-rank Echo group whose follower (ranks 2, 3) is across ``link``:
+    ``(executor, follower process)``."""
+    port = free_port()
+    env = dict(os.environ, MPX_AUTH_KEY=KEY, MPX_HEARTBEAT_S=str(HEARTBEAT_S),
+               PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    follower = link.ns_popen([sys.executable, "-m", "mpx", "node", "--master-addr",
+                              link.leader_ip, "--master-port", str(port), "--node-rank", "1",
+                              "--nnodes", "2", "--host", link.follower_ip], env=env)
+    ex = None
+    try:
+        ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_addr=link.leader_ip,
+                          host=link.leader_ip, master_port=port, auth_key=KEY,
+                          heartbeat_s=HEARTBEAT_S, startup_timeout_s=60, **kw)
+        assert ex.collective_rpc("mul", args=(2,)) == [2, 4, 6, 8]
+        yield ex, follower
+    finally:
+        if ex is not None:
+            ex.shutdown()
+        try:
+            follower.wait(10)
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+                follower.wait()
+
+
+@pytest.fixture
+def link():
+    with faulty_link(seed=7) as made:
+        yield made
+
+
+def test_partitions_of_half_the_heartbeat_are_ridden_out(link):
+    """Partitions of 0.5 x heartbeat_s, during calls and between them, many times: no call
+    is lost, doubled or mixed up, and the group never fails. A call sent into the cut waits
+    for it to heal and for TCP's retransmission after it (its timer backs off during the
+    cut: 0.2, 0.4 s...)."""
+    rounds = int(os.environ.get("MPX_TEST_PARTITIONS", "5"))
+    cut = HEARTBEAT_S / 2
+    with group_across(link) as (ex, _):
+        extra = []
+        for i in range(rounds):
+            t0 = time.monotonic()
+            assert ex.collective_rpc("ident", args=(("before", i),)) == [("before", i)] * 4
+            rtt = time.monotonic() - t0
+            pending = ex.collective_rpc("ident", args=(("during", i),), non_block=True)
+            link.partition(True)
+            t0 = time.monotonic()
+            late = ex.collective_rpc("ident", args=(("in the cut", i),), non_block=True)
+            time.sleep(cut)
+            link.partition(False)
+            assert late.result(timeout=10) == [("in the cut", i)] * 4
+            extra.append(time.monotonic() - t0 - cut - rtt)
+            assert pending.result(timeout=10) == [("during", i)] * 4
+            time.sleep(cut)  # (a cut between calls too)
+            link.partition(True)
+            time.sleep(cut)
+            link.partition(False)
+        assert ex.collective_rpc("rank") == [0, 1, 2, 3]
+        assert ex.stats().ranks[2].alive
+        # the healed link's data waits for TCP's next retransmission: at most its backed-
+        # off timer (~0.4 s) past the heal
+        assert max(extra) < 1.0, extra
+
+
+def test_a_frame_altered_on_the_way_is_resent_both_ways(link):
+    """A byte altered in flight past TCP's checksum fails the frame's HMAC: the reader
+    resets its link and the writer resends; the call returns the right result, and the
+    driver counts what its links went through."""
+    blob = os.urandom(300_000)
+    with group_across(link) as (ex, _):
+        for direction in ("to_follower", "to_leader"):
+            before = link.counters()[direction]["corrupted"]
+            link.corrupt(1, direction, min_payload=1000)  # (a data frame's packet)
+            assert ex.collective_rpc("ident", args=(blob,), timeout=10) == [blob] * 4
+            assert link.counters()[direction]["corrupted"] == before + 1
+        links = ex.stats().links
+        assert links.integrity_failures >= 1  # a reply frame, read by the driver
+        assert links.resumes >= 2             # that reply link, and a call link's reader
+        assert ex.collective_rpc("rank") == [0, 1, 2, 3]
+
+
+def test_a_link_that_keeps_altering_frames_loses_the_node_past_the_grace(link):
+    blob = os.urandom(300_000)
+    with group_across(link) as (ex, follower):
+        link.corrupt(10 ** 9, "to_leader", min_payload=1000)
+        t0 = time.monotonic()
+        with pytest.raises(mpx.NodeLostError) as ei:
+            ex.collective_rpc("ident", args=(blob,), timeout=30)
+        took = time.monotonic() - t0
+        assert ei.value.node_rank == 1 and ei.value.ranks == [2, 3]
+        assert "failed authentication" in str(ei.value)
+        assert GRACE_S <= took < GRACE_S + 3, took
+        link.reset()
+
+
+@pytest.mark.parametrize("direction", ["both", "to_leader", "to_follower"])
+def test_a_cut_longer_than_the_grace_loses_the_node(link, direction):
+    """A cut, both ways or one, past link_grace_s: NodeLostError naming the node and its
+    ranks within the grace and a probe's period; the follower finds the leader silent (or
+    is told) and exits, its workers with it."""
+    with group_across(link) as (ex, follower):
+        remote = ex.worker_pids[2:]
+        pending = ex.collective_rpc("sleep", args=(30,), kwargs={"ranks": [0, 1]},
+                                    non_block=True)
+        link.partition(True, direction)
+        t0 = time.monotonic()
+        with pytest.raises(mpx.NodeLostError) as ei:
+            pending.result(timeout=30)
+        took = time.monotonic() - t0
+        assert ei.value.node_rank == 1 and ei.value.ranks == [2, 3]
+        assert GRACE_S <= took < GRACE_S + 1.0, took
+        # (cut one way, the follower may be told to stop, or hear nothing and leave)
+        assert follower.wait(GRACE_S + 5) in ((1,) if direction == "both" else (0, 1))
+        assert wait_gone(remote, 5) == []
