@@ -57,7 +57,8 @@ class WorkerGroup:
         # who is in the group: its processes, queues, counters; restart and resize change it
         self.members = Membership(world_size)
         self.placement: Any = None  # a RayPlacement with launcher="ray"
-        self.stalls = StallDiagnosis(config, lambda: self.pids, self.is_local)
+        self.stalls = StallDiagnosis(config, lambda: self.pids, self.is_local,
+                                     self._remote_state)
         self.calls = CallTable(world_size, self.stalls, self._peer_gone)
         self.process_monitor: ProcessMonitor | None = None
         self.node_monitor: NodeMonitor | None = None
@@ -180,6 +181,24 @@ class WorkerGroup:
     def is_local(self, rank: int) -> bool:
         """Whether ``rank`` runs on this node (else on a follower node)."""
         return self.members.is_local(rank)
+
+    def _remote_state(self, rank: int) -> str:
+        """How remote ``rank`` looks from here, for a timeout's message: its reply link's
+        trouble if it has any, else when its node was last heard."""
+        node = rank // (self.world_size // self.config.nnodes)
+        ends = self.calls.pump.ends
+        trouble = ends[rank].link_state() if rank < len(ends) else ""
+        if trouble:
+            return f"on node {node}, {trouble}"
+        leader = self.leader
+        heard = leader.heard_ago(node) if leader is not None else None
+        if heard is None:
+            return f"on node {node}"
+        if heard > self.config.heartbeat_s / 2:  # (two probes missed)
+            return (f"on node {node}, silent for {heard:.1f} s: its link may be cut (the "
+                    f"node is lost past link_grace_s, {self.config.link_grace:g} s)")
+        return (f"on node {node}, alive (heard {heard:.1f} s ago) and its links whole, but "
+                "still busy with the call or an earlier one")
 
     def alive(self) -> list[bool]:
         """Per rank, whether its worker runs (never waits)."""

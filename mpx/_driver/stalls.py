@@ -22,14 +22,17 @@ class StallDiagnosis:
     """The stall reports of one executor's workers, and the words for a missing reply.
 
     ``pids()`` gives every worker's pid by rank; ``is_local(rank)`` whether that rank runs
-    on this node (its /proc and dump file can be read).
+    on this node (its /proc and dump file can be read); ``remote(rank)`` how a rank on a
+    follower node looks from here (its node's liveness, its links).
     """
 
     def __init__(self, config: Config, pids: Callable[[], list[int]],
-                 is_local: Callable[[int], bool]) -> None:
+                 is_local: Callable[[int], bool],
+                 remote: Callable[[int], str] = lambda rank: "on a follower node") -> None:
         self.config = config
         self.pids = pids
         self.is_local = is_local
+        self.remote = remote
         self.reports: dict[int, dict] = {}  # rank -> its watchdog's report of the current stall
 
     def report(self, rank: int, info: dict, answered_up_to: int) -> None:
@@ -72,7 +75,7 @@ class StallDiagnosis:
         for r in ranks:
             pid = pids[r] if r < len(pids) else None
             local = self.is_local(r)
-            state = describe_stall(pid) if local else "on a follower node, alive"
+            state = describe_stall(pid) if local else self.remote(r)
             info = self.reports.get(r)
             if info is None and local:
                 info = self._dumped(r, time.time() - (time.monotonic() - since))

@@ -307,6 +307,11 @@ class Leader:
                                      n, self.node_ranks(n))
         return None
 
+    def heard_ago(self, node: int) -> float | None:
+        """How long ago follower ``node`` was last heard (a probe or a message), or None."""
+        seen = max(self.last_seen.get(node, 0.0), self.probes.heard.get(node, 0.0))
+        return time.monotonic() - seen if seen else None
+
     def lost_error(self, node: int, why: str) -> NodeLostError:
         """The error of follower ``node`` lost for ``why`` (noted: it is reported once by
         the watch; another thread, a queue's end whose peer there is gone, may ask too)."""

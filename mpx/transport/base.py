@@ -100,6 +100,11 @@ class Endpoint(abc.ABC):
         frames sent again for that; zeros for an end without one (shared memory)."""
         return 0, 0, 0
 
+    def link_state(self) -> str:
+        """What is wrong with this end's network link now, in words ("" if nothing, or no
+        link: shared memory)."""
+        return ""
+
     def shutdown(self) -> None:
         """Wake this process's waiters on this end (Cancelled, also for later waits)."""
         if self._closed or self._shut:

@@ -139,6 +139,19 @@ class ZmqReader(AdaptiveWait, Reader):
     def link_counts(self) -> tuple[int, int, int]:
         return self.integrity_failures, self.resumes, 0
 
+    def link_state(self) -> str:
+        # (read without the lock, by another thread: each field is one read)
+        now = time.monotonic()
+        failing, lost = self._failing_since, self._lost_since
+        if failing is not None:
+            return (f"its frames failing authentication (HMAC) for {now - failing:.1f} s "
+                    f"({self.integrity_failures} so far): the link is reset and they are resent")
+        if lost is not None:
+            return f"its link broken for {now - lost:.1f} s: reconnecting, to resume where it broke"
+        if self._resume is not None:
+            return "its link reconnected: resuming where it broke"
+        return ""
+
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         """Return once connected to the writer. Ends with Cancelled on shutdown() or
         ``cancel``, QueueClosedError on close() (also from another thread), QueueTimeout at

@@ -2,8 +2,8 @@
 between this namespace and the follower's; needs root, iproute2 and /dev/net/tun, skipped
 otherwise): partitions shorter than the grace are ridden out, a frame altered on the way is
 resent, a link that keeps altering frames or stays cut loses the node, named, in both
-directions. ``MPX_TEST_PARTITIONS`` sets how many partitions the ride-out test makes (5 by
-default; the soak env makes 50)."""
+directions. The ride-out makes 5 partitions in the default run, 50 in the soak
+(``pytest -m slow``, ``tox -e soak``)."""
 
 from __future__ import annotations
 
@@ -60,11 +60,19 @@ def link():
 
 
 def test_partitions_of_half_the_heartbeat_are_ridden_out(link):
-    """Partitions of 0.5 x heartbeat_s, during calls and between them, many times: no call
-    is lost, doubled or mixed up, and the group never fails. A call sent into the cut waits
-    for it to heal and for TCP's retransmission after it (its timer backs off during the
-    cut: 0.2, 0.4 s...)."""
-    rounds = int(os.environ.get("MPX_TEST_PARTITIONS", "5"))
+    _ride_out(link, 5)
+
+
+@pytest.mark.slow
+def test_fifty_partitions_of_half_the_heartbeat_are_ridden_out(link):
+    _ride_out(link, 50)
+
+
+def _ride_out(link, rounds):
+    """Partitions of 0.5 x heartbeat_s, during calls and between them, ``rounds`` times: no
+    call is lost, doubled or mixed up, and the group never fails. A call sent into the cut
+    waits for it to heal and for TCP's retransmission after it (its timer backs off during
+    the cut: 0.2, 0.4 s...)."""
     cut = HEARTBEAT_S / 2
     with group_across(link) as (ex, _):
         extra = []
@@ -121,6 +129,26 @@ def test_a_link_that_keeps_altering_frames_loses_the_node_past_the_grace(link):
         assert "failed authentication" in str(ei.value)
         assert GRACE_S <= took < GRACE_S + 3, took
         link.reset()
+
+
+def test_a_timeout_says_what_the_link_is_going_through(link):
+    """A call that times out while its node's link is cut, or rots, says so (not "busy");
+    the link then recovers and the group goes on."""
+    blob = os.urandom(300_000)
+    with group_across(link) as (ex, _):
+        link.partition(True)
+        with pytest.raises(mpx.RPCTimeoutError) as ei:
+            ex.collective_rpc("rank", timeout=1.0)
+        link.partition(False)
+        assert "rank 2 (pid" in str(ei.value) and "on node 1, silent for" in str(ei.value)
+        assert "busy" not in str(ei.value)
+        link.corrupt(10 ** 9, "to_leader", min_payload=1000)
+        with pytest.raises(mpx.RPCTimeoutError) as ei:
+            ex.collective_rpc("ident", args=(blob,), timeout=1.0)
+        link.reset()
+        assert "failing authentication" in str(ei.value), str(ei.value)
+        assert ex.collective_rpc("ident", args=(blob,), timeout=10) == [blob] * 4
+        assert ex.collective_rpc("rank") == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("direction", ["both", "to_leader", "to_follower"])
