@@ -71,7 +71,7 @@ def _fmt(st, unit):
         return "-"
     if unit == "%":
         return f"{st['median']:.3f} %"
-    d = 2 if unit == "GB/s" else 1
+    d = 2 if unit == "GB/s" else 3 if unit == "s" else 1
     return f"{st['median']:.{d}f} (p90 {st['p90']:.{d}f})"
 
 

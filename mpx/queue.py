@@ -114,6 +114,9 @@ class _Broadcast:
         self.ends = sorted(ends, key=lambda e: not e.shares_memory)
         self.shares_memory = all(e.shares_memory for e in ends)
 
+    def reconnect_now(self) -> None:
+        """(A writer's ends have no link of their own to take up again.)"""
+
     def link_counts(self) -> tuple[int, int, int]:
         """The ends' Endpoint.link_counts, added up."""
         return tuple(map(sum, zip(*(e.link_counts() for e in self.ends))))  # type: ignore
@@ -426,6 +429,13 @@ class MessageQueue:
         """``"cython"`` or ``"python"``: the implementation of the ring (and of the
         ZeroMQ reassembler) this end of the queue runs on."""
         return self._implementation
+
+    def reconnect_links(self) -> None:
+        """Take this process's end's network link up again now, on a new connection, where
+        it was (a remote reader's: its writer's node was silent and is heard again, and
+        TCP's retransmission timer would keep what was sent in the silence waiting; see
+        mpx/_node/liveness.py); a no-op for other ends."""
+        self._own_end.reconnect_now()
 
     def link_counts(self) -> tuple[int, int, int]:
         """What this process's end of the queue saw of its network links (remote readers,

@@ -107,6 +107,7 @@ class WorkerGroup:
                 logger.warning("Config.max_restarts is for single-node executors: on %d nodes "
                                "a worker's death fails the executor", cfg.nnodes)
             leader = Leader(cfg, world)
+            leader.heard_again = self._reconnect_node
             members.led(leader)
         workers = LocalWorkers(cfg, ctxs, broadcast.export_handle(), cls_bytes, kw_bytes,
                                keep_fds=(members.dist_port_fd(),))
@@ -181,6 +182,14 @@ class WorkerGroup:
     def is_local(self, rank: int) -> bool:
         """Whether ``rank`` runs on this node (else on a follower node)."""
         return self.members.is_local(rank)
+
+    def _reconnect_node(self, node: int) -> None:
+        """(the node monitor) Follower ``node`` was silent and is heard again: its replies'
+        links are taken up again now (mpx/_node/liveness.py)."""
+        local = self.world_size // self.config.nnodes
+        ends = self.calls.pump.ends
+        for rank in range(node * local, min((node + 1) * local, len(ends))):
+            ends[rank].reconnect_now()
 
     def _remote_state(self, rank: int) -> str:
         """How remote ``rank`` looks from here, for a timeout's message: its reply link's

@@ -24,6 +24,7 @@ import secrets
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -129,7 +130,8 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
         probes = Probes(key, FOLLOWER, config.host, 0, cfg.heartbeat_s)
         try:
             probes.expect(node_rank, nonce, (master_addr, master_port))
-            return _serve_follower(sock, probes, node_rank, key, workers, cfg)
+            return _serve_follower(sock, probes, node_rank, key, workers, cfg,
+                                   relay.reconnect if relay is not None else None)
         finally:
             probes.close()
     finally:
@@ -183,7 +185,8 @@ def _dump_in_background(workers: LocalWorkers, cfg: Config, token: int, timeout:
 
 
 def _serve_follower(sock: zmq.Socket, probes: Probes, node_rank: int, key: bytes,
-                    workers: LocalWorkers, cfg: Config) -> int:
+                    workers: LocalWorkers, cfg: Config,
+                    heard_again: Callable[[], None] | None) -> int:
     # The leader says Beat once its own startup is done (its workers may take longer to
     # spawn than ours): until that word, only startup_timeout_s bounds its silence; from
     # then on, link_grace_s does.
@@ -198,9 +201,9 @@ def _serve_follower(sock: zmq.Socket, probes: Probes, node_rank: int, key: bytes
     poller.register(probes.fileno(), zmq.POLLIN)
     while True:
         probes.tick()
-        ready = dict(poller.poll(control.POLL_MS))
-        if probes.fileno() in ready:
-            probes.take()
+        ready = dict(poller.poll(min(control.POLL_MS, int(probes.wait_s() * 1000) + 1)))
+        if probes.fileno() in ready and probes.take() and heard_again is not None:
+            heard_again()  # (the leader was silent: its calls' link is worth taking up now)
         if sock in ready:
             msg = control.unpack(key, sock.recv())
             # (a late answer to a repeated hello is no sign of life of the leader's watch)

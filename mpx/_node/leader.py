@@ -101,6 +101,8 @@ class Leader:
         # launcher="ray": why node n is gone (its actor died) or None, waiting up to the
         # given seconds for the launcher to know
         self.gone_check: Callable[[int, float], str | None] | None = None
+        # node n was silent and is heard again: reconnect the links that read from it
+        self.heard_again: Callable[[int], None] | None = None
 
     def node_ranks(self, node: int) -> list[int]:
         return list(range(node * self.local, (node + 1) * self.local))
@@ -109,9 +111,11 @@ class Leader:
         """(node, message) of the next authenticated message from a joined node. A hello
         gets a fresh nonce to sign back ("join"): a replayed hello or join joins nothing."""
         self.probes.tick()
-        ready = dict(self._poller.poll(timeout_ms))
+        ready = dict(self._poller.poll(min(timeout_ms, int(self.probes.wait_s() * 1000) + 1)))
         if self.probes.fileno() in ready:
-            self.probes.take()
+            for again in self.probes.take():
+                if self.heard_again is not None:
+                    self.heard_again(again)
         if self.sock not in ready:
             return None, None
         frames = self.sock.recv_multipart(copy=False)

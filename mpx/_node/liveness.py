@@ -6,7 +6,12 @@ as fast as TCP retransmits them: after a cut, TCP's retransmission timer backs o
 heartbeat. A datagram is never held back: the first probe sent after a link heals
 arrives. So each side sends a probe every ``heartbeat_s / 4`` and judges the other by when
 its last probe came; a partition shorter than the grace (``Config.link_grace``) costs
-nothing.
+nothing. While a peer is silent for longer than 1.75 probe periods, its probes go every
+``FAST_PROBE_S`` instead, so that the end of the cut is seen at once: the first probe
+after it names the peer in ``take()``'s answer, and the node's queue links are then
+reconnected at once (ZmqReader.reconnect_now), rather than left waiting for TCP's
+retransmission timer, which backed off during the cut (a call sent into a 1.5 s cut would
+arrive 1.5 s after the heal).
 
 A probe is ``PROBE`` sealed with the group's key (mpx.auth): the follower's node rank,
 the nonce of its join (fresh per join: a probe of another group or an earlier join of the
@@ -36,6 +41,11 @@ LEADER, FOLLOWER = 0, 1
 # The most datagrams one look takes (a flood holds no wait up).
 _TAKE_MAX = 256
 PROBES_PER_HEARTBEAT = 4
+# How often a silent peer is probed (and how soon the end of its silence is seen).
+FAST_PROBE_S = 0.02
+# A peer unheard for this many probe periods is silent (one probe missed, and more than a
+# loaded host's jitter).
+SILENT_PERIODS = 1.75
 
 
 class Probes:
@@ -55,6 +65,7 @@ class Probes:
         self._signer = Signer(key)
         self._me = me
         self._every = heartbeat_s / PROBES_PER_HEARTBEAT
+        self._fast = min(FAST_PROBE_S, self._every)
         self._next = 0.0
         self._counter = 0
         self._links: dict[int, tuple[bytes, tuple | None]] = {}  # node -> (nonce, address)
@@ -76,12 +87,22 @@ class Probes:
     def forget(self, node: int) -> None:
         self._links.pop(node, None)
 
+    def silent(self, node: int, now: float) -> bool:
+        """Whether ``node`` was heard once, and not for SILENT_PERIODS probe periods."""
+        heard = self.heard.get(node)
+        return heard is not None and now - heard > SILENT_PERIODS * self._every
+
+    def wait_s(self) -> float:
+        """How long until the next probe is due (a loop's longest wait)."""
+        return max(0.0, self._next - time.monotonic())
+
     def tick(self, now: float | None = None) -> None:
-        """Send every peer a probe if one is due."""
+        """Send every peer a probe if one is due (fast while one is silent)."""
         now = time.monotonic() if now is None else now
         if now < self._next:
             return
-        self._next = now + self._every
+        silent = any(self.silent(node, now) for node in self._links)
+        self._next = now + (self._fast if silent else self._every)
         for node, (nonce, address) in self._links.items():
             if address is None:
                 continue
@@ -93,13 +114,15 @@ class Probes:
             except OSError:
                 pass  # (no route, refused: the peer is judged by its silence)
 
-    def take(self) -> None:
-        """Read the probes that came, noting who is alive; drop the rest."""
+    def take(self) -> list[int]:
+        """Read the probes that came, noting who is alive; drop the rest. The nodes heard
+        again after a silence (their links are worth reconnecting now)."""
+        back: list[int] = []
         for _ in range(_TAKE_MAX):
             try:
                 frame, address = self.sock.recvfrom(256)
             except (BlockingIOError, InterruptedError):
-                return
+                return back
             except OSError:
                 continue  # (an ICMP error of an earlier send)
             body = self._signer.unseal(frame)
@@ -113,9 +136,14 @@ class Probes:
                 self.dropped += 1
                 continue
             self._counters[node] = counter
-            self.heard[node] = time.monotonic()
+            now = time.monotonic()
+            if self.silent(node, now):
+                back.append(node)
+            self.heard[node] = now
             if self._me == LEADER and link[1] != address:
                 self._links[node] = (nonce, address)  # (where to answer: its probes' source)
+
+        return back
 
     def close(self) -> None:
         self.sock.close()

@@ -42,6 +42,11 @@ class Relay:
         finally:
             self.down.close()  # the workers read what was relayed, then stop
 
+    def reconnect(self) -> None:
+        """The leader was silent and is heard again: take the network link up again now
+        (see MessageQueue.reconnect_links)."""
+        self.up.reconnect_links()
+
     def stop(self) -> None:
         self._stop.set()
         self.down.shutdown()

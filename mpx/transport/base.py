@@ -100,6 +100,12 @@ class Endpoint(abc.ABC):
         frames sent again for that; zeros for an end without one (shared memory)."""
         return 0, 0, 0
 
+    def reconnect_now(self) -> None:
+        """This end's network link is suspected stale (its node was silent, and is heard
+        again): take it up again now, on a new connection, where it was (a reader's; a
+        no-op for other ends)."""
+        return None  # (a reader of the ZeroMQ transport does it: zmq_reader)
+
     def link_state(self) -> str:
         """What is wrong with this end's network link now, in words ("" if nothing, or no
         link: shared memory)."""

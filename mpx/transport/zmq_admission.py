@@ -87,23 +87,24 @@ class Admission:
             self.need -= 1
             self.window.leave(rank)
 
-    def take(self, timeout_ms: int) -> None:
+    def take(self, timeout_ms: int) -> bool:
         """Take what the readers sent (waiting up to ``timeout_ms`` for something), and drop
         anything else; answer libzmq's questions about new connections: TAKE_MAX messages
-        of each at most."""
+        of each at most. Whether a connection was let in (its reader speaks next)."""
         if self._zap is None:
-            return
+            return False
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._zap, zmq.POLLIN)
         poller.poll(timeout_ms)
-        self._admit(self._zap)
+        admitted = self._admit(self._zap)
         for _ in range(TAKE_MAX):
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             self._control(frames)
+        return admitted
 
     def close(self) -> None:
         """Close the ZAP handler: libzmq refuses every new connection from now on."""
@@ -115,19 +116,23 @@ class Admission:
             self._zap.close()
             self._zap = None
 
-    def _admit(self, zap: zmq.Socket) -> None:
+    def _admit(self, zap: zmq.Socket) -> bool:
         """Answer the questions libzmq asks about new connections (ZAP requests: routing
         id, empty, version, request id, domain, address, ...), TAKE_MAX at most: until the
-        writer is ready every one is let in, then those from its readers' addresses."""
+        writer is ready every one is let in, then those from its readers' addresses.
+        Whether one was let in."""
+        admitted = False
         for _ in range(TAKE_MAX):
             try:
                 request = zap.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
             if len(request) >= 6:
                 ok = not self.ready() or request[5].decode(errors="replace") in self._addresses
+                admitted |= ok
                 zap.send_multipart([request[0], b"", b"1.0", request[3],
                                     b"200" if ok else b"400", b"", b"", b""])
+        return admitted
 
     def _control(self, frames: list[zmq.Frame]) -> None:
         peer = frames[0].bytes

@@ -69,6 +69,9 @@ from mpx.transport.zmq_reassembly import Reassembly
 _DRAIN_QUIET_NS = 100_000_000
 # A RESUME that got no answer is sent again after this long (with a fresh nonce).
 _RESUME_AGAIN_S = 0.5
+# A reader looks at its link every receive timeout while it reads; a longer gap between two
+# looks is time it did not read, which the link's clocks do not count (_watch_link).
+_IDLE_S = 0.25
 _NOBLOCK = int(zmq.NOBLOCK)
 
 
@@ -126,6 +129,8 @@ class ZmqReader(AdaptiveWait, Reader):
         self._resume_at = 0.0
         self._failing_since: float | None = None
         self._failed_after = 0
+        self._kicked = False  # reconnect_now() asked (from any thread): the next look does
+        self._looked = time.monotonic()  # the last look at the link
         self.integrity_failures = 0  # frames that failed their HMAC on the link
         self.resumes = 0             # times the link was taken up again where it broke
         self.drops = DropLog(f"queue reader rank {rank}")
@@ -191,6 +196,16 @@ class ZmqReader(AdaptiveWait, Reader):
             pass
 
     def _watch_link(self) -> None:
+        # A link's trouble is timed while the reader reads: events it has not looked at yet
+        # (a reconnection, the RESUMED that answers it) may have set it right meanwhile.
+        now = time.monotonic()
+        idle = now - self._looked - _IDLE_S
+        self._looked = now
+        if idle > 0:
+            if self._lost_since is not None:
+                self._lost_since += idle
+            if self._failing_since is not None:
+                self._failing_since += idle
         while self._monitor.poll(0):
             event = zmq.utils.monitor.recv_monitor_message(self._monitor)["event"]
             if event == zmq.EVENT_CONNECTED:
@@ -200,14 +215,26 @@ class ZmqReader(AdaptiveWait, Reader):
                     self._ask_resume()
             elif event == zmq.EVENT_DISCONNECTED and self._connected and self._resume is None:
                 self._reconnect()
+        if self._kicked:
+            self._kicked = False
+            if self._connected and self._resume is None:
+                self._reconnect(broken=False)
         if self._resume is not None and time.monotonic() - self._resume_at > _RESUME_AGAIN_S:
             self._ask_resume()
 
-    def _reconnect(self) -> None:
-        """The link broke (or carried a frame that failed): connect again, on a new
-        connection with a new routing id, and ask for what follows the last frame read
-        once connected (frames until the answer are dropped: the resend has them)."""
-        if self._lost_since is None:
+    def reconnect_now(self) -> None:
+        # (a flag: the reading thread reconnects within a receive timeout, POLL_MS, or at
+        # its next read)
+        self._kicked = True
+
+    def _reconnect(self, broken: bool = True) -> None:
+        """The link broke (or carried a frame that failed; not ``broken``: it is only
+        suspected stale, reconnect_now()): connect again, on a new connection with a new
+        routing id, and ask for what follows the last frame read once connected (frames
+        until the answer are dropped: the resend has them). A broken link's clock starts
+        (``_lost_since``); a link only suspected is the node's liveness' to judge (its
+        new connection may have met a cut that came back, and waits for TCP's SYN)."""
+        if broken and self._lost_since is None:
             self._lost_since = time.monotonic()
         self._resume, self._resume_at = secrets.randbits(63), time.monotonic()
         self._sock.disconnect(self.endpoint)

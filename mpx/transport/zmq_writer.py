@@ -60,8 +60,11 @@ logger = logging.getLogger("mpx")
 # A writer reads (and drops) what came every this many messages (a look costs ~3 us).
 _READ_EVERY = 64
 # How often the link's thread looks at what readers sent, while the writer is idle: a
-# reader whose link broke waits this long at most to be let back in and resent to.
+# reader whose link broke waits this long at most to be let back in; once one is, the
+# thread looks every _LINK_FAST_S for _LINK_FAST_FOR_S, for its RESUME.
 _LINK_POLL_S = 0.1
+_LINK_FAST_S = 0.002
+_LINK_FAST_FOR_S = 0.5
 # How long a writer sleeps between tries while a reader's pipe is full.
 _BACKOFF_S = 0.0005
 # A frame smaller than this is sent by copy, as two plain sends with int flags (pyzmq's
@@ -179,13 +182,16 @@ class ZmqWriter(Writer):
     def _link(self) -> None:
         """(the link's thread) See the module's docstring."""
         lock = cast(threading.Lock, self._lock)  # (the Endpoint's own: a writer gives none)
-        while not self._link_stop.wait(_LINK_POLL_S):
+        fast_until = 0.0
+        while not self._link_stop.wait(
+                _LINK_FAST_S if time.monotonic() < fast_until else _LINK_POLL_S):
             if not lock.acquire(blocking=False):
                 continue  # (a write or a close: a write takes what came itself)
             try:
                 if self._closed:
                     return
-                self._admission.take(0)
+                if self._admission.take(0):
+                    fast_until = time.monotonic() + _LINK_FAST_FOR_S
                 self._serve_resumes(time.monotonic_ns() + self._grace_ns)
             except (zmq.ZMQError, PeerDiedError, QueueTimeout, Cancelled):
                 pass  # (the next write meets it, and says so)
