@@ -10,7 +10,8 @@ The public API::
     mpx.ring_implementation()   "cython" or "python"
     mpx.watchdog          feed() and paused() for long calls inside a worker
     mpx.share(tensor)     a CPU tensor in shared memory, sent by reference (mpx/protocol/sharing.py)
-    mpx.Stats, RankStats, Latency   Executor.stats()'s snapshot (mpx/_driver/stats.py)
+    mpx.Stats, RankStats, Latency, LinkStats
+                                    Executor.stats()'s snapshot (mpx/_driver/stats.py)
     mpx.metrics.Collector           Prometheus metrics of an executor (imported on demand:
                                     needs prometheus_client, the mpx[metrics] extra)
     Config.tracing                  OpenTelemetry spans per call, into the workers
@@ -87,7 +88,7 @@ from mpx import _impl, watchdog  # noqa: F401
 from mpx._driver.calls import PendingCalls
 from mpx._driver.executor import Executor
 from mpx._driver.futures import RPCFuture
-from mpx._driver.stats import Latency, RankStats, Stats
+from mpx._driver.stats import Latency, LinkStats, RankStats, Stats
 from mpx._impl import ring_implementation
 from mpx.config import Config
 from mpx.errors import (
@@ -126,7 +127,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cancelled", "Config", "DeserializationError", "Executor", "ExecutorFailed", "Handle",
-    "HandleError", "Latency", "MessageAbortedError", "MessageQueue", "MessageTooLargeError",
+    "HandleError", "Latency", "LinkStats", "MessageAbortedError", "MessageQueue", "MessageTooLargeError",
     "MpxError", "NodeLostError",
     "NotOwnerError", "PeerDiedError", "PendingCalls", "QueueClosedError", "QueueTimeout",
     "RankStats", "ReplyLostError", "ResizeError", "RPCError", "RPCFuture", "RPCTimeoutError", "RoleError",

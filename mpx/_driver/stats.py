@@ -71,7 +71,7 @@ class Stats:
     ranks: tuple[RankStats, ...]  #: per worker, in rank order
     skew: Latency           #: per call, from its first rank's reply to its last, over the window
     window_s: float         #: the window of the latency figures: the last 1 to 2 times this
-    links: LinkStats        #: the links to remote ranks
+    links: LinkStats = LinkStats(0, 0, 0)  #: the links to remote ranks
 
 
 def quantile(counts: list[int], q: float, largest: float) -> float:

@@ -23,7 +23,7 @@ import zmq
 
 from mpx.auth import Signer
 from mpx.transport.zmq_drops import DropLog
-from mpx.transport.zmq_framing import ACK, CONTROL, HELLO, MAGIC, RESUME, VERSION
+from mpx.transport.zmq_framing import ACK, BYE, CONTROL, HELLO, MAGIC, RESUME, VERSION
 from mpx.transport.zmq_link import ResendWindow
 
 # What a writer receives (HELLOs; junk): the largest frame it takes (a HELLO is 68 bytes;
@@ -159,6 +159,8 @@ class Admission:
                                 "by this connection")
             elif what == ACK:
                 self.window.ack(rank, number)
+            elif what == BYE:
+                self.window.done(rank)
             elif what == RESUME:  # (again: its first went unanswered)
                 self.resumes.append((rank, number, nonce))
             return

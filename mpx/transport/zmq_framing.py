@@ -13,8 +13,11 @@ RESUME's nonce: the frames after it are those the reader missed (zmq_link).
 A reader speaks to its writer in sealed ``CONTROL`` frames that name its rank and its
 connection (a routing id of ``ID_BYTES`` drawn afresh by each reader, kept across the
 reconnections of its link), so that one replayed from another connection binds nothing:
-``HELLO`` introduces it, ``ACK`` says up to which frame it has read, ``RESUME`` (after its
-link broke) asks for the frames after the one it names.
+``HELLO`` introduces it, ``ACK`` says up to which frame it has read (also on reading the
+end of the stream), ``RESUME`` (after its link broke) asks for the frames after the one it
+names, ``BYE`` says it is closing. A writer closes once every reader has acknowledged all
+or said BYE: what a reader sends that reaches a closed socket makes its kernel answer with
+a reset, which throws away what the reader had not read yet.
 
 Nothing here holds state: the ends that use it keep their own.
 """
@@ -33,7 +36,7 @@ HEADER = struct.Struct("<4sHHQQIIQQ")
 ID_BYTES = 16
 # magic, version, what (HELLO, ACK, RESUME), token, rank, routing id, frame number, nonce
 CONTROL = struct.Struct(f"<4sHHQI{ID_BYTES}sQQ")
-HELLO, ACK, RESUME = 0, 1, 2
+HELLO, ACK, RESUME, BYE = 0, 1, 2, 3
 # (a chunk count of 0:) the index of the end of the stream, and of the answer to a RESUME
 END, RESUMED = 0, 1
 

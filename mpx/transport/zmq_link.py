@@ -30,6 +30,7 @@ import collections
 # The window in frames, per Config.max_chunks (a reader's acknowledgement interval): four
 # intervals, so that the window never fills while readers keep up.
 WINDOW_PER_CHUNKS = 4
+_ALL = 1 << 63  # (acknowledged: every frame, for a reader that left)
 
 
 class ResendWindow:
@@ -61,6 +62,16 @@ class ResendWindow:
         self.acked.pop(rank, None)
         self.down.pop(rank, None)
         self._trim()
+
+    def done(self, rank: int) -> None:
+        """Reader ``rank`` is closing: it reads nothing more, and nothing is held for it."""
+        if rank in self.acked:
+            self.acked[rank] = _ALL
+            self._trim()
+
+    def settled(self) -> bool:
+        """Whether every reader that is not away has acknowledged every frame (or left)."""
+        return all(n >= self.last for r, n in self.acked.items() if r not in self.down)
 
     def ack(self, rank: int, number: int) -> None:
         if rank in self.acked and number > self.acked[rank]:

@@ -50,7 +50,9 @@ from mpx.transport.zmq_context import CONTEXTS, POLL_MS, configure, inherited
 from mpx.transport.zmq_drops import DropLog
 from mpx.transport.zmq_framing import (
     ACK,
+    BYE,
     CONTROL,
+    END,
     HEADER,
     HELLO,
     ID_BYTES,
@@ -67,6 +69,8 @@ from mpx.transport.zmq_reassembly import Reassembly
 # began comes in faster than that); one whose writer disconnected, POLL_MS (libzmq
 # reports the disconnect just before it hands over the last frames).
 _DRAIN_QUIET_NS = 100_000_000
+# How long a closing reader's BYE may wait to leave (its writer may be gone already).
+_BYE_LINGER_MS = 50
 # A RESUME that got no answer is sent again after this long (with a fresh nonce).
 _RESUME_AGAIN_S = 0.5
 # A reader looks at its link every receive timeout while it reads; a longer gap between two
@@ -130,6 +134,7 @@ class ZmqReader(AdaptiveWait, Reader):
         self._failing_since: float | None = None
         self._failed_after = 0
         self._kicked = False  # reconnect_now() asked (from any thread): the next look does
+        self._broken = False  # the connection broke: reconnect once what came is read
         self._looked = time.monotonic()  # the last look at the link
         self.integrity_failures = 0  # frames that failed their HMAC on the link
         self.resumes = 0             # times the link was taken up again where it broke
@@ -214,7 +219,13 @@ class ZmqReader(AdaptiveWait, Reader):
                 elif self._resume is not None:
                     self._ask_resume()
             elif event == zmq.EVENT_DISCONNECTED and self._connected and self._resume is None:
-                self._reconnect()
+                self._broken = True
+                if self._lost_since is None:
+                    self._lost_since = now
+        if self._broken and not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            # (once what came before the break is read: a new connection drops it)
+            self._broken = False
+            self._reconnect()
         if self._kicked:
             self._kicked = False
             if self._connected and self._resume is None:
@@ -488,7 +499,9 @@ class ZmqReader(AdaptiveWait, Reader):
                 self.resumes += 1
                 if not total:
                     self._failing_since = None  # (nothing to read again: nothing failed)
-            return None  # (else the end of the writer's stream: ZmqWriter._flush)
+            if index == END:  # the end of the writer's stream (ZmqWriter._flush): it waits
+                self._say(ACK, self._last, 0)  # for this before it closes
+            return None
         if self._resume is not None:
             return None  # (the resend after the RESUMED brings it again)
         if number <= self._last:
@@ -518,5 +531,6 @@ class ZmqReader(AdaptiveWait, Reader):
             return
         self._sock.disable_monitor()
         self._monitor.close(linger=0)
-        self._sock.close(linger=0)
+        self._say(BYE, self._last, 0)  # (the writer waits for nothing more from this reader)
+        self._sock.close(linger=_BYE_LINGER_MS)
         CONTEXTS.give_back(self._ctx, False)

@@ -359,8 +359,18 @@ class ZmqWriter(Writer):
         # the messages still queued go out first: this process may exit next (a worker
         # whose call ended it, right after its reply); a reader that takes nothing for
         # heartbeat_s is lost, and what is queued for it with it
-        self._flush(time.monotonic_ns() + int(self.config.heartbeat_s * 1e9))
+        deadline_ns = time.monotonic_ns() + int(self.config.heartbeat_s * 1e9)
+        self._flush(deadline_ns)
+        self._settle(deadline_ns)
         self._close_sockets()
+
+    def _settle(self, deadline_ns: int) -> None:
+        """Wait, until ``deadline_ns``, until every reader has acknowledged what it was sent
+        or said BYE, taking what they send: a reader's ACK that reached a closed socket
+        would make the reader's kernel throw away what it had not read yet (zmq_framing)."""
+        window = self._window
+        while not window.settled() and time.monotonic_ns() < deadline_ns:
+            self._admission.take(POLL_MS)
 
     def _flush(self, deadline_ns: int) -> None:
         """Wait, until ``deadline_ns``, until what was written has left for every reader.
