@@ -67,6 +67,8 @@ cdef class RingWriter(_RingEnd):
     cdef uint64_t min_read           # the readers' lowest read_seq when last looked at
     cdef bint partial                # a message was abandoned half-written
     cdef readonly int gone_index     # after PEER_GONE: which reader
+    cdef public bint release_gone    # a reader gone is released, not PEER_GONE
+    cdef readonly int released_gone  # how many readers were released so
 
     cdef bint _has_space(self, uint64_t need) noexcept nogil
     cdef int _await_space(self, int64_t deadline) except? -9

@@ -361,6 +361,8 @@ cdef class RingWriter(_RingEnd):
 
     def __cinit__(self):
         self.gone_index = -1
+        self.release_gone = False
+        self.released_gone = 0
 
     def __init__(self, buf, int64_t spin_ns=0, int64_t yield_ns=1000000,
                  int64_t poll_ns=100000000):
@@ -402,7 +404,8 @@ cdef class RingWriter(_RingEnd):
 
     cdef int _terminal(self) noexcept nogil:
         """INTERRUPTED, or PEER_GONE (with gone_index) if a reader that holds up the
-        writer closed or died."""
+        writer closed or died; with ``release_gone``, such a reader is released instead
+        (as release_reader does) and the wait goes on."""
         cdef uint64_t i
         cdef size_t blk
         cdef int pid
@@ -413,16 +416,20 @@ cdef class RingWriter(_RingEnd):
             if self.seq - mpx_load64(self._u64(blk + RB_READ_SEQ)) < self.n_chunks or \
                     mpx_load32(self._u32(blk + RB_RELEASED)):
                 continue
-            if mpx_load32(self._u32(blk + RB_CLOSED)):
+            if not mpx_load32(self._u32(blk + RB_CLOSED)):
+                if self.pidfds[i] == -1:
+                    pid = <int>mpx_load64(self._u64(blk + RB_PID))
+                    if pid:
+                        self.pidfds[i] = mpx_pidfd_open(pid)
+                if not mpx_pidfd_exited(self.pidfds[i]):
+                    continue
+            if not self.release_gone:
                 self.gone_index = <int>i
                 return PEER_GONE
-            if self.pidfds[i] == -1:
-                pid = <int>mpx_load64(self._u64(blk + RB_PID))
-                if pid:
-                    self.pidfds[i] = mpx_pidfd_open(pid)
-            if mpx_pidfd_exited(self.pidfds[i]):
-                self.gone_index = <int>i
-                return PEER_GONE
+            mpx_store32(self._u32(blk + RB_RELEASED), 1)
+            mpx_store64(self._u64(blk + RB_READ_SEQ), self.seq)
+            mpx_fence()
+            self.released_gone += 1
         return NOT_TERMINAL
 
     cdef int _await_space(self, int64_t deadline) except? -9:

@@ -334,6 +334,8 @@ class RingWriter(_RingEnd):
         self._min_read = 0
         self.partial = False
         self.gone_index = -1
+        self.release_gone = False  # a reader gone is released, not PEER_GONE (_terminal)
+        self.released_gone = 0     # how many readers were released so
         self._pidfds = [-1] * self.n_readers
         self._futex, self._parked, self._gate = layout.OFF_SPACE_FUTEX, layout.OFF_WRITER_PARKED, None
         self._woken, self._published = layout.OFF_SPACE_WOKEN, None
@@ -375,16 +377,20 @@ class RingWriter(_RingEnd):
             if self.seq - self._w64(blk + layout.RB_READ_SEQ) < self.n_chunks or \
                     self._w32(blk + layout.RB_RELEASED):
                 continue
-            if self._w32(blk + layout.RB_CLOSED):
+            if not self._w32(blk + layout.RB_CLOSED):
+                if self._pidfds[i] == -1:
+                    pid = self._w64(blk + layout.RB_PID)
+                    if pid:
+                        self._pidfds[i] = _pidfd_open(pid)
+                if not _pidfd_exited(self._pidfds[i]):
+                    continue
+            if not self.release_gone:
                 self.gone_index = i
                 return layout.PEER_GONE
-            if self._pidfds[i] == -1:
-                pid = self._w64(blk + layout.RB_PID)
-                if pid:
-                    self._pidfds[i] = _pidfd_open(pid)
-            if _pidfd_exited(self._pidfds[i]):
-                self.gone_index = i
-                return layout.PEER_GONE
+            self._set32(blk + layout.RB_RELEASED, 1)
+            self._q[(blk + layout.RB_READ_SEQ) >> 3] = self.seq
+            layout.fence()
+            self.released_gone += 1
         return None
 
     def _wait_space(self, deadline: int) -> int:

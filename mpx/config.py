@@ -60,7 +60,8 @@ class Config:
     stop_on_failure: bool = _env_field(True, "stop the surviving workers when one dies")
     # A rank whose process dies is started again in place, in a new process (its calls in
     # flight fail with WorkerDiedError; the executor goes on), this many times over the
-    # executor's life; the death after that fails the executor as with 0. Local ranks only.
+    # executor's life; the death after that fails the executor as with 0. A rank on a
+    # follower node is started again by its follower (docs/restart.md).
     max_restarts: int = _env_field(0, "times each rank may be restarted in place after its "
                                    "process dies; 0: a death fails the executor")
     # A call that makes no progress (mpx.watchdog.feed) for this long is a stall: its

@@ -430,6 +430,19 @@ class MessageQueue:
         ZeroMQ reassembler) this end of the queue runs on."""
         return self._implementation
 
+    def admit_remote_reader(self, rank: int) -> None:
+        """(The writer's) A new process reads this queue as remote reader ``rank`` from now
+        on, in place of the one before (a remote rank started again): the queue is ready
+        again once it has connected (``wait_until_ready``). RoleError without remote
+        readers."""
+        end = self._need_writer("admit_remote_reader")
+        ends = end.ends if isinstance(end, _Broadcast) else [end]
+        for e in ends:
+            if isinstance(e, ZmqWriter):
+                e.admit_reader(rank)
+                return
+        raise RoleError("admit_remote_reader: this queue has no remote readers")
+
     def reconnect_links(self) -> None:
         """Take this process's end's network link up again now, on a new connection, where
         it was (a remote reader's: its writer's node was silent and is heard again, and

@@ -103,9 +103,6 @@ class WorkerGroup:
         dumps.reap_empty_dumps(dumps.dump_dir(cfg.dump_dir))
         leader = None
         if cfg.nnodes > 1:  # (its control socket bound before any worker starts)
-            if cfg.max_restarts:
-                logger.warning("Config.max_restarts is for single-node executors: on %d nodes "
-                               "a worker's death fails the executor", cfg.nnodes)
             leader = Leader(cfg, world)
             leader.heard_again = self._reconnect_node
             members.led(leader)
@@ -138,7 +135,7 @@ class WorkerGroup:
                                               self.fail)
         self.process_monitor.start()
         if leader is not None:
-            self.node_monitor = NodeMonitor(leader, self.fail)
+            self.node_monitor = NodeMonitor(leader, self._node_failed)
             self.node_monitor.start()
 
     # ------------------------------------------------------------------ who is where
@@ -236,23 +233,37 @@ class WorkerGroup:
         futures complete at once), new calls wait, and the restarter thread starts it
         again in place; else the group fails. Never waits for a restart or a resize under
         way (it holds no lock they hold)."""
-        members = self.members
-        if not members.is_current(rank, incarnation):
+        if not self.members.is_current(rank, incarnation):
             return  # said of a process that was replaced already, or left the group
+        self._restart_or_fail(rank, incarnation, lambda: self.died_error(rank))
+
+    def _node_failed(self, err: ExecutorFailed) -> None:
+        """(the node monitor) A follower reported that a worker died (restarted, as a
+        local one is, while it has restarts left), or a node was lost."""
+        if type(err) is WorkerDiedError and err.rank is not None:
+            self._restart_or_fail(err.rank, self.members.incarnation(err.rank), lambda: err)
+        else:
+            self.fail(err)
+
+    def _restart_or_fail(self, rank: int, incarnation: int,
+                         died: Callable[[], WorkerDiedError]) -> None:
+        """``rank``'s process number ``incarnation`` died (``died()``: how, which may wait
+        for its exit): restart it, or fail the group."""
+        members = self.members
         if self.calls.failure is None and not self.calls.closed and self.may_restart(rank):
-            died = self.died_error(rank)
-            if self.calls.lose(rank, died, lambda: members.is_current(rank, incarnation),
+            error = died()
+            if self.calls.lose(rank, error, lambda: members.is_current(rank, incarnation),
                                members.lock):
                 members.found_dead(rank)  # (counted once new calls wait: stats() shows it)
-                self.restarter.request(rank, incarnation, died)
+                self.restarter.request(rank, incarnation, error)
             return
         members.found_dead(rank)
         if self.calls.failure is None and not self.calls.closed:
-            self.fail(self.died_error(rank))
+            self.fail(died())
 
     def may_restart(self, rank: int) -> bool:
         """Whether ``rank`` is started again in place after its death (Config.max_restarts;
-        a single-node group's)."""
+        a rank on a follower node too: mpx/_driver/regroup.py)."""
         return self.members.may_restart(rank, self.config.max_restarts)
 
     def _peer_gone(self, rank: int, error: PeerDiedError) -> ExecutorFailed | None:

@@ -182,9 +182,9 @@ class Membership:
                 self._deaths[rank] += 1
 
     def may_restart(self, rank: int, max_restarts: int) -> bool:
-        """Whether ``rank`` is started again in place after its death (a single-node
-        group's, while it has restarts left and the workers are not being stopped)."""
-        return self.leader is None and not self._stopped and rank < self._world_size and \
+        """Whether ``rank`` is started again in place after its death (while it has
+        restarts left and the workers are not being stopped)."""
+        return not self._stopped and rank < self._world_size and \
             self._restarts[rank] < max_restarts
 
     def count_restart(self, rank: int) -> int:

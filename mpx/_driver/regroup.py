@@ -172,7 +172,10 @@ def restart(group: WorkerGroup, rank: int, incarnation: int, died: WorkerDiedErr
             return []
         try:
             _lose(group, rank, died)
-            restarted = [rank, *_reform(group, members.world_size, [rank], dead=[rank])]
+            if group.is_local(rank):
+                restarted = [rank, *_reform(group, members.world_size, [rank], dead=[rank])]
+            else:
+                restarted = [rank, *_restart_remote(group, rank)]
         except BaseException as e:
             err = e if isinstance(e, ExecutorFailed) else ExecutorFailed(
                 f"worker rank {rank} could not be restarted: {e!r}")
@@ -201,6 +204,28 @@ def _lose(group: WorkerGroup, rank: int, died: WorkerDiedError) -> None:
     group.calls.fail_unanswered(rank, died)
     group.calls.registry.complete_futures()
     _count_restart(group, rank, died)
+
+
+def _restart_remote(group: WorkerGroup, rank: int) -> list[int]:
+    """(paused) Start remote ``rank`` again on its follower node: the new process reads the
+    broadcast queue directly (as its global rank, also where its node relays: a relay's
+    ring takes no new reader, and its dead one was released), the queue waits for it to
+    connect, and its new response queue takes the old one's place. The calls held since
+    the death go out once it is back. No other rank is restarted by it (none returned)."""
+    cfg, members = group.config, group.members
+    leader, broadcast = members.leader, members.broadcast
+    assert leader is not None and broadcast is not None
+    deadline = time.monotonic() + cfg.startup_timeout_s
+    broadcast.admit_remote_reader(rank)
+    handle, _ = leader.restart_rank(rank, deadline)
+    resp = MessageQueue.create_from_handle(handle, 0, config=cfg)
+    try:
+        broadcast.wait_until_ready(timeout=max(0.001, deadline - time.monotonic()))
+    except BaseException:
+        resp.close()
+        raise
+    _swap(group, [resp if r == rank else members.resp[r] for r in range(members.world_size)])
+    return []
 
 
 def _count_restart(group: WorkerGroup, rank: int, why: BaseException) -> None:

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -128,10 +129,15 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
         for rank, pid in zip(workers.ranks, workers.pids):
             sock.send(control.pack(key, wire.WorkerReady(rank, handles[rank], pid)))
         probes = Probes(key, FOLLOWER, config.host, 0, cfg.heartbeat_s)
+
+        def restart(rank: int, answers: queue.SimpleQueue) -> None:
+            _restart_in_background(workers, ctxs[rank - node_rank * local], spec.handle, cfg,
+                                   answers)
+
         try:
             probes.expect(node_rank, nonce, (master_addr, master_port))
             return _serve_follower(sock, probes, node_rank, key, workers, cfg,
-                                   relay.reconnect if relay is not None else None)
+                                   relay.reconnect if relay is not None else None, restart)
         finally:
             probes.close()
     finally:
@@ -184,9 +190,27 @@ def _dump_in_background(workers: LocalWorkers, cfg: Config, token: int, timeout:
     threading.Thread(target=_debug.counted_thread(run), name="mpx-dump", daemon=True).start()
 
 
+def _restart_in_background(workers: LocalWorkers, ctx: WorkerContext, handle: Any, cfg: Config,
+                           answers: queue.SimpleQueue) -> None:
+    """Start ``ctx.rank`` again in a thread (the control loop keeps probing), reading the
+    driver's broadcast of ``handle`` directly (a relay's ring cannot take a new reader: its
+    name was unlinked once its first readers attached), and leave WorkerReady or
+    RestartFailed in ``answers`` for the loop to send."""
+
+    def run() -> None:
+        try:
+            i = workers.add(ctx, handle, direct=True)
+            handles = workers.handshake(time.monotonic() + cfg.startup_timeout_s, [i])
+            answers.put(wire.WorkerReady(ctx.rank, handles[ctx.rank], workers.procs[i].pid))
+        except WorkerStartupError as e:
+            answers.put(wire.RestartFailed(ctx.rank, str(e), e.remote_traceback, e.exitcode))
+
+    threading.Thread(target=_debug.counted_thread(run), name="mpx-restart", daemon=True).start()
+
+
 def _serve_follower(sock: zmq.Socket, probes: Probes, node_rank: int, key: bytes,
-                    workers: LocalWorkers, cfg: Config,
-                    heard_again: Callable[[], None] | None) -> int:
+                    workers: LocalWorkers, cfg: Config, heard_again: Callable[[], None] | None,
+                    restart: Callable[[int, queue.SimpleQueue], None]) -> int:
     # The leader says Beat once its own startup is done (its workers may take longer to
     # spawn than ours): until that word, only startup_timeout_s bounds its silence; from
     # then on, link_grace_s does.
@@ -214,8 +238,13 @@ def _serve_follower(sock: zmq.Socket, probes: Probes, node_rank: int, key: bytes
                     return 0
                 if isinstance(msg, wire.DumpStacks):
                     _dump_in_background(workers, cfg, msg.token, msg.timeout, answers)
+                if isinstance(msg, wire.RestartRank) and msg.rank in workers.ranks:
+                    restart(msg.rank, answers)
         while not answers.empty():
-            sock.send(control.pack(key, answers.get()))
+            answer = answers.get()
+            if isinstance(answer, wire.WorkerReady):  # (started again: its death is news)
+                reported.discard(answer.rank)
+            sock.send(control.pack(key, answer))
         now = time.monotonic()
         if serving:
             if now - max(last_seen, probes.heard.get(node_rank, 0.0)) > grace:

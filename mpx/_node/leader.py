@@ -95,6 +95,10 @@ class Leader:
         self._dump_token = 0
         self._dump_asks: list[wire.DumpStacks] = []
         self._dump_answers: dict[int, dict[int, str]] = {}
+        # restart_rank: the asks for the watch thread to send, and the followers' answers
+        # (also under _dumps_lock, and notified on _dumps)
+        self._restart_asks: list[int] = []
+        self._restarted: dict[int, wire.WorkerReady | wire.RestartFailed] = {}
         # called on every turn of the startup waits: raises when a node can no longer join
         # (the Ray launcher's follower actor died), so startup fails at once
         self.startup_check: Callable[[], None] | None = None
@@ -271,10 +275,19 @@ class Leader:
                 self.send(n, wire.Beat())
         with self._dumps_lock:
             asks, self._dump_asks = self._dump_asks, []
+            restarts, self._restart_asks = self._restart_asks, []
         for ask in asks:
             for n in self.nodes:
                 self.send(n, ask)
+        for rank in restarts:
+            self.send(rank // self.local, wire.RestartRank(rank))
         node, msg = self._recv(control.POLL_MS)
+        if isinstance(msg, (wire.WorkerReady, wire.RestartFailed)) and node is not None:
+            with self._dumps_lock:
+                self._restarted[msg.rank] = msg
+                self._dumps.notify_all()
+            if isinstance(msg, wire.WorkerReady):
+                self.pids[msg.rank] = msg.pid
         while self._rejoined:
             n = self._rejoined.pop(0)
             if n not in self.lost:
@@ -310,6 +323,24 @@ class Leader:
                                      f"{grace:g} s (link_grace_s): it died or its link was cut",
                                      n, self.node_ranks(n))
         return None
+
+    def restart_rank(self, rank: int, deadline: float) -> tuple[Any, int]:
+        """(not the watch thread) Have remote ``rank``'s follower start it again, reading
+        the broadcast directly: its response queue's handle and pid once it is ready;
+        WorkerStartupError if it could not be started by ``deadline``."""
+        with self._dumps_lock:
+            self._restarted.pop(rank, None)
+            self._restart_asks.append(rank)
+            self._dumps.wait_for(lambda: rank in self._restarted,
+                                 max(0.0, deadline - time.monotonic()))
+            answer = self._restarted.pop(rank, None)
+        if isinstance(answer, wire.WorkerReady):
+            return answer.handle, answer.pid
+        if answer is None:
+            raise WorkerStartupError(f"worker rank {rank} on node {rank // self.local} was "
+                                     "not ready again in time (startup_timeout_s)", [rank])
+        raise WorkerStartupError(f"on node {rank // self.local}: {answer.message}", [rank],
+                                 answer.traceback, exitcode=answer.exitcode)
 
     def heard_ago(self, node: int) -> float | None:
         """How long ago follower ``node`` was last heard (a probe or a message), or None."""

@@ -171,9 +171,10 @@ class LocalWorkers:
             self.procs.append(proc)
             self.ready.append(ready)
 
-    def _start(self, ctx: WorkerContext, handle: Any) -> tuple[Any, Any]:
-        """Start the process of ``ctx`` reading the broadcast queue of ``handle``: (the
-        process, the read end of its ready pipe)."""
+    def _start(self, ctx: WorkerContext, handle: Any, direct: bool = False) -> tuple[Any, Any]:
+        """Start the process of ``ctx`` reading the broadcast queue of ``handle`` (as its
+        global rank if ``direct``, though this node relays): (the process, the read end of
+        its ready pipe)."""
         config = self.config
         ready_r, ready_w = self._mp.Pipe(duplex=False)
         close_fds = (self.death_w.fileno(), *(c.fileno() for c in self.ready if not c.closed),
@@ -185,7 +186,8 @@ class LocalWorkers:
         # pidfd watch alone (mpx._worker.main), never to the thread that started it.
         arm = threading.current_thread() is threading.main_thread()
         spec = WorkerSpec(ctx=ctx, handle=handle,
-                          queue_rank=ctx.local_rank if self._local_queue else ctx.rank,
+                          queue_rank=ctx.local_rank if self._local_queue and not direct
+                          else ctx.rank,
                           worker_cls=self._cls_bytes, worker_kwargs=self._kw_bytes,
                           parent_pid=os.getpid(), arm_pdeathsig=arm, close_fds=close_fds,
                           remote_driver=self._remote_driver)
@@ -196,10 +198,11 @@ class LocalWorkers:
         ready_w.close()
         return _watched(p, config.start_method), ready_r
 
-    def add(self, ctx: WorkerContext, handle: Any) -> int:
-        """Start a new process for ``ctx.rank`` reading the broadcast queue of ``handle``, in
-        place of the one that had that rank (it has exited) or after the others (a rank the
-        group grows by): its position, for ``handshake``."""
+    def add(self, ctx: WorkerContext, handle: Any, direct: bool = False) -> int:
+        """Start a new process for ``ctx.rank`` reading the broadcast queue of ``handle`` (as
+        its global rank if ``direct``: a follower's rank started again reads the driver, not
+        the relay), in place of the one that had that rank (it has exited) or after the
+        others (a rank the group grows by): its position, for ``handshake``."""
         if ctx.rank not in self.ranks:
             proc, ready = self._start(ctx, handle)
             self.procs.append(proc)
@@ -213,7 +216,7 @@ class LocalWorkers:
         self.join(gone, EXIT_WAIT_S)
         self._reap_segments_of([gone])
         self.ready[i].close()
-        self.procs[i], self.ready[i] = self._start(ctx, handle)
+        self.procs[i], self.ready[i] = self._start(ctx, handle, direct)
         return i
 
     @staticmethod

@@ -11,6 +11,7 @@ from mpx import _debug
 from mpx.config import Config
 from mpx.errors import Cancelled, MessageAbortedError, PeerDiedError, QueueClosedError
 from mpx.queue import MessageQueue
+from mpx.transport.shm import ShmWriter
 
 
 class Relay:
@@ -20,6 +21,11 @@ class Relay:
     def __init__(self, handle: Any, reader_rank: int, local: int, cfg: Config) -> None:
         self.up = MessageQueue.create_from_handle(handle, reader_rank, config=cfg)
         self.down = MessageQueue(local, local, config=dataclasses.replace(cfg, transport="shm"))
+        # a worker that dies is released, and the calls go on to the others (its rank,
+        # started again, reads the driver directly: Config.max_restarts)
+        end = self.down.writing_end()
+        assert isinstance(end, ShmWriter)
+        end.release_gone_readers()
         self.handle = self.down.export_handle()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=_debug.counted_thread(self._run),

@@ -240,6 +240,25 @@ class StopNode:
 
 
 @dataclasses.dataclass(frozen=True)
+class RestartRank:
+    """Leader -> follower: start global ``rank`` again (its process died and it has
+    restarts left), reading the driver's broadcast directly; answered with WorkerReady, or
+    RestartFailed."""
+
+    rank: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartFailed:
+    """Follower -> leader: ``rank`` could not be started again."""
+
+    rank: int
+    message: str
+    traceback: str
+    exitcode: int | None
+
+
+@dataclasses.dataclass(frozen=True)
 class NodeLeaving:
     """Follower -> leader: the leader was silent past the grace, so this node stops (said
     in case only the leader's direction of the link is cut: then the leader hears it)."""

@@ -207,6 +207,14 @@ class ShmWriter(Writer):
     def capacity(self) -> int:
         return self.config.max_chunks * self.config.max_chunk_bytes
 
+    def release_gone_readers(self) -> None:
+        """From now on a reader that closed or died while it holds the writer up is released
+        (as release_reader does) and the write goes on, instead of PeerDiedError: a
+        follower's relay ring, whose dead worker's rank is started again elsewhere."""
+        with self._lock:
+            self._check_open()
+            self._ring.release_gone = True
+
     def missing_readers(self) -> list[int]:
         with self._lock:
             self._check_open()

@@ -81,6 +81,14 @@ class Admission:
         """The ranks whose HELLO the writer still waits for (as many as it needs)."""
         return [r for r in self.ranks if r not in self.peers][:self.need - len(self.peers)]
 
+    def admit(self, rank: int) -> None:
+        """A new process reads as reader ``rank`` (started again, or a reader it had not):
+        its HELLO binds the rank anew (the one before, if any, is released)."""
+        self.release(rank)
+        if rank not in self.ranks:
+            self.ranks.append(rank)
+        self.need += 1
+
     def release(self, rank: int) -> None:
         """Reader ``rank`` is gone for good: the messages from now on go to the others alone."""
         if self.peers.pop(rank, None) is not None:

@@ -155,6 +155,14 @@ class ZmqWriter(Writer):
         with self._lock:
             self._admission.release(rank)
 
+    def admit_reader(self, rank: int) -> None:
+        """A new process reads as remote reader ``rank`` from now on (a remote rank started
+        again): the one before is released, and the writer is ready again once the new one
+        said HELLO (wait_ready)."""
+        with self._lock:
+            self._check_open()
+            self._admission.admit(rank)
+
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         admission = self._admission
         if self._link_thread is None and admission.ready():

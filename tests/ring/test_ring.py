@@ -264,6 +264,28 @@ def test_closed_reader_unblocks_writer(ring):
     assert res == [layout.PEER_GONE] and w.gone_index == 0
 
 
+def test_a_writer_that_releases_gone_readers_writes_past_them(ring):
+    """With ``release_gone`` (a follower's relay ring: its dead worker's rank is started
+    again elsewhere), a reader that closed while holding the writer up is released, as
+    release_reader does, and the write goes on; the other reader reads everything."""
+    w, (gone, stays) = ring(n_readers=2, chunk=64, nchunks=2)
+    w.release_gone = True
+    w.write(BYTES, (b"1",), -1)
+    w.write(BYTES, (b"2",), -1)
+    assert read_ok(stays, in_s(5))[1] == b"1"
+    res = []
+    t = threading.Thread(target=lambda: res.append(w.write(BYTES, (b"3",), in_s(10))))
+    t.start()
+    time.sleep(0.2)
+    assert not res  # (held up by the reader that has read nothing)
+    gone.mark_closed()
+    t.join(5)
+    assert res == [layout.OK] and w.released_gone == 1 and w.gone_index == -1
+    assert read_ok(stays, in_s(5))[1] == b"2"
+    assert w.write(BYTES, (b"4",), in_s(5)) == layout.OK
+    assert [read_ok(stays, in_s(5))[1] for _ in range(2)] == [b"3", b"4"]
+
+
 def _segment(chunk, nchunks, n_readers):
     mm = mmap.mmap(-1, layout.segment_size(chunk, nchunks, n_readers))
     layout.init_header(mm, chunk, nchunks, n_readers, 1, os.getpid())

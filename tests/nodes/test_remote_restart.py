@@ -1,0 +1,63 @@
+"""A rank on a follower node restarted in place after its process dies
+(``Config.max_restarts``), over loopback: with the follower relaying (2 ranks a node) and
+without (1 rank a node). The new process reads the driver's broadcast directly; the calls
+it never answered fail with WorkerDiedError, the next ones reach every rank; the death
+after the last restart fails the executor."""
+
+from __future__ import annotations
+
+import time
+
+import _workers
+import pytest
+from _nodes import KEY, free_port, start_follower, stop_follower
+
+import mpx
+
+
+@pytest.fixture
+def remote_group():
+    made = []
+
+    def make(world_size, **kw):
+        port = free_port()
+        follower = start_follower(port)
+        ex = mpx.Executor(_workers.Echo, world_size, nnodes=2, master_port=port, auth_key=KEY,
+                          heartbeat_s=1.0, startup_timeout_s=60, **kw)
+        made.append((ex, follower))
+        return ex
+
+    yield make
+    for ex, follower in made:
+        ex.shutdown()
+        stop_follower(follower)
+
+
+@pytest.mark.parametrize("world_size", [4, 2], ids=["relayed", "direct"])
+def test_a_remote_rank_is_restarted_in_place(remote_group, world_size):
+    ex = remote_group(world_size, max_restarts=1)
+    restarted = []
+    ex.register_restart_callback(restarted.append)
+    last = world_size - 1
+    ranks = list(range(world_size))
+    assert ex.collective_rpc("rank") == ranks
+    old = ex.worker_pids[last]
+    t0 = time.monotonic()
+    with pytest.raises(mpx.WorkerDiedError) as ei:
+        ex.collective_rpc("exit", args=(3, [last]), timeout=30)
+    assert ei.value.rank == last
+    # calls made while it restarts wait for it, and reach every rank
+    assert ex.collective_rpc("rank", timeout=60) == ranks
+    took = time.monotonic() - t0
+    assert ex.worker_pids[last] != old
+    assert restarted == [last]
+    assert ex.stats().ranks[last].deaths == 1 and ex.stats().ranks[last].alive
+    futs = [ex.collective_rpc("ident", args=(i,), non_block=True) for i in range(20)]
+    assert [f.result(timeout=10) for f in futs] == [[i] * world_size for i in range(20)]
+    assert ex.collective_rpc("mul", args=(1,), unique_reply_rank=last) == last + 1
+    assert took < 30
+    # no restart left: the next death fails the executor
+    with pytest.raises(mpx.WorkerDiedError):
+        ex.collective_rpc("exit", args=(3, [last]), timeout=30)
+    with pytest.raises(mpx.ExecutorFailed):
+        ex.collective_rpc("rank", timeout=30)
