@@ -29,7 +29,7 @@ from mpx._node.leader import Leader
 from mpx._node.local_workers import EXIT_WAIT_S, LocalWorkers
 from mpx._procinfo import describe_exit
 from mpx.config import Config
-from mpx.errors import ExecutorFailed, PeerDiedError, WorkerDiedError
+from mpx.errors import ExecutorFailed, NodeLostError, PeerDiedError, WorkerDiedError
 from mpx.protocol import wire
 from mpx.protocol.wire import WorkerContext
 from mpx.queue import MessageQueue
@@ -132,7 +132,7 @@ class WorkerGroup:
         if self.stats_server is not None:
             self.stats_server.serve()
         self.process_monitor = ProcessMonitor(workers.procs, members.incarnations(), self._died,
-                                              self.fail)
+                                              self._node_failed)
         self.process_monitor.start()
         if leader is not None:
             self.node_monitor = NodeMonitor(leader, self._node_failed)
@@ -242,8 +242,21 @@ class WorkerGroup:
         local one is, while it has restarts left), or a node was lost."""
         if type(err) is WorkerDiedError and err.rank is not None:
             self._restart_or_fail(err.rank, self.members.incarnation(err.rank), lambda: err)
+        elif isinstance(err, NodeLostError) and self.restarter.node_due(err.node_rank):
+            pass  # (the same loss, found another way: the node's restart is under way)
+        elif isinstance(err, NodeLostError) and self._node_may_restart(err.node_rank):
+            for rank in err.ranks:
+                self.members.found_dead(rank)
+            self.restarter.request_node(err.node_rank, err)
         else:
             self.fail(err)
+
+    def _node_may_restart(self, node: int) -> bool:
+        """Whether lost follower ``node`` may be joined again, as a restart of its ranks
+        (each has one left)."""
+        leader = self.leader
+        return leader is not None and self.calls.failure is None and not self.calls.closed \
+            and all(self.may_restart(r) for r in leader.node_ranks(node))
 
     def _restart_or_fail(self, rank: int, incarnation: int,
                          died: Callable[[], WorkerDiedError]) -> None:

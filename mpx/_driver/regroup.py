@@ -59,6 +59,7 @@ from mpx._driver import lockorder
 from mpx._driver.interrupts import Deferred
 from mpx.errors import (
     ExecutorFailed,
+    NodeLostError,
     PeerDiedError,
     QueueTimeout,
     ResizeError,
@@ -102,7 +103,11 @@ class Restarter:
 
     def __init__(self, group: WorkerGroup) -> None:
         self._group = group
-        self._due: collections.deque[tuple[int, int, WorkerDiedError]] = collections.deque()
+        # (rank, incarnation, died): a rank; (None, node, lost): a node's ranks, its
+        # follower gone (at most one such for a node, due or under way: _nodes)
+        self._due: collections.deque[tuple[int | None, int, ExecutorFailed]] = \
+            collections.deque()
+        self._nodes: set[int] = set()
         # (entered itself, not the Condition: see pump.py)
         self._lock = lockorder.lock("Restarter's lock", lockorder.LEAF)
         self._cv = threading.Condition(self._lock)
@@ -111,10 +116,27 @@ class Restarter:
 
     def request(self, rank: int, incarnation: int, died: WorkerDiedError) -> None:
         """Restart ``rank``, whose process number ``incarnation`` died with ``died``."""
+        self._ask((rank, incarnation, died))
+
+    def request_node(self, node: int, lost: NodeLostError) -> None:
+        """Restart the ranks of follower ``node``, lost with ``lost``, once a new follower
+        joins for it (unless that is asked for already, or under way)."""
+        with self._lock:
+            if node in self._nodes:
+                return
+            self._nodes.add(node)
+        self._ask((None, node, lost))
+
+    def node_due(self, node: int) -> bool:
+        """Whether a restart of follower ``node``'s ranks is asked for, or under way."""
+        with self._lock:
+            return node in self._nodes
+
+    def _ask(self, due: tuple[int | None, int, ExecutorFailed]) -> None:
         with self._lock:
             if self._closed:
                 return
-            self._due.append((rank, incarnation, died))
+            self._due.append(due)
             if self._thread is None:
                 self._thread = threading.Thread(target=_debug.counted_thread(self._run),
                                                 name="mpx-restarter", daemon=True)
@@ -135,7 +157,16 @@ class Restarter:
                     return
                 rank, incarnation, died = self._due.popleft()
             try:
-                restarted = restart(self._group, rank, incarnation, died)
+                if rank is None:
+                    assert isinstance(died, NodeLostError)
+                    try:
+                        restarted = restart_node(self._group, incarnation, died)
+                    finally:
+                        with self._lock:
+                            self._nodes.discard(incarnation)
+                else:
+                    assert isinstance(died, WorkerDiedError)
+                    restarted = restart(self._group, rank, incarnation, died)
             except BaseException:  # (logged: the next death must still be restarted)
                 logger.exception("restarting worker rank %d failed", rank)
                 continue
@@ -147,6 +178,7 @@ class Restarter:
         with self._lock:
             self._closed = True
             self._due.clear()
+            self._nodes.clear()
             thread = self._thread
             self._cv.notify()
         if thread is not None and thread is not threading.current_thread():
@@ -194,6 +226,58 @@ def restart(group: WorkerGroup, rank: int, incarnation: int, died: WorkerDiedErr
             return []
         calls.resume()
     return restarted
+
+
+def restart_node(group: WorkerGroup, node: int, lost: NodeLostError) -> list[int]:
+    """(the restarter thread) Follower ``node`` was lost with ``lost`` and every one of its
+    ranks has a restart left: their calls fail, and once a new follower joins for the node
+    (``python -m mpx node`` again, within startup_timeout_s) its ranks serve again. Fails
+    the group if that cannot be done. The ranks restarted."""
+    calls, members = group.calls, group.members
+    leader, broadcast = members.leader, members.broadcast
+    assert leader is not None and broadcast is not None
+    ranks = leader.node_ranks(node)
+    with members.regroup_lock:
+        if not calls.pause(PAUSE_TIMEOUT_S):
+            group.fail(lost)
+            return []
+        try:
+            for rank in ranks:
+                _lose(group, rank, WorkerDiedError(f"worker rank {rank} was lost with its node: "
+                                                   f"{lost}", rank=rank,
+                                                   pid=leader.pids.get(rank)))
+            cfg = group.config
+            deadline = time.monotonic() + cfg.startup_timeout_s
+            local = members.world_size // cfg.nnodes
+            # the new follower's readers of the calls: its relay, or each of its ranks
+            for reader in [local + node - 1] if cfg.relays(local) else ranks:
+                broadcast.admit_remote_reader(reader)
+            ready = leader.await_rejoin(node, deadline)
+            opened = {r: MessageQueue.create_from_handle(h, 0, config=cfg)
+                      for r, (h, _) in ready.items()}
+            try:
+                broadcast.wait_until_ready(timeout=max(0.001, deadline - time.monotonic()))
+            except BaseException:
+                for q in opened.values():
+                    q.close()
+                raise
+            _swap(group, [opened.get(r) or members.resp[r] for r in range(members.world_size)])
+        except BaseException as e:
+            err = e if isinstance(e, ExecutorFailed) else ExecutorFailed(
+                f"node {node} could not be restarted: {e!r}")
+            if isinstance(e, WorkerStartupError) and not isinstance(e, WorkerRestartError):
+                err = WorkerRestartError(f"restarting node {node} (ranks {ranks}) failed: {e}",
+                                         e.ranks, e.remote_traceback)
+            cut = _cut_short(group, f"restarting node {node}")
+            failed = cut is None and calls.fail(err)
+            calls.resume()
+            if failed:
+                group.after_failure(err)
+            if not isinstance(e, Exception):
+                raise
+            return []
+        calls.resume()
+    return ranks
 
 
 def _lose(group: WorkerGroup, rank: int, died: WorkerDiedError) -> None:

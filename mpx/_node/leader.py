@@ -4,7 +4,9 @@ The leader binds a ROUTER on ``master_addr:master_port``. Each follower (``pytho
 node``, see :mod:`mpx._node.follower`) connects and introduces itself; a follower joins
 only by signing a fresh nonce from the leader, so a replayed hello is useless. A node joins
 once: a second follower for a joined node (the first died, and its launcher started
-another) is refused and the node counted lost, and so is a node rank beyond nnodes. The
+another) is refused and the node counted lost, and so is a node rank beyond nnodes; but
+a node lost whose ranks have restarts left may be joined again (``await_rejoin``: the
+executor restarts its ranks so). The
 leader sends each follower the worker class, kwargs, config and the broadcast queue's
 handle, collects its workers' response-queue handles, then watches it: each side probes
 the other over UDP (:mod:`mpx._node.liveness`), and a node silent for
@@ -33,7 +35,7 @@ from mpx._node import control
 from mpx._node.liveness import LEADER, Probes
 from mpx._procinfo import describe_exit
 from mpx.config import Config
-from mpx.errors import NodeLostError, WorkerDiedError, WorkerStartupError
+from mpx.errors import ExecutorFailed, NodeLostError, WorkerDiedError, WorkerStartupError
 from mpx.protocol import wire
 
 logger = logging.getLogger("mpx")
@@ -99,6 +101,11 @@ class Leader:
         # (also under _dumps_lock, and notified on _dumps)
         self._restart_asks: list[int] = []
         self._restarted: dict[int, wire.WorkerReady | wire.RestartFailed] = {}
+        # await_rejoin: the lost nodes a new follower may join for, and why one could not
+        # (also under _dumps_lock)
+        self._rejoin: set[int] = set()
+        self._rejoin_failed: dict[int, wire.NodeStartupFailed] = {}
+        self._stopping = False  # (under _dumps_lock) stop(): those waits end
         # called on every turn of the startup waits: raises when a node can no longer join
         # (the Ray launcher's follower actor died), so startup fails at once
         self.startup_check: Callable[[], None] | None = None
@@ -189,9 +196,19 @@ class Leader:
             return False
         del self._challenges[ident]
         if msg.node_rank in self.nodes:
+            with self._dumps_lock:
+                again = msg.node_rank in self._rejoin
+                self._rejoin.discard(msg.node_rank)
+            if again:  # (a lost node, whose ranks are being restarted: await_rejoin)
+                logger.warning("leader: a new follower joined for lost node %d", msg.node_rank)
+                self.lost.discard(msg.node_rank)
+                self.nodes[msg.node_rank] = ident
+                self.probes.expect(msg.node_rank, msg.nonce)
+                self._send_spec(msg.node_rank)
+                return True
             # the follower that joined for this node is gone: taking this one in its place
-            # would hide that (and its workers, with their queues, went with it)
-            self._refused.add(ident)
+            # would hide that (and its workers, with their queues, went with it); it asks
+            # again, and joins if the node's ranks are restarted (await_rejoin)
             self._rejoined.append(msg.node_rank)
             logger.warning("leader refused a second follower for node %d", msg.node_rank)
             return False
@@ -209,6 +226,15 @@ class Leader:
         return (f"node {node} (ranks {self.node_ranks(node)}) lost its follower: another "
                 f"follower joined for it (the first died, e.g. killed by the OOM killer, and "
                 "its launcher started another)")
+
+    def _send_spec(self, node: int) -> None:
+        """Send follower ``node`` what to start."""
+        assert self._spec is not None
+        # the key never travels: each follower has its own copy; the stats socket is the
+        # driver's alone (its directory may not exist on the follower)
+        self.send(node, dataclasses.replace(
+            self._spec, node_rank=node,
+            config=dataclasses.replace(self._spec.config, auth_key="", stats_socket="")))
 
     def send(self, node: int, msg: Any) -> None:
         self.sock.send_multipart([self.nodes[node], control.pack(self.key, msg)])
@@ -250,13 +276,7 @@ class Leader:
             if msg is None or node is None:
                 continue
             if isinstance(msg, wire.Join):
-                assert self._spec is not None
-                # the key never travels: each follower has its own copy; the stats socket
-                # is the driver's alone (its directory may not exist on the follower)
-                self.send(node, dataclasses.replace(
-                    self._spec, node_rank=node,
-                    config=dataclasses.replace(self._spec.config, auth_key="",
-                                               stats_socket="")))
+                self._send_spec(node)
             elif isinstance(msg, wire.WorkerReady):
                 self.handles[msg.rank] = msg.handle
                 self.pids[msg.rank] = msg.pid
@@ -283,11 +303,15 @@ class Leader:
             self.send(rank // self.local, wire.RestartRank(rank))
         node, msg = self._recv(control.POLL_MS)
         if isinstance(msg, (wire.WorkerReady, wire.RestartFailed)) and node is not None:
+            if isinstance(msg, wire.WorkerReady):
+                self.pids[msg.rank] = msg.pid
             with self._dumps_lock:
                 self._restarted[msg.rank] = msg
                 self._dumps.notify_all()
-            if isinstance(msg, wire.WorkerReady):
-                self.pids[msg.rank] = msg.pid
+        if isinstance(msg, wire.NodeStartupFailed) and node is not None:
+            with self._dumps_lock:
+                self._rejoin_failed[node] = msg
+                self._dumps.notify_all()
         while self._rejoined:
             n = self._rejoined.pop(0)
             if n not in self.lost:
@@ -331,9 +355,10 @@ class Leader:
         with self._dumps_lock:
             self._restarted.pop(rank, None)
             self._restart_asks.append(rank)
-            self._dumps.wait_for(lambda: rank in self._restarted,
+            self._dumps.wait_for(lambda: rank in self._restarted or self._stopping,
                                  max(0.0, deadline - time.monotonic()))
             answer = self._restarted.pop(rank, None)
+            self._check_stopping()
         if isinstance(answer, wire.WorkerReady):
             return answer.handle, answer.pid
         if answer is None:
@@ -341,6 +366,42 @@ class Leader:
                                      "not ready again in time (startup_timeout_s)", [rank])
         raise WorkerStartupError(f"on node {rank // self.local}: {answer.message}", [rank],
                                  answer.traceback, exitcode=answer.exitcode)
+
+    def await_rejoin(self, node: int, deadline: float) -> dict[int, tuple[Any, int]]:
+        """(not the watch thread) Let a new follower join for lost ``node`` (``python -m mpx
+        node`` again, or its launcher's), and wait until it has started every rank of the
+        node: ``{rank: (its response queue's handle, pid)}``. WorkerStartupError if none
+        did by ``deadline`` (naming what to run), or its workers could not start."""
+        ranks = self.node_ranks(node)
+        with self._dumps_lock:
+            for r in ranks:
+                self._restarted.pop(r, None)
+            self._rejoin_failed.pop(node, None)
+            self._rejoin.add(node)
+            self._dumps.wait_for(lambda: self._stopping or node in self._rejoin_failed or all(
+                isinstance(self._restarted.get(r), wire.WorkerReady) for r in ranks),
+                max(0.0, deadline - time.monotonic()))
+            self._rejoin.discard(node)
+            self._check_stopping()
+            failed = self._rejoin_failed.pop(node, None)
+            ready = {r: self._restarted.pop(r, None) for r in ranks}
+        if failed is not None:
+            raise WorkerStartupError(f"on node {node}: {failed.message}", failed.ranks,
+                                     failed.traceback)
+        if not all(isinstance(a, wire.WorkerReady) for a in ready.values()):
+            raise WorkerStartupError(
+                f"node {node} (ranks {ranks}) was lost, and no follower joined for it again "
+                f"within {self.config.startup_timeout_s:g} s (startup_timeout_s): start "
+                f"`python -m mpx node --master-addr {self.config.master_addr} --master-port "
+                f"{self.config.master_port} --node-rank {node} --nnodes {self.config.nnodes}` "
+                "there again", ranks)
+        return {r: (a.handle, a.pid) for r, a in ready.items()
+                if isinstance(a, wire.WorkerReady)}
+
+    def _check_stopping(self) -> None:
+        """(under _dumps_lock) ExecutorFailed once stop() has begun."""
+        if self._stopping:
+            raise ExecutorFailed("the executor is shutting down: its followers were stopped")
 
     def heard_ago(self, node: int) -> float | None:
         """How long ago follower ``node`` was last heard (a probe or a message), or None."""
@@ -384,6 +445,9 @@ class Leader:
         return out
 
     def stop(self) -> None:
+        with self._dumps_lock:
+            self._stopping = True
+            self._dumps.notify_all()
         for node in self.nodes:
             try:
                 self.send(node, wire.StopNode())

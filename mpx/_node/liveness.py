@@ -83,6 +83,8 @@ class Probes:
             family, _, _, _, address = socket.getaddrinfo(address[0], address[1],
                                                           type=socket.SOCK_DGRAM)[0]
         self._links[node] = (nonce, address)
+        self._counters.pop(node, None)  # (a new join: its counter starts again)
+        self.heard.pop(node, None)
 
     def forget(self, node: int) -> None:
         self._links.pop(node, None)

@@ -73,7 +73,7 @@ def test_tensor_parallel_mlp_across_nodes(group):
 
 
 def test_remote_worker_killed_is_worker_died(group):
-    ex, _ = group(max_restarts=1)  # (restarts are for single-node executors)
+    ex, _ = group()  # (without restarts: tests/nodes/test_remote_restart.py has them)
     with pytest.raises(mpx.ResizeError, match="single-node"):
         ex.resize(6)
     pending = ex.collective_rpc("sleep", args=(30,), kwargs={"ranks": [0, 1, 2]}, non_block=True)

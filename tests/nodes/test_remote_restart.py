@@ -61,3 +61,80 @@ def test_a_remote_rank_is_restarted_in_place(remote_group, world_size):
         ex.collective_rpc("exit", args=(3, [last]), timeout=30)
     with pytest.raises(mpx.ExecutorFailed):
         ex.collective_rpc("rank", timeout=30)
+
+
+def test_a_lost_node_rejoins_as_a_restart_of_its_ranks():
+    """A follower killed (its workers die with it) is lost; with restarts left, `python -m
+    mpx node` started again for that node joins, and its ranks serve again; the calls in
+    flight on them fail, those made meanwhile wait for the node."""
+    port = free_port()
+    followers = [start_follower(port)]
+    ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_port=port, auth_key=KEY,
+                      heartbeat_s=1.0, startup_timeout_s=60, max_restarts=1)
+    try:
+        restarted = []
+        ex.register_restart_callback(restarted.append)
+        assert ex.collective_rpc("rank") == [0, 1, 2, 3]
+        old = ex.worker_pids[2:]
+        pending = ex.collective_rpc("sleep", args=(30,), kwargs={"ranks": [2]}, non_block=True)
+        followers[0].kill()
+        followers[0].wait()
+        with pytest.raises(mpx.WorkerDiedError, match="lost with its node"):
+            pending.result(timeout=30)
+        waiting = ex.collective_rpc("rank", non_block=True)  # (waits for the node)
+        time.sleep(0.5)
+        assert not waiting.done()
+        followers.append(start_follower(port))
+        assert waiting.result(timeout=60) == [0, 1, 2, 3]
+        new = ex.worker_pids[2:]
+        assert not set(new) & set(old)
+        assert sorted(restarted) == [2, 3]
+        assert [r.deaths for r in ex.stats().ranks] == [0, 0, 1, 1]
+        assert ex.collective_rpc("mul", args=(2,)) == [2, 4, 6, 8]
+    finally:
+        ex.shutdown()
+        for f in followers:
+            stop_follower(f)
+
+
+def test_a_lost_node_that_does_not_come_back_fails_the_executor():
+    port = free_port()
+    follower = start_follower(port)
+    ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_port=port, auth_key=KEY,
+                      heartbeat_s=1.0, startup_timeout_s=4, max_restarts=1)
+    try:
+        assert ex.collective_rpc("rank") == [0, 1, 2, 3]
+        follower.kill()
+        follower.wait()
+        with pytest.raises(mpx.WorkerDiedError, match="lost with its node"):
+            ex.collective_rpc("rank", timeout=30)  # (in flight when the node was lost)
+        t0 = time.monotonic()
+        with pytest.raises(mpx.WorkerRestartError, match="no follower joined for it again"):
+            ex.collective_rpc("rank", timeout=30)  # (waits for the node, startup_timeout_s)
+        assert time.monotonic() - t0 < 4 + 2
+        assert ex.is_failed
+    finally:
+        ex.shutdown()
+        stop_follower(follower)
+
+
+def test_shutdown_while_a_lost_node_is_awaited_ends_at_once():
+    port = free_port()
+    follower = start_follower(port)
+    ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_port=port, auth_key=KEY,
+                      heartbeat_s=1.0, startup_timeout_s=60, max_restarts=1)
+    try:
+        assert ex.collective_rpc("rank") == [0, 1, 2, 3]
+        follower.kill()
+        follower.wait()
+        with pytest.raises(mpx.WorkerDiedError, match="lost with its node"):
+            ex.collective_rpc("rank", timeout=30)
+        waiting = ex.collective_rpc("rank", non_block=True)  # (held for the node)
+    finally:
+        t0 = time.monotonic()
+        ex.shutdown()
+        took = time.monotonic() - t0
+        stop_follower(follower)
+    assert took < 5, f"shutdown took {took:.1f} s while the node's restart waited"
+    with pytest.raises(mpx.ExecutorFailed):
+        waiting.result(timeout=5)
