@@ -6,11 +6,19 @@ only by signing a fresh nonce from the leader, so a replayed hello is useless. A
 once: a second follower for a joined node (the first died, and its launcher started
 another) is refused and the node counted lost, and so is a node rank beyond nnodes; but
 a node lost whose ranks have restarts left may be joined again (``await_rejoin``: the
-executor restarts its ranks so). The
-leader sends each follower the worker class, kwargs, config and the broadcast queue's
-handle, collects its workers' response-queue handles, then watches it: each side probes
-the other over UDP (:mod:`mpx._node.liveness`), and a node silent for
-``Config.link_grace`` is lost; the follower tells it of its workers' deaths.
+executor restarts its ranks so). The leader sends each follower the worker class, kwargs,
+config and the broadcast queue's handle, collects its workers' response-queue handles,
+then watches it: each side probes the other over UDP (:mod:`mpx._node.liveness`), and a
+node silent for ``Config.link_grace`` is lost; the follower tells it of its workers'
+deaths, and starts a rank again when asked (``restart_rank``).
+
+Threads: during startup the caller of ``admit`` and ``collect`` uses the control socket
+and the probes; after it, the node monitor's watch thread (``poll``) alone. Other threads
+ask through it: ``stacks`` (Executor.dump_stacks), ``restart_rank`` and ``await_rejoin``
+(the restarter) leave their asks under ``_dumps_lock`` and wait on its condition, which
+the watch thread notifies with the answers and ``stop`` with the end. ``lost`` is added to
+by the watch thread and by a queue end's thread that found a node's link gone
+(``lost_error``); nothing waits under the lock.
 
 A control frame sealed under another key (a node started with another ``MPX_AUTH_KEY``) is
 answered with ``control.BAD_KEY`` and nothing else, and its sender's address is kept for
