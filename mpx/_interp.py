@@ -59,11 +59,19 @@ measure fails; these are what it assumes, and the test checks each):
   whole table, and the pickler binds ``file.write`` when it is built.
 - ``copyreg.dispatch_table`` stays the one dict that ``pickle`` reads for a Pickler with no
   dispatch table of its own (the codec's kept pickler watches it for registrations).
+
+hashlib:
+
+- ``SHA256_BUILTIN``: CPython's own SHA-256 constructor, the one hashlib falls back to where
+  OpenSSL has none (module ``_sha256``; ``_sha2`` from 3.12), or None where this Python was
+  built without it. ``mpx.auth`` hashes small frames with it: it takes bytes, and its
+  ``copy()``, ``update()`` and ``digest()`` are hashlib's.
 """
 
 from __future__ import annotations
 
 import concurrent.futures._base as _futures_base
+import importlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -103,3 +111,16 @@ def is_asyncio_callback(fn: Callable[..., Any]) -> bool:
 PICKLER_HANDS_OVER_FROM = 64 << 10
 # the pickler attribute the codec replaces to shrink the memo table
 PICKLER_MEMO = "memo"
+
+
+def _builtin_sha256() -> Callable[..., Any] | None:
+    for name in ("_sha2", "_sha256"):  # (3.12 on; before)
+        try:
+            return importlib.import_module(name).sha256
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+# CPython's own SHA-256 (see the module docstring)
+SHA256_BUILTIN: Callable[..., Any] | None = _builtin_sha256()

@@ -303,9 +303,23 @@ def check_pickler_hands_large_bytes_over(interp: ModuleType) -> None:
         del copyreg.dispatch_table[_Writes]
 
 
+def check_builtin_sha256(interp: ModuleType) -> None:
+    import hashlib
+    make = interp.SHA256_BUILTIN
+    if make is None:  # (a Python built without it: mpx.auth hashes with hashlib's alone)
+        return
+    state = make(b"a" * 100)
+    assert state.block_size == 64 and state.digest_size == 32
+    copy = state.copy()
+    copy.update(memoryview(b"b" * 10))
+    assert copy.digest() == hashlib.sha256(b"a" * 100 + b"b" * 10).digest()
+    assert state.digest() == hashlib.sha256(b"a" * 100).digest()
+
+
 CHECKS = [check_future_states, check_future_fields_and_waiters, check_futures_logger,
           check_condition_on_a_bare_lock, check_asyncio_future_protocol,
-          check_asyncio_wait_callbacks, check_pickler_hands_large_bytes_over]
+          check_asyncio_wait_callbacks, check_pickler_hands_large_bytes_over,
+          check_builtin_sha256]
 
 
 def load(path: str) -> ModuleType:
