@@ -75,6 +75,9 @@ _COPY_MAX = 64 << 10
 # libzmq's batch (8 KiB) and pyzmq's copy threshold (64 KiB, below which it is not tracked)
 _END_PAD = bytes(64 << 10)
 _NOBLOCK, _MORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
+# The backend's send, which zmq.Socket.send wraps in Python for what the transport does not
+# use (DRAFT sockets' routing ids and groups): ~0.3 us less a call.
+_backend_send = zmq.backend.Socket.send
 
 
 class ZmqWriter(Writer):
@@ -292,7 +295,8 @@ class ZmqWriter(Writer):
                         self._make_room(deadline_ns)
                     self._frame += 1
                     frame = seal(HEADER.pack(MAGIC, VERSION, kind, self.token, self._seq, index,
-                                             count, total, self._frame), chunk)
+                                             count, total, self._frame), chunk,
+                                 min(size, total - index * size))
                     window.hold(self._frame, frame)
                     for rank in admission.peers:
                         self._send(rank, frame, deadline_ns)
@@ -313,8 +317,8 @@ class ZmqWriter(Writer):
                 if small:
                     # (a ROUTER checks the reader's pipe at the routing frame: once that is
                     # taken, so is the rest)
-                    sock.send(peer, _MORE_NOBLOCK)
-                    sock.send(frame, _NOBLOCK)
+                    _backend_send(sock, peer, _MORE_NOBLOCK)
+                    _backend_send(sock, frame, _NOBLOCK)
                 else:
                     return sock.send_multipart([peer, frame], zmq.NOBLOCK, copy=False,
                                                track=track)
