@@ -77,7 +77,6 @@ _RESUME_AGAIN_S = 0.5
 # looks is time it did not read, which the link's clocks do not count (_watch_link).
 _IDLE_S = 0.25
 _NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 class ZmqReader(AdaptiveWait, Reader):
@@ -441,20 +440,16 @@ class ZmqReader(AdaptiveWait, Reader):
         if 0 <= deadline_ns < end:
             end = deadline_ns
         sock, clock, yield_cpu = self._sock, time.monotonic_ns, os.sched_yield
-        events = sock.getsockopt
         now, took = start, 0
         while True:
-            # (EVENTS, then the receive: a look that finds nothing raises no zmq.Again,
-            # ~2 us of Python that a yielding reader would spend on each)
-            if events(_EVENTS) & _POLLIN:
-                try:
-                    frame = sock.recv(_NOBLOCK, copy=False)
-                except zmq.Again:
-                    pass
-                else:
-                    if took:  # (the frame came during that yield: seen that late at most)
-                        self._judge(took)
-                    return frame
+            try:
+                frame = sock.recv(_NOBLOCK, copy=False)
+            except zmq.Again:
+                pass
+            else:
+                if took:  # (the frame came during that yield: seen that late at most)
+                    self._judge(took)
+                return frame
             if now >= end or self._shut or self._nudged or cancel is not None and cancel.is_set():
                 return None
             if now < spin_end:
