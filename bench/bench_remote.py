@@ -1,6 +1,6 @@
 """Multi-node mpx.Executors over loopback TCP, against bare pyzmq baselines measured in the same run.
 
-    python bench/bench_remote.py [--quick] [--zmq-only | --launchers-only] [--png P] [--json P]
+    python bench/bench_remote.py [--quick] [--zmq-only | --launchers-only] [--ab REV] [--png P] [--json P]
 
 The "remote" node is a follower, ``python -m mpx node --node-rank 1 --nnodes 2``, started here with
 MPX_AUTH_KEY set and bench/ on its PYTHONPATH (its workers import kit_rpc.Worker by name); the driver is
@@ -20,7 +20,9 @@ the leader. Every byte to the follower crosses tcp://127.0.0.1, on the same core
    threads (schedstat, over blocks taking turns), and both round trips again with every thread
    of both sides on one CPU (kit_cpus.on_one_cpu), where a round trip is what its threads' work costs
    one after the other, with no idle CPU to wake. ``--zmq-only`` runs this comparison alone
-   (~15 s).
+   (~15 s). With ``--ab REV``, the transport="zmq" no-op also against git revision REV
+   (kit_ab.ab_paired: one child a side, taking turns in blocks of AB_BLOCK calls; the median of
+   the blocks' paired ratios).
 2. a 64 MiB torch.float32 tensor (numpy without torch) as the argument of a call to 2 nodes x 2
    ranks: GB/s = the bytes delivered to the remote ranks (2 x 64 MiB) / call time, vs a pyzmq PUSH
    streaming the same bytes to 2 PULL children (copy=False, each acked back).
@@ -41,11 +43,13 @@ import importlib.util
 import os
 import pickle
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+import kit_ab
 import kit_args
 import kit_cpus
 import kit_procs
@@ -63,6 +67,9 @@ KEY = secrets.token_hex(32)
 # this many blocks a side (its rows, in this order).
 SPLIT_BLOCKS = 6
 SPLIT_ROWS = (("driver", "main"), ("driver", "ZeroMQ I/O"), ("worker", "main"), ("worker", "ZeroMQ I/O"))
+# --ab: the calls in a block of a side, and how many blocks a side (--quick: fewer)
+AB_BLOCK = 300
+AB_BLOCKS = (30, 100)
 PATH = os.pathsep.join([kit_procs.BENCH, kit_procs.ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])
 
 
@@ -286,6 +293,28 @@ def zmq_rows(rows, raw, z, c, where):
                                      for side in split]}
 
 
+def zmq_ab(rows, raw, rev, quick):
+    """--ab REV: the transport="zmq" no-op of section 1, this tree against REV, paired."""
+    blocks = AB_BLOCKS[0] if quick else AB_BLOCKS[1]
+    kit_report.progress(f"[1] A/B transport='zmq' no-op vs {rev}, {blocks} blocks of {AB_BLOCK} a side ...")
+    new, old, pairs = kit_ab.ab_paired(rev, __file__, "--ab-child", f"{AB_BLOCK},{AB_BLOCK}", blocks)
+    rows.append(kit_report.row(f"  transport='zmq' no-op, vs {rev}", "us", new, old,
+                               note=f"one child a side, taking turns; paired: median "
+                                    f"{statistics.median(pairs):.3f}x, quartiles "
+                                    f"{kit_stats.quartiles(pairs)}"))
+    raw["zmq_ab"] = {"rev": rev, "new": new, "old": old, "paired": pairs}
+
+
+def ab_child(block, warm):
+    """--ab-child: this mpx's (or PYTHONPATH's) side of --ab, a transport="zmq" no-op as in section 1."""
+    ex = kit_rpc.new_executor(1, transport="zmq", startup_timeout_s=kit_rpc.SETUP_TIMEOUT)
+    try:
+        kit_ab.serve_ab(lambda: ex.collective_rpc("noop", timeout=kit_rpc.CALL_TIMEOUT), block, warm,
+                        pids=ex.worker_pids)
+    finally:
+        ex.shutdown()
+
+
 def bench_tensor(tensor, reps, warm):
     """([s] of mpx calls, [s] of PUSH/PULL rounds), in turn, both sides up."""
     arr, n = tensor.numpy() if hasattr(tensor, "numpy") else tensor, int(tensor.shape[0])
@@ -404,7 +433,9 @@ def main():
         only.add_argument("--launchers-only", action="store_true", help="run section 3 alone")
         only.add_argument("--zmq-only", action="store_true",
                           help="run section 1's transport='zmq' vs REQ/REP of the pickled call alone")
-    args = kit_args.parse_args(__doc__, "fewer repetitions (~15 s instead of ~35 s, without Ray)", more)
+    args = kit_args.parse_args(__doc__, "fewer repetitions (~15 s instead of ~35 s, without Ray)", more,
+                               ab=("also A/B section 1's transport='zmq' no-op against git revision REV",
+                                   "--ab-child", ab_child))
     iters, warm = (2000, 200) if args.quick else (12000, 1000)
     reps, bw_warm = (5, 1) if args.quick else (15, 2)
     header = kit_report.print_header(
@@ -419,6 +450,8 @@ def main():
                                 "each ...")
             (z, c), where = bench_noop(iters, warm, zmq_only=True)
             zmq_rows(rows, raw, z, c, where)
+            if args.ab:
+                zmq_ab(rows, raw, args.ab, args.quick)
         elif not args.launchers_only:
             kit_report.progress(f"[1] no-op, 2 nodes x 1 rank, {iters} calls each of 5 loops ...")
             (m, b, u, z, c), where = bench_noop(iters, warm)
@@ -428,6 +461,8 @@ def main():
             rows.append(kit_report.row("  same, unique_reply_rank=1", "us", u, b))
             raw["noop_us"] = {"mpx": m, "reqrep": b, "unique_1": u}
             zmq_rows(rows, raw, z, c, where)
+            if args.ab:
+                zmq_ab(rows, raw, args.ab, args.quick)
             try:
                 import torch
                 tensor = torch.arange(kit_stats.BIG // 4, dtype=torch.float32)
