@@ -209,23 +209,31 @@ def restart(group: WorkerGroup, rank: int, incarnation: int, died: WorkerDiedErr
             else:
                 restarted = [rank, *_restart_remote(group, rank)]
         except BaseException as e:
-            err = e if isinstance(e, ExecutorFailed) else ExecutorFailed(
-                f"worker rank {rank} could not be restarted: {e!r}")
-            if isinstance(e, WorkerStartupError) and not isinstance(e, WorkerRestartError):
-                err = WorkerRestartError(f"restarting worker rank {rank} failed: {e}", e.ranks,
-                                         e.remote_traceback, pid=e.pid, exitcode=e.exitcode)
-            cut = _cut_short(group, f"restarting worker rank {rank}")
-            if cut is not None:  # (what it met is a symptom: the group ended meanwhile)
-                logger.info("%s", cut)
-            failed = cut is None and calls.fail(err)
-            calls.resume()
-            if failed:
-                group.after_failure(err)
-            if not isinstance(e, Exception):
-                raise
+            _restart_failed(group, e, f"worker rank {rank}")
             return []
         calls.resume()
     return restarted
+
+
+def _restart_failed(group: WorkerGroup, e: BaseException, what: str) -> None:
+    """(paused) Restarting ``what`` met ``e``: the group fails with it (a WorkerRestartError
+    if a process did not start), unless the group ended meanwhile (then ``e`` is only a
+    symptom, logged); the calls go on. ``e`` is raised again unless it is an Exception."""
+    calls = group.calls
+    err = e if isinstance(e, ExecutorFailed) else ExecutorFailed(
+        f"{what} could not be restarted: {e!r}")
+    if isinstance(e, WorkerStartupError) and not isinstance(e, WorkerRestartError):
+        err = WorkerRestartError(f"restarting {what} failed: {e}", e.ranks,
+                                 e.remote_traceback, pid=e.pid, exitcode=e.exitcode)
+    cut = _cut_short(group, f"restarting {what}")
+    if cut is not None:  # (what it met is a symptom: the group ended meanwhile)
+        logger.info("%s", cut)
+    failed = cut is None and calls.fail(err)
+    calls.resume()
+    if failed:
+        group.after_failure(err)
+    if not isinstance(e, Exception):
+        raise e
 
 
 def restart_node(group: WorkerGroup, node: int, lost: NodeLostError) -> list[int]:
@@ -263,18 +271,7 @@ def restart_node(group: WorkerGroup, node: int, lost: NodeLostError) -> list[int
                 raise
             _swap(group, [opened.get(r) or members.resp[r] for r in range(members.world_size)])
         except BaseException as e:
-            err = e if isinstance(e, ExecutorFailed) else ExecutorFailed(
-                f"node {node} could not be restarted: {e!r}")
-            if isinstance(e, WorkerStartupError) and not isinstance(e, WorkerRestartError):
-                err = WorkerRestartError(f"restarting node {node} (ranks {ranks}) failed: {e}",
-                                         e.ranks, e.remote_traceback)
-            cut = _cut_short(group, f"restarting node {node}")
-            failed = cut is None and calls.fail(err)
-            calls.resume()
-            if failed:
-                group.after_failure(err)
-            if not isinstance(e, Exception):
-                raise
+            _restart_failed(group, e, f"node {node} (ranks {ranks})")
             return []
         calls.resume()
     return ranks
