@@ -24,7 +24,6 @@ A benchmark, not a test: the exit code is 0 whatever the results.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
@@ -39,38 +38,11 @@ sys.path.insert(0, TESTS)
 
 import _netfault  # noqa: E402  (the tests' forwarder)
 import _nodes  # noqa: E402
-import _workers  # noqa: E402
 
 import mpx  # noqa: E402
 
 HEARTBEAT_S = 1.0
 GRACE_S = 2 * HEARTBEAT_S
-
-
-@contextlib.contextmanager
-def group_across(link):
-    """A 2-node, 4-rank group whose follower (ranks 2, 3) is across ``link``."""
-    port = _nodes.free_port()
-    env = dict(os.environ, MPX_AUTH_KEY=_nodes.KEY, MPX_HEARTBEAT_S=str(HEARTBEAT_S),
-               PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    follower = link.ns_popen([sys.executable, "-m", "mpx", "node", "--master-addr", link.leader_ip,
-                              "--master-port", str(port), "--node-rank", "1", "--nnodes", "2",
-                              "--host", link.follower_ip], env=env)
-    ex = None
-    try:
-        ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_addr=link.leader_ip,
-                          host=link.leader_ip, master_port=port, auth_key=_nodes.KEY,
-                          heartbeat_s=HEARTBEAT_S, startup_timeout_s=60)
-        yield ex
-    finally:
-        if ex is not None:
-            ex.shutdown()
-        try:
-            follower.wait(15)
-        finally:
-            if follower.poll() is None:
-                follower.kill()
-                follower.wait()
 
 
 def healthy_rtt(ex, n=50):
@@ -132,7 +104,7 @@ def main():
     q = args.quick
     rows, raw = [], {}
     with _netfault.faulty_link(seed=11) as link:
-        with group_across(link) as ex:
+        with _nodes.group_across(link, HEARTBEAT_S) as (ex, _):
             rtt = healthy_rtt(ex)
             base = kit_stats.stats(rtt)
             kit_report.progress(f"healthy round trip {base['median'] * 1e3:.2f} ms")
@@ -156,7 +128,7 @@ def main():
                                            None, f"{wrong} wrong; links: {ex.stats().links}"))
         lost = []
         for _ in range(1 if q else 3):
-            with group_across(link) as ex:
+            with _nodes.group_across(link, HEARTBEAT_S) as (ex, _):
                 fut = ex.collective_rpc("sleep", args=(30,), kwargs={"ranks": [0, 1]},
                                         non_block=True)
                 link.partition(True)

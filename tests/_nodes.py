@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
 import subprocess
 import sys
+
+import _workers
+
+import mpx
 
 KEY = "multinode-test-key-0123456789abcdef"
 TESTS = os.path.dirname(__file__)
@@ -49,3 +54,31 @@ def stop_follower(follower, timeout=10.0) -> None:
         if follower.poll() is None:
             follower.kill()
             follower.wait()
+
+
+@contextlib.contextmanager
+def group_across(link, heartbeat_s=1.0, **kw):
+    """A 2-node, 4-rank ``_workers.Echo`` group whose follower (ranks 2, 3) runs across
+    ``link`` (a tests/_netfault.py FaultyLink): ``(executor, follower process)``. The
+    executor is shut down and the follower reaped at the end."""
+    port = free_port()
+    env = dict(os.environ, MPX_AUTH_KEY=KEY, MPX_HEARTBEAT_S=str(heartbeat_s),
+               PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    follower = link.ns_popen([sys.executable, "-m", "mpx", "node", "--master-addr",
+                              link.leader_ip, "--master-port", str(port), "--node-rank", "1",
+                              "--nnodes", "2", "--host", link.follower_ip], env=env)
+    ex = None
+    try:
+        ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_addr=link.leader_ip,
+                          host=link.leader_ip, master_port=port, auth_key=KEY,
+                          heartbeat_s=heartbeat_s, startup_timeout_s=60, **kw)
+        yield ex, follower
+    finally:
+        if ex is not None:
+            ex.shutdown()
+        try:
+            follower.wait(15)
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+                follower.wait()

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 
-import _workers
+import _nodes
 import pytest
-from _env import TESTS
 from _netfault import faulty_link
-from _nodes import KEY, free_port
 from _procs import wait_gone
 
 import mpx
@@ -26,31 +23,11 @@ GRACE_S = 2 * HEARTBEAT_S  # (link_grace_s's default)
 
 
 @contextlib.contextmanager
-def group_across(link, **kw):
-    """A 2-node, 4-rank Echo group whose follower (ranks 2, 3) is across ``link``:
-    ``(executor, follower process)``."""
-    port = free_port()
-    env = dict(os.environ, MPX_AUTH_KEY=KEY, MPX_HEARTBEAT_S=str(HEARTBEAT_S),
-               PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    follower = link.ns_popen([sys.executable, "-m", "mpx", "node", "--master-addr",
-                              link.leader_ip, "--master-port", str(port), "--node-rank", "1",
-                              "--nnodes", "2", "--host", link.follower_ip], env=env)
-    ex = None
-    try:
-        ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_addr=link.leader_ip,
-                          host=link.leader_ip, master_port=port, auth_key=KEY,
-                          heartbeat_s=HEARTBEAT_S, startup_timeout_s=60, **kw)
+def group_across(link):
+    """(_nodes.group_across, with a first call checked)"""
+    with _nodes.group_across(link, HEARTBEAT_S) as (ex, follower):
         assert ex.collective_rpc("mul", args=(2,)) == [2, 4, 6, 8]
         yield ex, follower
-    finally:
-        if ex is not None:
-            ex.shutdown()
-        try:
-            follower.wait(10)
-        finally:
-            if follower.poll() is None:
-                follower.kill()
-                follower.wait()
 
 
 @pytest.fixture

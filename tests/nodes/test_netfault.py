@@ -14,11 +14,8 @@ import time
 
 import _workers
 import pytest
-from _env import TESTS
 from _netfault import faulty_link
-from _nodes import KEY, free_port
-
-import mpx
+from _nodes import group_across
 
 ECHO = """
 import socket, sys
@@ -187,17 +184,7 @@ def test_exit_leaves_no_namespace_device_or_process():
 
 def test_a_two_node_group_across_a_delayed_link(link):
     link.delay(0.005)
-    port = free_port()
-    env = dict(os.environ, MPX_AUTH_KEY=KEY, MPX_HEARTBEAT_S="1.0",
-               PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    follower = link.ns_popen([sys.executable, "-m", "mpx", "node", "--master-addr",
-                              link.leader_ip, "--master-port", str(port), "--node-rank", "1",
-                              "--nnodes", "2", "--host", link.follower_ip], env=env)
-    ex = None
-    try:
-        ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_addr=link.leader_ip,
-                          host=link.leader_ip, master_port=port, auth_key=KEY,
-                          heartbeat_s=1.0, startup_timeout_s=60)
+    with group_across(link) as (ex, follower):
         where = ex.collective_rpc(_workers.where)
         assert [w[:3] for w in where] == [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]
         t0 = time.monotonic()
@@ -209,9 +196,3 @@ def test_a_two_node_group_across_a_delayed_link(link):
         assert ex.collective_rpc("ident", args=(blob,)) == [blob] * 4
         ex.shutdown()
         assert follower.wait(10) == 0
-    finally:
-        if ex is not None:
-            ex.shutdown()
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
