@@ -216,7 +216,10 @@ class ZmqWriter(Writer):
         self._serving = True
         try:
             while admission.resumes:
-                self._serve_resume(*admission.resumes.pop(0), deadline_ns)
+                rank, last, nonce = admission.resumes.pop(0)
+                if any(r == rank for r, _, _ in admission.resumes):
+                    continue  # (a later one of that reader's: the one it waits for)
+                self._serve_resume(rank, last, nonce, deadline_ns)
         finally:
             self._serving = False
 
@@ -236,7 +239,10 @@ class ZmqWriter(Writer):
                                              len(missed), last), ())
         self._send(rank, mark, deadline_ns)
         self.resumes += 1
+        peer = self._admission.peers[rank]
         for _, frame in missed:
+            if self._admission.peers.get(rank) != peer:
+                return  # (it came back again, on another connection: its RESUME is next)
             self._send(rank, frame, deadline_ns)
             self.resent += 1
 
@@ -354,13 +360,13 @@ class ZmqWriter(Writer):
                                    "taking messages")
             time.sleep(_BACKOFF_S)
             credit_taken = False
-            if not self._serving:
-                # the reader may be back on a new connection (this one broke, and the
-                # writer has not seen it yet): its RESUME brings this frame again
-                self._admission.take(0)
-                if self._admission.peers.get(rank) != peer:
+            # the reader may be back on a new connection (this one broke, and the writer
+            # has not seen it yet): its RESUME brings this frame again
+            self._admission.take(0)
+            if self._admission.peers.get(rank) != peer:
+                if not self._serving:
                     self._serve_resumes(deadline_ns)
-                    return None
+                return None
 
     def _wake(self) -> None:
         """Stop the link's thread; an enqueue waiting for a slow reader polls ``_shut``
