@@ -42,7 +42,7 @@ from mpx.errors import (
 )
 from mpx.mechanism import layout
 from mpx.protocol import serde
-from mpx.transport.base import Handle, Reader, Writer
+from mpx.transport.base import Handle, Reader, Writer, added_link_counts
 from mpx.transport.shm import ShmReader, ShmWriter
 from mpx.transport.zmq_reader import ZmqReader
 from mpx.transport.zmq_writer import ZmqWriter
@@ -119,7 +119,7 @@ class _Broadcast:
 
     def link_counts(self) -> tuple[int, int, int]:
         """The ends' Endpoint.link_counts, added up."""
-        return tuple(map(sum, zip(*(e.link_counts() for e in self.ends))))  # type: ignore
+        return added_link_counts(self.ends)
 
     def capacity(self) -> int | None:
         """The least of the ends' capacities (see Writer.capacity)."""

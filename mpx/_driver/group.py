@@ -183,21 +183,23 @@ class WorkerGroup:
     def _reconnect_node(self, node: int) -> None:
         """(the node monitor) Follower ``node`` was silent and is heard again: its replies'
         links are taken up again now (mpx/_node/liveness.py)."""
-        local = self.world_size // self.config.nnodes
+        assert self.leader is not None
         ends = self.calls.pump.ends
-        for rank in range(node * local, min((node + 1) * local, len(ends))):
-            ends[rank].reconnect_now()
+        for rank in self.leader.node_ranks(node):
+            if rank < len(ends):  # (attached)
+                ends[rank].reconnect_now()
 
     def _remote_state(self, rank: int) -> str:
         """How remote ``rank`` looks from here, for a timeout's message: its reply link's
         trouble if it has any, else when its node was last heard."""
-        node = rank // (self.world_size // self.config.nnodes)
+        leader = self.leader
+        assert leader is not None
+        node = leader.node_of(rank)
         ends = self.calls.pump.ends
         trouble = ends[rank].link_state() if rank < len(ends) else ""
         if trouble:
             return f"on node {node}, {trouble}"
-        leader = self.leader
-        heard = leader.heard_ago(node) if leader is not None else None
+        heard = leader.heard_ago(node)
         if heard is None:
             return f"on node {node}"
         if heard > self.config.heartbeat_s / 2:  # (two probes missed)
@@ -294,8 +296,8 @@ class WorkerGroup:
             return None
         # a follower's relay reads the broadcast as reader local + node - 1
         relayed = error.role == "reader" and self.config.relays(local)
-        node = rank - local + 1 if relayed else rank // local
         assert self.leader is not None
+        node = rank - local + 1 if relayed else self.leader.node_of(rank)
         lost = self.leader.lost_error(node, f"its link to the driver failed: {error}")
         for r in lost.ranks:
             self.members.found_dead(r)

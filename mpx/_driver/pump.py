@@ -43,6 +43,7 @@ from mpx._driver.registry import Call, CallRegistry
 from mpx.errors import Cancelled, DeserializationError, ExecutorFailed, PeerDiedError, QueueTimeout
 from mpx.protocol import wire
 from mpx.queue import MessageQueue
+from mpx.transport.base import added_link_counts
 
 if TYPE_CHECKING:
     from mpx._driver.sender import Sender
@@ -132,9 +133,7 @@ class ReplyPump:
 
     def link_counts(self) -> tuple[int, int, int]:
         """The reply ends' Endpoint.link_counts, added up (those of live processes)."""
-        counts = [end.link_counts() for end in self.ends]
-        return (sum(c[0] for c in counts), sum(c[1] for c in counts),
-                sum(c[2] for c in counts))
+        return added_link_counts(self.ends)
 
     def nudge_reader(self) -> None:
         """End the wait of the thread that reads replies now (or its next wait), so that it

@@ -126,6 +126,10 @@ class Leader:
     def node_ranks(self, node: int) -> list[int]:
         return list(range(node * self.local, (node + 1) * self.local))
 
+    def node_of(self, rank: int) -> int:
+        """The node that global ``rank`` runs on."""
+        return rank // self.local
+
     def _recv(self, timeout_ms: int) -> tuple[int | None, Any]:
         """(node, message) of the next authenticated message from a joined node. A hello
         gets a fresh nonce to sign back ("join"): a replayed hello or join joins nothing."""
@@ -308,7 +312,7 @@ class Leader:
             for n in self.nodes:
                 self.send(n, ask)
         for rank in restarts:
-            self.send(rank // self.local, wire.RestartRank(rank))
+            self.send(self.node_of(rank), wire.RestartRank(rank))
         node, msg = self._recv(control.POLL_MS)
         if isinstance(msg, (wire.WorkerReady, wire.RestartFailed)) and node is not None:
             if isinstance(msg, wire.WorkerReady):
@@ -370,9 +374,9 @@ class Leader:
         if isinstance(answer, wire.WorkerReady):
             return answer.handle, answer.pid
         if answer is None:
-            raise WorkerStartupError(f"worker rank {rank} on node {rank // self.local} was "
+            raise WorkerStartupError(f"worker rank {rank} on node {self.node_of(rank)} was "
                                      "not ready again in time (startup_timeout_s)", [rank])
-        raise WorkerStartupError(f"on node {rank // self.local}: {answer.message}", [rank],
+        raise WorkerStartupError(f"on node {self.node_of(rank)}: {answer.message}", [rank],
                                  answer.traceback, exitcode=answer.exitcode)
 
     def await_rejoin(self, node: int, deadline: float) -> dict[int, tuple[Any, int]]:

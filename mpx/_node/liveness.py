@@ -26,14 +26,11 @@ startup; the follower's control loop).
 
 from __future__ import annotations
 
-import logging
 import socket
 import struct
 import time
 
 from mpx.auth import Signer
-
-logger = logging.getLogger("mpx")
 
 PROBE = struct.Struct("<4sHI16sBQ")  # tag, version, node rank, join nonce, sender, counter
 _TAG, _VERSION = b"MPXP", 1
@@ -71,7 +68,6 @@ class Probes:
         self._links: dict[int, tuple[bytes, tuple | None]] = {}  # node -> (nonce, address)
         self._counters: dict[int, int] = {}  # node -> the counter of its last probe
         self.heard: dict[int, float] = {}
-        self.dropped = 0
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -129,13 +125,11 @@ class Probes:
                 continue  # (an ICMP error of an earlier send)
             body = self._signer.unseal(frame)
             if body is None or body.nbytes != PROBE.size:
-                self.dropped += 1
                 continue
             tag, version, node, nonce, sender, counter = PROBE.unpack(body)
             link = self._links.get(node)
             if tag != _TAG or version != _VERSION or sender == self._me or link is None or \
                     link[0] != nonce or counter <= self._counters.get(node, 0):
-                self.dropped += 1
                 continue
             self._counters[node] = counter
             now = time.monotonic()

@@ -78,6 +78,15 @@ class Handle:
         return addr is not None and addr.startswith("tcp://[")
 
 
+def added_link_counts(ends: Iterable[Endpoint]) -> tuple[int, int, int]:
+    """The Endpoint.link_counts of ``ends``, added up."""
+    failures = resumes = resent = 0
+    for end in ends:
+        f, r, s = end.link_counts()
+        failures, resumes, resent = failures + f, resumes + r, resent + s
+    return failures, resumes, resent
+
+
 class Endpoint(abc.ABC):
     """The lifecycle every transport end shares: open, then shut down (this process's
     waiters are woken and end with Cancelled; the peers are not told), then closed
