@@ -33,6 +33,13 @@ def remote_group():
         stop_follower(follower)
 
 
+def _two_nodes(port, startup_timeout_s):
+    """A 2-node, 4-rank Echo executor with a restart a rank; its follower is started
+    (on ``port``) by the test."""
+    return mpx.Executor(_workers.Echo, 4, nnodes=2, master_port=port, auth_key=KEY,
+                        heartbeat_s=1.0, startup_timeout_s=startup_timeout_s, max_restarts=1)
+
+
 @pytest.mark.parametrize("world_size", [4, 2], ids=["relayed", "direct"])
 def test_a_remote_rank_is_restarted_in_place(remote_group, world_size):
     ex = remote_group(world_size, max_restarts=1)
@@ -69,8 +76,7 @@ def test_a_lost_node_rejoins_as_a_restart_of_its_ranks():
     flight on them fail, those made meanwhile wait for the node."""
     port = free_port()
     followers = [start_follower(port)]
-    ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_port=port, auth_key=KEY,
-                      heartbeat_s=1.0, startup_timeout_s=60, max_restarts=1)
+    ex = _two_nodes(port, startup_timeout_s=60)
     try:
         restarted = []
         ex.register_restart_callback(restarted.append)
@@ -100,8 +106,7 @@ def test_a_lost_node_rejoins_as_a_restart_of_its_ranks():
 def test_a_lost_node_that_does_not_come_back_fails_the_executor():
     port = free_port()
     follower = start_follower(port)
-    ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_port=port, auth_key=KEY,
-                      heartbeat_s=1.0, startup_timeout_s=4, max_restarts=1)
+    ex = _two_nodes(port, startup_timeout_s=4)
     try:
         assert ex.collective_rpc("rank") == [0, 1, 2, 3]
         follower.kill()
@@ -121,8 +126,7 @@ def test_a_lost_node_that_does_not_come_back_fails_the_executor():
 def test_shutdown_while_a_lost_node_is_awaited_ends_at_once():
     port = free_port()
     follower = start_follower(port)
-    ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_port=port, auth_key=KEY,
-                      heartbeat_s=1.0, startup_timeout_s=60, max_restarts=1)
+    ex = _two_nodes(port, startup_timeout_s=60)
     try:
         assert ex.collective_rpc("rank") == [0, 1, 2, 3]
         follower.kill()
