@@ -152,6 +152,8 @@ class ZmqWriter(Writer):
     def missing_readers(self) -> list[int]:
         with self._lock:
             self._admission.take(0)
+            if self._admission.ready():
+                self._keep_link()
             return self._admission.missing()
 
     def release_reader(self, rank: int) -> None:
@@ -168,8 +170,6 @@ class ZmqWriter(Writer):
 
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         admission = self._admission
-        if self._link_thread is None and admission.ready():
-            self._keep_link()
         while not admission.ready():
             if self._closed or self._shut:
                 raise Cancelled("wait_until_ready cancelled: the queue was shut down")
@@ -184,7 +184,9 @@ class ZmqWriter(Writer):
         self._keep_link()
 
     def _keep_link(self) -> None:
-        """Start the link's thread (once, when the writer is first ready)."""
+        """Start the link's thread (once, when the writer is first ready: wait_ready(), or
+        the first write() or missing_readers() that finds it ready, whichever takes the
+        readers' HELLOs)."""
         if self._link_thread is None and not self._closed:
             self._link_thread = threading.Thread(target=_debug.counted_thread(self._link),
                                                  name="mpx-zmq-link", daemon=True)
@@ -279,8 +281,8 @@ class ZmqWriter(Writer):
             window = self._window
             if not admission.ready() or not self._seq % _READ_EVERY:
                 admission.take(0)
-                if not admission.ready():
-                    self.wait_ready(deadline_ns)
+                if not admission.ready() or self._link_thread is None:
+                    self.wait_ready(deadline_ns)  # (which starts the link's thread)
                 if admission.resumes:
                     self._serve_resumes(deadline_ns)
                 if window.down:

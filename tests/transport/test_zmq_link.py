@@ -122,3 +122,37 @@ def test_a_writer_holds_a_bounded_window_for_a_reader_that_is_away(pair):
     assert [pair.reader.dequeue(timeout=10) for _ in range(window - 1)] == list(range(window - 1))
     pair.writer.enqueue("after", timeout=5)
     assert pair.reader.dequeue(timeout=5) == "after"
+
+
+@pytest.mark.parametrize("ready_by", ["wait_until_ready", "missing_readers"])
+def test_an_idle_writer_lets_its_reader_back_in_however_it_became_ready(ready_by):
+    """A reader whose link broke is let back in and answered while its writer writes
+    nothing, whichever call took the readers' HELLOs: wait_until_ready, or a look at who is
+    missing (the executor's; then the first write finds the writer ready)."""
+    cfg = _config()
+    writer = mpx.MessageQueue(1, 0, config=cfg)
+    h = writer.export_handle()
+    proxy = Proxy(int(h.zmq["endpoint"].rsplit(":", 1)[1]))
+    through = dataclasses.replace(h, zmq={**h.zmq, "endpoint": proxy.endpoint})
+    reader = mpx.MessageQueue.create_from_handle(through, 0, config=cfg)
+    try:
+        if ready_by == "wait_until_ready":
+            writer.wait_until_ready(10)
+        else:
+            deadline = time.monotonic() + 10
+            while writer.writing_end().missing_readers():
+                assert time.monotonic() < deadline, "the reader never said HELLO"
+                time.sleep(0.01)
+        writer.enqueue("first", timeout=10)
+        assert reader.dequeue(timeout=10) == "first"
+        proxy.reset()
+        with pytest.raises(mpx.QueueTimeout):
+            reader.dequeue(timeout=1.5)  # (reading: it reconnects and asks to resume)
+        assert reader._reader.resumes == 1, reader._reader.link_state()
+        assert reader._reader.link_state() == ""
+        writer.enqueue("after", timeout=5)
+        assert reader.dequeue(timeout=5) == "after"
+    finally:
+        reader.close()
+        writer.close()
+        proxy.close()
