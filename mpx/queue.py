@@ -225,13 +225,19 @@ class MessageQueue:
     signature and changes nothing: mpx already moves large CPU tensors through shared
     memory out of band (one copy in, one copy out, no aliasing), and ``mpx.share`` sends a
     tensor by reference.
+
+    The ring's name in ``/dev/shm`` is unlinked once every local reader attached (by the
+    last one to attach), so that nothing is left when processes are killed. A writer that
+    may start another process in a dead reader's place (``reopen_reader``) passes
+    ``keep_name=True``: the name then stays until this writer's ``wait_until_ready`` sees
+    every reader attached, or it closes.
     """
 
     def __init__(self, n_reader: int, n_local_reader: int,
                  local_reader_ranks: list[int] | None = None,
                  max_chunk_bytes: int | None = None, max_chunks: int | None = None,
                  connect_ip: str | None = None, enable_shm_tensor_arena: bool = False, *,
-                 config: Config | None = None) -> None:
+                 config: Config | None = None, keep_name: bool = False) -> None:
         if isinstance(local_reader_ranks, int) and not isinstance(local_reader_ranks, bool):
             # MessageQueue(1, 1, 1024, 1): the sizes given positionally, ranks left out (an
             # int is never a list of ranks)
@@ -263,7 +269,7 @@ class MessageQueue:
         try:
             if shm_ranks:
                 try:
-                    shm_end = ShmWriter(shm_ranks, config)
+                    shm_end = ShmWriter(shm_ranks, config, keep_name=keep_name)
                 except ShmError as e:
                     if config.transport != "auto":
                         raise

@@ -250,3 +250,11 @@ def write_then_exit(handle, cfg, nbytes, conn):
     w.enqueue(np.full(nbytes, 7, dtype=np.uint8))
     w.close()
     os._exit(0)  # (no finalizer, and the reader still open: the process is simply gone)
+
+
+def keep_name_writer(conn):
+    """A writer whose ring keeps its name past its readers' attaching; sends its handle,
+    then waits to be killed."""
+    q = mpx.MessageQueue(1, 1, keep_name=True)
+    conn.send(q.export_handle())
+    time.sleep(60)

@@ -329,8 +329,11 @@ def _worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
                      args=(death_conn, spec.parent_pid, on_orphaned),
                      name="mpx-parent-watch", daemon=True).start()
     try:
-        broadcast = MessageQueue.create_from_handle(spec.handle, spec.queue_rank, config=ctx.config)
         try:
+            # (a queue it cannot attach to is a failure to report, as its __init__'s: not a
+            # death, which the driver would answer with another process on the same queue)
+            broadcast = MessageQueue.create_from_handle(spec.handle, spec.queue_rank,
+                                                        config=ctx.config)
             worker_cls = cloudpickle.loads(spec.worker_cls)
             kwargs = cloudpickle.loads(spec.worker_kwargs) or {}
             worker = worker_cls(ctx, **kwargs)

@@ -127,12 +127,13 @@ class ShmWriter(Writer):
     """The writer end of a ring for ``ranks`` (global reader ranks, by ring index): the
     segment's lifetime, readiness and the errors that name a reader. Its hot path
     (``write``, ``send``) is its ``WriterEnd``'s; ``has_room`` and ``wake_readers`` the
-    ring's."""
+    ring's. With ``keep_name`` the readers leave the segment's name to it (MessageQueue)."""
 
     shares_memory = True
 
-    def __init__(self, ranks: list[int], config: Config) -> None:
+    def __init__(self, ranks: list[int], config: Config, keep_name: bool = False) -> None:
         lock = EndLock()  # (its end's, which runs each call under it)
+        self.keep_name = keep_name
         super().__init__(config, lock)
         self.ranks = list(ranks)
         n = len(ranks)
@@ -158,7 +159,8 @@ class ShmWriter(Writer):
     def handle_info(self) -> dict[str, Any]:
         return dict(shm_name=self.segment, token=self.token, writer_pid=os.getpid(),
                     max_chunk_bytes=self.config.max_chunk_bytes,
-                    max_chunks=self.config.max_chunks, shm_ranks=tuple(self.ranks))
+                    max_chunks=self.config.max_chunks, shm_ranks=tuple(self.ranks),
+                    writer_unlinks=self.keep_name)
 
     def wait_ready(self, deadline_ns: int, cancel: threading.Event | None = None) -> None:
         delay = 0.0005
@@ -311,7 +313,8 @@ class ShmReader(Reader):
         self.rank = rank
         self.writer_pid = info["writer_pid"]
         self._shm_ranks = tuple(info["shm_ranks"])
-        name = info["shm_name"]
+        name = self._name = info["shm_name"]
+        self._writer_unlinks = bool(info.get("writer_unlinks"))
         self._mm = segments.attach(name)
         try:
             self._validate(info)
@@ -326,7 +329,7 @@ class ShmReader(Reader):
         self._warn_ns = WAIT_WARNING_NS
         self._end = ReaderEnd(self._ring, lock, serde.decode_lent, IN_PLACE_MIN_BYTES)
         _debug.inc("rings")
-        if self._ring.all_attached():
+        if not self._writer_unlinks and self._ring.all_attached():
             segments.unlink(name)
 
     def _validate(self, info: dict[str, Any]) -> None:
@@ -529,3 +532,5 @@ class ShmReader(Reader):
         self._ring.release()
         _debug.dec("rings")
         segments.close(self._mm)
+        if self._writer_unlinks and not pid_alive(self.writer_pid):
+            segments.unlink(self._name)  # (the writer died before it could)

@@ -275,6 +275,55 @@ def test_segment_is_0600_and_unlinked_once_readers_attach(ctx):
         q.close()
 
 
+def test_keep_name_lets_another_process_take_a_dead_readers_place(ctx):
+    """With keep_name (the executor's broadcast queues) the name outlives the readers'
+    attaching: a reader that attached and was killed is replaced by a new process that
+    attaches by name (reopen_reader); the writer's wait_until_ready unlinks it."""
+    q = mpx.MessageQueue(2, 2, keep_name=True)
+    procs = []
+    try:
+        path = "/dev/shm" + q.export_handle().shm["shm_name"]
+        r0 = mpx.MessageQueue.create_from_handle(q.export_handle(), 0)
+        p, conn = _procs.start(ctx, _procs.echo_reader, q.export_handle(), 1)
+        procs.append(p)
+        assert conn.recv()[0] == "ready"
+        assert os.path.exists(path)  # (every reader attached: kept all the same)
+        os.kill(p.pid, 9)
+        p.join(10)
+        q.writing_end().reopen_reader(1)
+        p, conn = _procs.start(ctx, _procs.echo_reader, q.export_handle(), 1)
+        procs.append(p)
+        assert conn.recv()[0] == "ready"
+        q.wait_until_ready(5)
+        assert not os.path.exists(path)
+        q.enqueue(b"after")
+        assert r0.dequeue(timeout=5) == b"after"
+        assert conn.recv() == _procs.summary(b"after")
+        q.enqueue(None)
+        r0.close()
+    finally:
+        q.close()
+        join_all(procs)
+
+
+def test_a_kept_name_goes_with_the_last_reader_of_a_writer_killed(ctx):
+    """A writer with keep_name SIGKILLed before it unlinked the name: the reader that
+    closes after it did so unlinks it, and nothing is left in /dev/shm."""
+    p, conn = _procs.start(ctx, _procs.keep_name_writer)
+    try:
+        handle = conn.recv()
+        path = "/dev/shm" + handle.shm["shm_name"]
+        r = mpx.MessageQueue.create_from_handle(handle, 0)
+        assert os.path.exists(path)
+        os.kill(p.pid, 9)
+        p.join(10)
+        r.close()
+        assert not os.path.exists(path)
+    finally:
+        p.kill()
+        p.join(10)
+
+
 def test_wait_until_ready_names_missing_readers():
     with mpx.MessageQueue(3, 3) as q:
         r1 = mpx.MessageQueue.create_from_handle(q.export_handle(), 1)
