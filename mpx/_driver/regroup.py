@@ -113,6 +113,7 @@ class Restarter:
         self._cv = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._running = False  # (a restart popped from _due and not yet done)
 
     def request(self, rank: int, incarnation: int, died: WorkerDiedError) -> None:
         """Restart ``rank``, whose process number ``incarnation`` died with ``died``."""
@@ -148,6 +149,11 @@ class Restarter:
         with self._lock:
             return bool(self._due)
 
+    def busy(self) -> bool:
+        """Whether a restart was asked for and is not done."""
+        with self._lock:
+            return bool(self._due) or self._running
+
     def _run(self) -> None:
         while True:
             with self._lock:
@@ -156,6 +162,7 @@ class Restarter:
                 if self._closed:
                     return
                 rank, incarnation, died = self._due.popleft()
+                self._running = True
             try:
                 if rank is None:
                     assert isinstance(died, NodeLostError)
@@ -170,6 +177,9 @@ class Restarter:
             except BaseException:  # (logged: the next death must still be restarted)
                 logger.exception("restarting worker rank %d failed", rank)
                 continue
+            finally:
+                with self._lock:
+                    self._running = False
             for r in restarted:
                 self._group.run_restart_callbacks(r)
 
@@ -318,21 +328,40 @@ def _count_restart(group: WorkerGroup, rank: int, why: BaseException) -> None:
 def resize(group: WorkerGroup, world_size: int, timeout: float) -> None:
     """(the caller) Grow or shrink the group to ``world_size`` ranks once the calls in
     flight are done (ResizeError if they are not within ``timeout`` seconds; the calls made
-    meanwhile wait, and go to the new group)."""
+    meanwhile wait, and go to the new group). A restart asked for while it waits for them
+    runs first (_RestartFirst)."""
     members = group.members
     deadline = time.monotonic() + timeout
     with Deferred() as interrupt:
-        while not members.regroup_lock.acquire(timeout=LOCK_POLL_S):
-            interrupt.raise_if_interrupted()
-            if time.monotonic() >= deadline:
-                raise ResizeError(f"resize({world_size}): a restart or another resize was "
-                                  f"still under way after {timeout:g} s")
-        try:
-            restarted = _resize_locked(group, world_size, deadline, timeout, interrupt)
-        finally:
-            members.regroup_lock.release()
+        while True:
+            while not members.regroup_lock.acquire(timeout=LOCK_POLL_S):
+                interrupt.raise_if_interrupted()
+                if time.monotonic() >= deadline:
+                    raise ResizeError(f"resize({world_size}): a restart or another resize "
+                                      f"was still under way after {timeout:g} s")
+            try:
+                restarted = _resize_locked(group, world_size, deadline, timeout, interrupt)
+                break
+            except _RestartFirst:
+                pass
+            finally:
+                members.regroup_lock.release()
+            # a rank died while calls were in flight: its restart fails the calls it did
+            # not answer (under the lock), and then the resize waits for the rest again
+            while group.restarter.busy():
+                interrupt.raise_if_interrupted()
+                if time.monotonic() >= deadline:
+                    raise ResizeError(f"resize({world_size}): a restart was still under way "
+                                      f"after {timeout:g} s; the executor is as it was")
+                time.sleep(IN_FLIGHT_POLL_S)
     for rank in restarted:  # (ranks that died while it ran, started again in it)
         group.run_restart_callbacks(rank)
+
+
+class _RestartFirst(Exception):
+    """(resize) A restart is due or under way while the calls in flight are waited for:
+    they may wait for it (it fails those the dead rank did not answer), and it waits for
+    the lock the resize holds. The resize lets go of the lock until it is done."""
 
 
 def _resize_locked(group: WorkerGroup, world_size: int, deadline: float, timeout: float,
@@ -345,6 +374,8 @@ def _resize_locked(group: WorkerGroup, world_size: int, deadline: float, timeout
         while calls.in_flight():
             interrupt.raise_if_interrupted()
             calls.read_available(0)  # (a restart may be due: nobody else reads meanwhile)
+            if group.restarter.busy():
+                raise _RestartFirst()
             if time.monotonic() >= deadline:
                 raise ResizeError(f"resize({world_size}): {calls.in_flight()} calls were "
                                   f"still in flight after {timeout:g} s; the executor "
@@ -415,7 +446,7 @@ def _reform(group: WorkerGroup, n: int, starting: list[int], dead: Sequence[int]
     workers = members.workers
     assert workers is not None and members.broadcast is not None
     deadline = time.monotonic() + cfg.startup_timeout_s
-    new = MessageQueue(n, n, connect_ip=cfg.host, config=cfg)
+    new = MessageQueue(n, n, connect_ip=cfg.host, config=cfg, keep_name=True)  # (_start)
     try:
         members.reserve_init_method("127.0.0.1")
         opened = _start(group, new, starting, n, deadline)
