@@ -11,7 +11,9 @@ said HELLO from, where a reader whose link broke comes back from (zmq_link). A H
 a rank once: another connection's HELLO for a rank already bound is dropped. A reader whose
 link broke comes back on a new connection, with a new routing id, and its RESUME binds its
 rank to that connection, if no connection of this writer ever had that routing id: so a
-RESUME replayed, from the connection it names or another, binds nothing.
+RESUME replayed, from the connection it names or another, binds nothing. A reader whose
+HELLO went with a connection that broke before the writer took it (a writer takes what came
+only when it writes, or once ready) is joined by its RESUME, as by a HELLO.
 
 Concurrency: an ``Admission`` is its writer's, called by one thread at a time, as the writer's
 own docstring says (zmq_writer).
@@ -156,11 +158,19 @@ class Admission:
             self.drops.drop(peer, f"control frame for rank {rank} from another connection than "
                             "the one it names (replayed?)")
             return
-        if what == RESUME and rank in self.peers and peer not in self._bound:
-            self.peers[rank] = peer  # (its link broke: this is its new connection)
-            self._bound.add(peer)
-            self.resumes.append((rank, number, nonce))
-            return
+        if what == RESUME and peer not in self._bound:
+            if rank in self.peers:
+                self.peers[rank] = peer  # (its link broke: this is its new connection)
+                self._bound.add(peer)
+                self.resumes.append((rank, number, nonce))
+                return
+            if len(self.peers) < self.need:
+                # its HELLO went with the connection that broke before this writer took it
+                # (a writer takes what came when it writes, or once ready): the RESUME
+                # joins it as the HELLO would have, to read what is sent from now on
+                self._join(rank, peer, frames[1])
+                self.resumes.append((rank, self.window.last, nonce))
+                return
         if what != HELLO:
             if self.peers.get(rank) != peer:
                 self.drops.drop(peer, f"control frame for rank {rank}, which is not connected "
@@ -181,10 +191,14 @@ class Admission:
             self.drops.drop(peer, f"hello from rank {rank}: all {self.need} readers are "
                             f"already connected (ranks {sorted(self.peers)})")
             return
+        self._join(rank, peer, frames[1])
+
+    def _join(self, rank: int, peer: bytes, frame: zmq.Frame) -> None:
+        """Reader ``rank`` reads from now on, on the connection ``peer`` that ``frame`` came by."""
         self.peers[rank] = peer
         self._bound.add(peer)
         self.window.join(rank)
         try:
-            self._addresses.add(str(frames[1].get("Peer-Address")))
+            self._addresses.add(str(frame.get("Peer-Address")))
         except (zmq.ZMQError, ValueError):
             pass

@@ -156,3 +156,23 @@ def test_an_idle_writer_lets_its_reader_back_in_however_it_became_ready(ready_by
         reader.close()
         writer.close()
         proxy.close()
+
+
+def test_a_reader_whose_hello_went_with_a_broken_connection_joins_by_its_resume():
+    """A reader that reconnects before its writer took its HELLO (an idle writer takes what
+    came when it first writes) loses the HELLO with the old connection: its RESUME joins
+    it, and it reads what is written from then on."""
+    cfg = _config()
+    writer = mpx.MessageQueue(1, 0, config=cfg)
+    reader = mpx.MessageQueue.create_from_handle(writer.export_handle(), 0, config=cfg)
+    try:
+        time.sleep(0.3)  # (connected, by TCP: the writer has not answered for it yet)
+        reader._reader.reconnect_now()
+        with pytest.raises(mpx.QueueTimeout):
+            reader.dequeue(timeout=0.3)  # (reading: it reconnects and asks to resume)
+        writer.enqueue("first", timeout=5)
+        assert reader.dequeue(timeout=5) == "first"
+        assert reader._reader.link_state() == ""
+    finally:
+        reader.close()
+        writer.close()
