@@ -115,7 +115,8 @@ class _Broadcast:
         self.shares_memory = all(e.shares_memory for e in ends)
 
     def reconnect_now(self) -> None:
-        """(A writer's ends have no link of their own to take up again.)"""
+        for e in self.ends:
+            e.reconnect_now()
 
     def link_counts(self) -> tuple[int, int, int]:
         """The ends' Endpoint.link_counts, added up."""
@@ -453,7 +454,9 @@ class MessageQueue:
         """Take this process's end's network link up again now, on a new connection, where
         it was (a remote reader's: its writer's node was silent and is heard again, and
         TCP's retransmission timer would keep what was sent in the silence waiting; see
-        mpx/_node/liveness.py); a no-op for other ends."""
+        mpx/_node/liveness.py). On a writer with remote readers whose node was silent and
+        is heard again: let them back in, and answer them, at once. A no-op for shared
+        memory."""
         self._own_end.reconnect_now()
 
     def link_counts(self) -> tuple[int, int, int]:

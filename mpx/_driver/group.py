@@ -182,8 +182,12 @@ class WorkerGroup:
 
     def _reconnect_node(self, node: int) -> None:
         """(the node monitor) Follower ``node`` was silent and is heard again: its replies'
-        links are taken up again now (mpx/_node/liveness.py)."""
+        links are taken up again now, and the calls' writer lets its readers there back in
+        at once (mpx/_node/liveness.py)."""
         assert self.leader is not None
+        broadcast = self.members.broadcast
+        if broadcast is not None:
+            broadcast.reconnect_links()
         ends = self.calls.pump.ends
         for rank in self.leader.node_ranks(node):
             if rank < len(ends):  # (attached)

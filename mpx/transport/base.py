@@ -112,8 +112,9 @@ class Endpoint(abc.ABC):
     def reconnect_now(self) -> None:
         """This end's network link is suspected stale (its node was silent, and is heard
         again): take it up again now, on a new connection, where it was (a reader's; a
-        no-op for other ends)."""
-        return None  # (a reader of the ZeroMQ transport does it: zmq_reader)
+        writer's lets its readers back in at once; a no-op for shared memory). From any
+        thread."""
+        return None  # (the ZeroMQ transport's ends do it: zmq_reader, zmq_writer)
 
     def link_state(self) -> str:
         """What is wrong with this end's network link now, in words ("" if nothing, or no

@@ -119,6 +119,8 @@ class ZmqWriter(Writer):
         self.resent = 0   # frames sent again to them
         self._serving = False  # (_serve_resumes is sending)
         self._link_stop = threading.Event()
+        self._link_nudge = threading.Event()  # (look now: stop, or readers expected back)
+        self._fast_until = 0.0  # (the link's thread looks every _LINK_FAST_S until then)
         self._link_thread: threading.Thread | None = None
 
     def _open(self, config: Config, host: str) -> None:
@@ -195,16 +197,19 @@ class ZmqWriter(Writer):
     def _link(self) -> None:
         """(the link's thread) See the module's docstring."""
         lock = cast(threading.Lock, self._lock)  # (the Endpoint's own: a writer gives none)
-        fast_until = 0.0
-        while not self._link_stop.wait(
-                _LINK_FAST_S if time.monotonic() < fast_until else _LINK_POLL_S):
+        nudge = self._link_nudge
+        while True:
+            nudge.wait(_LINK_FAST_S if time.monotonic() < self._fast_until else _LINK_POLL_S)
+            nudge.clear()
+            if self._link_stop.is_set():
+                return
             if not lock.acquire(blocking=False):
                 continue  # (a write or a close: a write takes what came itself)
             try:
                 if self._closed:
                     return
                 if self._admission.take(0):
-                    fast_until = time.monotonic() + _LINK_FAST_FOR_S
+                    self._fast_until = time.monotonic() + _LINK_FAST_FOR_S
                 self._serve_resumes(time.monotonic_ns() + self._grace_ns)
             except (zmq.ZMQError, PeerDiedError, QueueTimeout, Cancelled):
                 pass  # (the next write meets it, and says so)
@@ -370,10 +375,18 @@ class ZmqWriter(Writer):
                     self._serve_resumes(deadline_ns)
                 return None
 
+    def reconnect_now(self) -> None:
+        """Some readers' node was silent and is heard again: they reconnect now, and the
+        link's thread lets them in and answers them at once (it looks every _LINK_FAST_S
+        for _LINK_FAST_FOR_S), not at its next idle look. From any thread."""
+        self._fast_until = time.monotonic() + _LINK_FAST_FOR_S
+        self._link_nudge.set()
+
     def _wake(self) -> None:
         """Stop the link's thread; an enqueue waiting for a slow reader polls ``_shut``
         (Cancelled); the readers are not told (that is close())."""
         self._link_stop.set()
+        self._link_nudge.set()
 
     def _release(self) -> None:
         if inherited(self._ctx_pid):
