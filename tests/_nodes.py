@@ -57,10 +57,11 @@ def stop_follower(follower, timeout=10.0) -> None:
 
 
 @contextlib.contextmanager
-def group_across(link, heartbeat_s=1.0, **kw):
-    """A 2-node, 4-rank ``_workers.Echo`` group whose follower (ranks 2, 3) runs across
-    ``link`` (a tests/_netfault.py FaultyLink): ``(executor, follower process)``. The
-    executor is shut down and the follower reaped at the end."""
+def group_across(link, heartbeat_s=1.0, world=4, **kw):
+    """A 2-node ``_workers.Echo`` group of ``world`` ranks whose follower (the second half:
+    ranks 2, 3 by default) runs across ``link`` (a tests/_netfault.py FaultyLink):
+    ``(executor, follower process)``. The executor is shut down and the follower reaped at
+    the end."""
     port = free_port()
     env = dict(os.environ, MPX_AUTH_KEY=KEY, MPX_HEARTBEAT_S=str(heartbeat_s),
                PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -69,7 +70,7 @@ def group_across(link, heartbeat_s=1.0, **kw):
                               "--nnodes", "2", "--host", link.follower_ip], env=env)
     ex = None
     try:
-        ex = mpx.Executor(_workers.Echo, 4, nnodes=2, master_addr=link.leader_ip,
+        ex = mpx.Executor(_workers.Echo, world, nnodes=2, master_addr=link.leader_ip,
                           host=link.leader_ip, master_port=port, auth_key=KEY,
                           heartbeat_s=heartbeat_s, startup_timeout_s=60, **kw)
         yield ex, follower

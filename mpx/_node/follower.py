@@ -136,8 +136,13 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
 
         try:
             probes.expect(node_rank, nonce, (master_addr, master_port))
-            return _serve_follower(sock, probes, node_rank, key, workers, cfg,
-                                   relay.reconnect if relay is not None else None, restart)
+            def heard_again() -> None:  # (the leader was silent: see liveness)
+                if relay is not None:
+                    relay.reconnect()
+                workers.kick_links()  # (those that read the driver directly)
+
+            return _serve_follower(sock, probes, node_rank, key, workers, cfg, heard_again,
+                                   restart)
         finally:
             probes.close()
     finally:

@@ -133,6 +133,12 @@ class _ForkServerWorker:
         self._signal(signal.SIGKILL)
 
 
+def _close(conn: Any) -> None:
+    """Close ``conn`` if there is one (a worker's kick pipe: followers' workers only)."""
+    if conn is not None:
+        conn.close()
+
+
 def _watched(proc: Any, start_method: str) -> Any:
     """``proc``, or for the fork server's workers the wrapper above (where pidfds exist)."""
     if start_method != "forkserver":
@@ -156,6 +162,7 @@ class LocalWorkers:
         self.ranks = [c.rank for c in ctxs]
         self.procs: list[Any] = []
         self.ready: list[Any] = []
+        self.kicks: list[Any] = []  # (a follower's: the write end of each one's kick pipe)
         self.death_w: Any = None
         self.reap_lock = threading.Lock()
         self._cls_bytes, self._kw_bytes = cls_bytes, kw_bytes
@@ -167,18 +174,26 @@ class LocalWorkers:
         self._death_r, self.death_w = self._mp.Pipe(duplex=False)
         _death_pipe_fds.add(self.death_w.fileno())
         for ctx in ctxs:
-            proc, ready = self._start(ctx, handle)
+            proc, ready, kick = self._start(ctx, handle)
             self.procs.append(proc)
             self.ready.append(ready)
+            self.kicks.append(kick)
 
-    def _start(self, ctx: WorkerContext, handle: Any, direct: bool = False) -> tuple[Any, Any]:
+    def _start(self, ctx: WorkerContext, handle: Any,
+               direct: bool = False) -> tuple[Any, Any, Any]:
         """Start the process of ``ctx`` reading the broadcast queue of ``handle`` (as its
         global rank if ``direct``, though this node relays): (the process, the read end of
-        its ready pipe)."""
+        its ready pipe, the write end of its kick pipe or None: kick_links)."""
         config = self.config
         ready_r, ready_w = self._mp.Pipe(duplex=False)
+        kick_r = kick_w = None
+        if self._remote_driver:
+            kick_r, kick_w = self._mp.Pipe(duplex=False)
+            os.set_blocking(kick_w.fileno(), False)  # (kick_links never waits)
+        kicks = [k for k in (*self.kicks, kick_w) if k is not None and not k.closed]
         close_fds = (self.death_w.fileno(), *(c.fileno() for c in self.ready if not c.closed),
-                     *self.keep_fds) if config.start_method == "fork" else ()
+                     *(k.fileno() for k in kicks), *self.keep_fds) \
+            if config.start_method == "fork" else ()
         # The kernel's parent-death signal fires when the *thread* that forked the child
         # ends, not the process: only the main thread, which lives as long as this
         # process, may arm it. A worker started from any other thread (a resize from a
@@ -191,12 +206,26 @@ class LocalWorkers:
                           worker_cls=self._cls_bytes, worker_kwargs=self._kw_bytes,
                           parent_pid=os.getpid(), arm_pdeathsig=arm, close_fds=close_fds,
                           remote_driver=self._remote_driver)
-        p = self._mp.Process(target=worker_main, args=(spec, ready_w, self._death_r),
+        p = self._mp.Process(target=worker_main, args=(spec, ready_w, self._death_r, kick_r),
                              name=f"mpx-worker-{ctx.rank}")
         p.start()
         _own_process_group(p.pid)
         ready_w.close()
-        return _watched(p, config.start_method), ready_r
+        if kick_r is not None:
+            kick_r.close()
+        return _watched(p, config.start_method), ready_r, kick_w
+
+    def kick_links(self) -> None:
+        """Tell each worker to take its network link to the driver up again now (a
+        follower's, whose leader was silent and is heard again: a worker that reads the
+        driver directly, not through the node's relay, would otherwise wait for TCP's
+        retransmission; mpx._worker.main). Never waits; from any thread."""
+        for kick in list(self.kicks):
+            if kick is not None:
+                try:
+                    kick.send_bytes(b"!")
+                except OSError:
+                    pass  # (that worker is gone, or its pipe is full of kicks already)
 
     def add(self, ctx: WorkerContext, handle: Any, direct: bool = False) -> int:
         """Start a new process for ``ctx.rank`` reading the broadcast queue of ``handle`` (as
@@ -204,9 +233,10 @@ class LocalWorkers:
         the relay), in place of the one that had that rank (it has exited) or after the
         others (a rank the group grows by): its position, for ``handshake``."""
         if ctx.rank not in self.ranks:
-            proc, ready = self._start(ctx, handle)
+            proc, ready, kick = self._start(ctx, handle)
             self.procs.append(proc)
             self.ready.append(ready)
+            self.kicks.append(kick)
             self.ranks.append(ctx.rank)
             return len(self.procs) - 1
         i = self.ranks.index(ctx.rank)
@@ -216,7 +246,8 @@ class LocalWorkers:
         self.join(gone, EXIT_WAIT_S)
         self._reap_segments_of([gone])
         self.ready[i].close()
-        self.procs[i], self.ready[i] = self._start(ctx, handle, direct)
+        _close(self.kicks[i])
+        self.procs[i], self.ready[i], self.kicks[i] = self._start(ctx, handle, direct)
         return i
 
     @staticmethod
@@ -238,7 +269,8 @@ class LocalWorkers:
         finally:
             for i in sorted(index, reverse=True):
                 self.ready[i].close()
-                del self.procs[i], self.ready[i], self.ranks[i]
+                _close(self.kicks[i])
+                del self.procs[i], self.ready[i], self.kicks[i], self.ranks[i]
             self._reap_segments_of(procs)
 
     @property
@@ -414,5 +446,7 @@ class LocalWorkers:
         self._kill(self.procs)
         for c in self.ready:  # (kept, closed: a regroup under way still retires by position)
             c.close()
+        for k in self.kicks:
+            _close(k)
         self._death_r.close()
         self._reap_segments_of(self.procs)

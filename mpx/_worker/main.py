@@ -126,10 +126,12 @@ def _set_threads(ctx: WorkerContext) -> None:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-def _watch_parent(death_conn, parent_pid: int, on_orphaned) -> None:
+def _watch_parent(death_conn, parent_pid: int, on_orphaned, kick_conn=None,
+                  on_kick=None) -> None:
     """Thread: the driver closed the death pipe, or died. The pipe alone can stay open
     after the driver's death (a process the driver forked holds its write end); the
-    driver's pidfd says so whoever holds what."""
+    driver's pidfd says so whoever holds what. Meanwhile, each byte on ``kick_conn`` (a
+    follower's workers: the leader was silent and is heard again) calls ``on_kick``."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     watched: list[Any] = [death_conn]
     pidfd = -1
@@ -140,9 +142,20 @@ def _watch_parent(death_conn, parent_pid: int, on_orphaned) -> None:
         watched = []  # the driver is gone already
     except (AttributeError, OSError):
         pass  # no pidfds here (Linux < 5.3): the pipe alone
+    if watched and kick_conn is not None:
+        watched.append(kick_conn)
     try:
-        if watched:
-            multiprocessing.connection.wait(watched)
+        while watched:
+            ready = multiprocessing.connection.wait(watched)
+            if kick_conn in ready:
+                ready.remove(kick_conn)
+                try:
+                    kick_conn.recv_bytes()
+                    on_kick()
+                except (EOFError, OSError):
+                    watched.remove(kick_conn)  # (its parent closed it, or is gone: see above)
+            if ready:
+                break
     except OSError:
         pass
     finally:
@@ -284,16 +297,17 @@ def _keep_freed_memory() -> None:
     mallopt(_M_MMAP_THRESHOLD, MMAP_FROM_BYTES)
 
 
-def worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
-    """Entry point of a worker process (see module docstring)."""
+def worker_main(spec: WorkerSpec, ready_conn, death_conn, kick_conn=None) -> None:
+    """Entry point of a worker process (see module docstring). ``kick_conn``: a follower's
+    worker is told on it to take its network link up again (_watch_parent)."""
     try:
-        _worker_main(spec, ready_conn, death_conn)
+        _worker_main(spec, ready_conn, death_conn, kick_conn)
     except _EndedBySignal as e:
         _exit_if_forked()
         _die_of(e.signum)
 
 
-def _worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
+def _worker_main(spec: WorkerSpec, ready_conn, death_conn, kick_conn) -> None:
     global _worker_pid
     _lead_own_process_group()  # first: until then, the driver's group's signals reach it
     _worker_pid = os.getpid()
@@ -325,8 +339,14 @@ def _worker_main(spec: WorkerSpec, ready_conn, death_conn) -> None:
         timer.daemon = True
         timer.start()
 
+    def on_kick() -> None:
+        # (each read once: the RPC loop may move to another queue meanwhile)
+        for queue in (broadcast, resp):
+            if queue is not None:
+                queue.reconnect_links()
+
     threading.Thread(target=_debug.counted_thread(_watch_parent),
-                     args=(death_conn, spec.parent_pid, on_orphaned),
+                     args=(death_conn, spec.parent_pid, on_orphaned, kick_conn, on_kick),
                      name="mpx-parent-watch", daemon=True).start()
     try:
         try:

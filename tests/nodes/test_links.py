@@ -23,10 +23,10 @@ GRACE_S = 2 * HEARTBEAT_S  # (link_grace_s's default)
 
 
 @contextlib.contextmanager
-def group_across(link):
+def group_across(link, world=4):
     """(_nodes.group_across, with a first call checked)"""
-    with _nodes.group_across(link, HEARTBEAT_S) as (ex, follower):
-        assert ex.collective_rpc("mul", args=(2,)) == [2, 4, 6, 8]
+    with _nodes.group_across(link, HEARTBEAT_S, world=world) as (ex, follower):
+        assert ex.collective_rpc("mul", args=(2,)) == [2 * (r + 1) for r in range(world)]
         yield ex, follower
 
 
@@ -40,22 +40,36 @@ def test_partitions_of_half_the_heartbeat_are_ridden_out(link):
     _ride_out(link, 5)
 
 
+def test_a_follower_with_one_rank_rides_out_partitions_too(link):
+    """Its one worker reads the driver directly (no relay): the follower tells it to take
+    its link up again when the leader is heard again (LocalWorkers.kick_links). The first
+    call of all sent into a cut comes back too (its reply link's reader reconnects before
+    the worker's writer took its HELLO: its RESUME joins it)."""
+    with _nodes.group_across(link, HEARTBEAT_S, world=2) as (ex, _):
+        link.partition(True)
+        first = ex.collective_rpc("ident", args=("first",), non_block=True)
+        time.sleep(HEARTBEAT_S / 2)
+        link.partition(False)
+        assert first.result(timeout=10) == ["first", "first"]
+    _ride_out(link, 3, world=2)
+
+
 @pytest.mark.slow
 def test_fifty_partitions_of_half_the_heartbeat_are_ridden_out(link):
     _ride_out(link, 50)
 
 
-def _ride_out(link, rounds):
+def _ride_out(link, rounds, world=4):
     """Partitions of 0.5 x heartbeat_s, during calls and between them, ``rounds`` times: no
     call is lost, doubled or mixed up, and the group never fails. A call sent into the cut
     waits for it to heal and for TCP's retransmission after it (its timer backs off during
     the cut: 0.2, 0.4 s...)."""
     cut = HEARTBEAT_S / 2
-    with group_across(link) as (ex, _):
+    with group_across(link, world) as (ex, _):
         extra = []
         for i in range(rounds):
             t0 = time.monotonic()
-            assert ex.collective_rpc("ident", args=(("before", i),)) == [("before", i)] * 4
+            assert ex.collective_rpc("ident", args=(("before", i),)) == [("before", i)] * world
             rtt = time.monotonic() - t0
             pending = ex.collective_rpc("ident", args=(("during", i),), non_block=True)
             link.partition(True)
@@ -63,15 +77,15 @@ def _ride_out(link, rounds):
             late = ex.collective_rpc("ident", args=(("in the cut", i),), non_block=True)
             time.sleep(cut)
             link.partition(False)
-            assert late.result(timeout=10) == [("in the cut", i)] * 4
+            assert late.result(timeout=10) == [("in the cut", i)] * world
             extra.append(time.monotonic() - t0 - cut - rtt)
-            assert pending.result(timeout=10) == [("during", i)] * 4
+            assert pending.result(timeout=10) == [("during", i)] * world
             time.sleep(cut)  # (a cut between calls too)
             link.partition(True)
             time.sleep(cut)
             link.partition(False)
-        assert ex.collective_rpc("rank") == [0, 1, 2, 3]
-        assert ex.stats().ranks[2].alive
+        assert ex.collective_rpc("rank") == list(range(world))
+        assert ex.stats().ranks[-1].alive
         # the end of the cut is seen by the probes, which reconnect the links at once (TCP
         # alone would wait for its backed-off retransmission timer): ~0.1 s past the heal
         assert max(extra) < 0.75, extra
