@@ -151,9 +151,13 @@ def _watch_parent(death_conn, parent_pid: int, on_orphaned, kick_conn=None,
                 ready.remove(kick_conn)
                 try:
                     kick_conn.recv_bytes()
-                    on_kick()
                 except (EOFError, OSError):
                     watched.remove(kick_conn)  # (its parent closed it, or is gone: see above)
+                else:
+                    try:
+                        on_kick()
+                    except Exception:  # (the watch for the driver's death goes on)
+                        logger.exception("taking the links to the driver up again failed")
             if ready:
                 break
     except OSError:
