@@ -27,6 +27,7 @@ from mpx._driver.stalls import StallDiagnosis
 from mpx._driver.stats_server import StatsServer
 from mpx._node.leader import Leader
 from mpx._node.local_workers import EXIT_WAIT_S, LocalWorkers
+from mpx._node.relay import relayed_node
 from mpx._procinfo import describe_exit
 from mpx.config import Config
 from mpx.errors import ExecutorFailed, NodeLostError, PeerDiedError, WorkerDiedError
@@ -298,10 +299,9 @@ class WorkerGroup:
         if rank < local:  # (died_error waits for its exit: not in this thread)
             monitor.report_death(rank, self.members.read_incarnation(rank))
             return None
-        # a follower's relay reads the broadcast as reader local + node - 1
         relayed = error.role == "reader" and self.config.relays(local)
         assert self.leader is not None
-        node = rank - local + 1 if relayed else self.leader.node_of(rank)
+        node = relayed_node(local, rank) if relayed else self.leader.node_of(rank)
         lost = self.leader.lost_error(node, f"its link to the driver failed: {error}")
         for r in lost.ranks:
             self.members.found_dead(r)

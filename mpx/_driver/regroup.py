@@ -52,11 +52,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mpx import _debug
 from mpx._driver import lockorder
 from mpx._driver.interrupts import Deferred
+from mpx._node.relay import relay_reader
 from mpx.errors import (
     ExecutorFailed,
     NodeLostError,
@@ -268,18 +269,10 @@ def restart_node(group: WorkerGroup, node: int, lost: NodeLostError) -> list[int
             deadline = time.monotonic() + cfg.startup_timeout_s
             local = members.world_size // cfg.nnodes
             # the new follower's readers of the calls: its relay, or each of its ranks
-            for reader in [local + node - 1] if cfg.relays(local) else ranks:
+            for reader in [relay_reader(local, node)] if cfg.relays(local) else ranks:
                 broadcast.admit_remote_reader(reader)
             ready = leader.await_rejoin(node, deadline)
-            opened = {r: MessageQueue.create_from_handle(h, 0, config=cfg)
-                      for r, (h, _) in ready.items()}
-            try:
-                broadcast.wait_until_ready(timeout=max(0.001, deadline - time.monotonic()))
-            except BaseException:
-                for q in opened.values():
-                    q.close()
-                raise
-            _swap(group, [opened.get(r) or members.resp[r] for r in range(members.world_size)])
+            _take_in_remote(group, {r: handle for r, (handle, _) in ready.items()}, deadline)
         except BaseException as e:
             _restart_failed(group, e, f"node {node} (ranks {ranks})")
             return []
@@ -309,14 +302,26 @@ def _restart_remote(group: WorkerGroup, rank: int) -> list[int]:
     deadline = time.monotonic() + cfg.startup_timeout_s
     broadcast.admit_remote_reader(rank)
     handle, _ = leader.restart_rank(rank, deadline)
-    resp = MessageQueue.create_from_handle(handle, 0, config=cfg)
-    try:
-        broadcast.wait_until_ready(timeout=max(0.001, deadline - time.monotonic()))
-    except BaseException:
-        resp.close()
-        raise
-    _swap(group, [resp if r == rank else members.resp[r] for r in range(members.world_size)])
+    _take_in_remote(group, {rank: handle}, deadline)
     return []
+
+
+def _take_in_remote(group: WorkerGroup, handles: dict[int, Any], deadline: float) -> None:
+    """(paused) Remote ranks started again (``{rank: its response queue's handle}``): once
+    the broadcast queue has every reader it admitted (by ``deadline``), their response
+    queues take the old ones' place."""
+    members, cfg = group.members, group.config
+    assert members.broadcast is not None
+    opened: dict[int, MessageQueue] = {}
+    try:
+        for rank, handle in handles.items():
+            opened[rank] = MessageQueue.create_from_handle(handle, 0, config=cfg)
+        members.broadcast.wait_until_ready(timeout=max(0.001, deadline - time.monotonic()))
+    except BaseException:
+        for q in opened.values():
+            q.close()
+        raise
+    _swap(group, [opened.get(r) or members.resp[r] for r in range(members.world_size)])
 
 
 def _count_restart(group: WorkerGroup, rank: int, why: BaseException) -> None:

@@ -33,7 +33,7 @@ from mpx import _debug, dumps
 from mpx._node import control
 from mpx._node.liveness import FOLLOWER, Probes
 from mpx._node.local_workers import LocalWorkers
-from mpx._node.relay import Relay
+from mpx._node.relay import Relay, relay_reader
 from mpx._procinfo import describe_stall
 from mpx.config import Config
 from mpx.errors import WorkerStartupError
@@ -113,7 +113,7 @@ def run_follower(master_addr: str, master_port: int, node_rank: int, nnodes: int
                           distributed_init_method=spec.distributed_init_method, config=cfg,
                           node_id=node_id)
             for i in range(local)]
-    relay = Relay(spec.handle, local + node_rank - 1, local, cfg) \
+    relay = Relay(spec.handle, relay_reader(local, node_rank), local, cfg) \
         if cfg.relays(local) else None
     handle = relay.handle if relay is not None else spec.handle
     workers = LocalWorkers(cfg, ctxs, handle, spec.worker_cls, spec.worker_kwargs,

@@ -14,6 +14,17 @@ from mpx.queue import MessageQueue
 from mpx.transport.shm import ShmWriter
 
 
+def relay_reader(local: int, node: int) -> int:
+    """The reader rank of follower ``node``'s relay on the driver's broadcast queue (with
+    ``local`` ranks a node: readers ``0..local-1`` are the leader's own ranks)."""
+    return local + node - 1
+
+
+def relayed_node(local: int, reader: int) -> int:
+    """The follower node whose relay reads the broadcast queue as ``reader``."""
+    return reader - local + 1
+
+
 class Relay:
     """Takes each call once off the network and rebroadcasts it, as it is (no unpickling),
     through a shared-memory ring to this node's workers, chunk by chunk as it arrives."""
